@@ -1,0 +1,415 @@
+//! One acquisition by a Sigma client (paper Fig. 5, §4).
+//!
+//! ```text
+//!  new() ─▶ Waiting ──(≥ m votes: case 1)──▶ Holding ──release()──▶ Released
+//!            │   ▲                              │
+//!            │   │ case 3, gated: YIELD every   │ votes ≤ n − m, or the
+//!            └───┘ held vote, forget it         ▼ lease deadline passes
+//!                                              Lost ──release()──▶ Released
+//! ```
+//!
+//! The client keeps `resp[i]` (here [`View`]) per replica: the owner named by the newest
+//! RESPONSE from replica i. A RESPONSE naming a different owner *replaces* the entry
+//! (never adds to it); responses older than the one applied (lower grant stamp) are
+//! discarded, since the network does not keep order.
+//!
+//! Decisions where Fig. 5 is silent (see ARCHITECTURE.md):
+//! - "enough responses": the outcome is evaluated on every response. Case 1 is taken at
+//!   once. Case 3 (`j_same + n − j < m`) is *gated*: right after a handoff the table
+//!   still shows votes for the previous owner, and yielding on that stale view is the
+//!   spurious-yield trap. The client yields only when case 3 has held with no progress
+//!   (no new vote for itself) for one smoothed round trip.
+//! - responses arriving after the win are applied (they may add votes) and never undo
+//!   it unless the client's votes fall to n − m or fewer, when another client could
+//!   assemble a quorum: that is a loss of the lock ([`Event::Lost`]).
+//! - informed backoff: a waiter re-sends its REQUEST to replica i when replica i's
+//!   advice `T_w` runs out; a replica that never answered gets the REQUEST again after
+//!   the request timeout; a vote held while waiting is renewed every renew interval.
+//! - leases: the client's view of a vote's lease is conservative: the `sent` time of the
+//!   request the replica echoes, plus the lease. For an unsolicited promotion the grant
+//!   happened after the notice left the replica, which the client cannot time; it
+//!   assumes the notice spent at most `max_transit` in flight. The lock is guaranteed
+//!   exclusive until more than n − m of the votes may have lapsed ([`Client::valid_until`]).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::clock::{micros, Timestamp};
+use super::config::Config;
+use super::error::ClientError;
+use super::message::{Response, ToReplica};
+use super::Time;
+
+/// Phase of an acquisition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Collecting votes.
+    Waiting,
+    /// Won: in the critical section.
+    Holding,
+    /// Was holding, exclusion no longer guaranteed; the application must stop and release.
+    Lost,
+    /// Released (or abandoned); nothing more will be sent.
+    Released,
+}
+
+/// Why a held lock was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostReason {
+    /// Renewals were not acknowledged in time: too many leases may have lapsed.
+    LeaseExpired,
+    /// Replicas report other owners: only n − m or fewer votes remain.
+    VotesTaken,
+}
+
+/// Outputs for the application.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Case 1 of Fig. 5: the client holds at least m votes.
+    Acquired {
+        /// Fencing token: the largest grant stamp among the votes held.
+        token: u64,
+        /// Votes held at the win.
+        votes: usize,
+        /// Exclusion is guaranteed until this time unless renewals extend it.
+        valid_until: Time,
+    },
+    /// Exclusion is no longer guaranteed.
+    Lost(LostReason),
+}
+
+/// Counters of one acquisition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// REQUEST messages sent, first round included.
+    pub requests: u64,
+    /// Of which re-sent on informed backoff or request timeout.
+    pub retries: u64,
+    /// Of which renewals of a held vote.
+    pub renewals: u64,
+    /// YIELD messages sent.
+    pub yields: u64,
+    /// Times case 3 fired (each sends one YIELD per held vote).
+    pub yield_rounds: u64,
+    /// RELEASE messages sent.
+    pub releases: u64,
+    /// Responses applied.
+    pub responses: u64,
+    /// Responses discarded as older than the state already known.
+    pub stale: u64,
+}
+
+/// What the client knows of one replica (`resp[i]` in Fig. 5).
+#[derive(Clone, Debug)]
+pub struct View<C> {
+    /// Owner named by the newest response; `None` before any, or after a YIELD.
+    pub owner: Option<Timestamp<C>>,
+    /// Grant stamp of that owner; kept across a YIELD so older responses stay discarded.
+    pub stamp: u64,
+    /// Our place there (0 = owner).
+    pub position: u32,
+    /// Conservative end of our lease there, when we are the owner.
+    pub vote_until: Option<Time>,
+    /// When to contact this replica next (retry, renewal), if at all.
+    pub next_contact: Option<Time>,
+}
+
+/// One acquisition: a sans-IO state machine. Feed it responses and timeouts, drain
+/// `poll_transmit` and `poll_event`.
+#[derive(Clone, Debug)]
+pub struct Client<C> {
+    config: Config,
+    ts: Timestamp<C>,
+    phase: Phase,
+    views: Vec<View<C>>,
+    /// Number of views naming this acquisition as owner.
+    votes: usize,
+    /// Fencing token fixed at the win.
+    token: u64,
+    /// Smoothed round-trip time (replies only, not promotions): gates YIELD.
+    srtt: Duration,
+    /// Case 3 observed and not yet acted on: yield at this time unless progress.
+    yield_at: Option<Time>,
+    max_transit: Duration,
+    outbox: VecDeque<(usize, ToReplica<C>)>,
+    events: VecDeque<Event>,
+    stats: ClientStats,
+}
+
+impl<C: Clone + Ord> Client<C> {
+    /// Starts an acquisition under timestamp `ts` (Fig. 5 `Request`): REQUEST to all n.
+    ///
+    /// `config` should have passed [`Config::validate`]; an invalid quorum makes the
+    /// acquisition unwinnable, never a panic.
+    pub fn new(config: Config, ts: Timestamp<C>, now: Time) -> Self {
+        let n = config.n;
+        let mut client = Client {
+            srtt: config.initial_rtt,
+            max_transit: config.request_timeout,
+            config,
+            ts,
+            phase: Phase::Waiting,
+            views: vec![
+                View { owner: None, stamp: 0, position: 0, vote_until: None, next_contact: None };
+                n
+            ],
+            votes: 0,
+            token: 0,
+            yield_at: None,
+            outbox: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: ClientStats::default(),
+        };
+        for i in 0..n {
+            client.send_request(now, i);
+        }
+        client
+    }
+
+    /// The acquisition's timestamp (its identity).
+    pub fn ts(&self) -> &Timestamp<C> {
+        &self.ts
+    }
+    /// Current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+    /// Votes currently held according to the newest responses.
+    pub fn votes(&self) -> usize {
+        self.votes
+    }
+    /// Fencing token (0 before the win).
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+    /// Per-replica view (`resp[]`).
+    pub fn views(&self) -> &[View<C>] {
+        &self.views
+    }
+    /// Counters.
+    pub fn stats(&self) -> &ClientStats {
+        &self.stats
+    }
+    /// Smoothed round-trip estimate.
+    pub fn srtt(&self) -> Duration {
+        self.srtt
+    }
+
+    /// Until when exclusion is guaranteed: the time after which more than n − m of the
+    /// held votes may have lapsed (the (n − m + 1)-th latest vote lease). `None` when
+    /// fewer than n − m + 1 votes are held.
+    pub fn valid_until(&self) -> Option<Time> {
+        let k = self.config.n.saturating_sub(self.config.m) + 1;
+        let mut leases: Vec<Time> = self.views.iter().filter_map(|v| v.vote_until.filter(|_| self.owns(v))).collect();
+        if leases.len() < k {
+            return None;
+        }
+        leases.sort_unstable_by(|a, b| b.cmp(a));
+        Some(leases[k - 1])
+    }
+
+    /// Applies a RESPONSE from replica `from` (Fig. 5 `OnResponse`).
+    ///
+    /// On error nothing changed.
+    pub fn handle_response(&mut self, now: Time, from: usize, r: Response<C>) -> Result<(), ClientError> {
+        let n = self.config.n;
+        let view = self.views.get(from).ok_or(ClientError::ReplicaOutOfRange { index: from, n })?;
+        if r.ts != self.ts {
+            return Err(ClientError::WrongAcquisition);
+        }
+        if r.stamp < view.stamp {
+            self.stats.stale += 1;
+            return Err(ClientError::Stale);
+        }
+        if self.phase == Phase::Released {
+            return Ok(());
+        }
+        self.stats.responses += 1;
+        let echo = Duration::from_micros(r.echo);
+        if !r.promoted && r.echo != 0 && echo <= now {
+            self.srtt = (self.srtt * 7 + (now - echo)) / 8;
+        }
+        let was_ours = self.owns(&self.views[from]);
+        let ours = r.owner == self.ts;
+        let lease = r.lease.min(self.config.lease);
+        let holding = matches!(self.phase, Phase::Holding | Phase::Lost);
+        let view = &mut self.views[from];
+        view.owner = Some(r.owner);
+        view.stamp = r.stamp;
+        view.position = r.position;
+        if ours {
+            let mut until = echo + lease;
+            if r.promoted {
+                until = until.max((now + lease).saturating_sub(self.max_transit));
+            }
+            view.vote_until = Some(view.vote_until.filter(|_| was_ours).map_or(until, |u| u.max(until)));
+            view.next_contact = match self.phase {
+                Phase::Holding => Some(until.saturating_sub(lease - self.config.renew_interval).max(now)),
+                Phase::Waiting => Some(now + self.config.renew_interval),
+                Phase::Lost | Phase::Released => None,
+            };
+        } else {
+            view.vote_until = None;
+            let (lo, hi) = (self.config.min_advice, self.config.max_advice);
+            view.next_contact = (!holding).then(|| now + r.advice.clamp(lo, hi));
+        }
+        match (was_ours, ours) {
+            (false, true) => self.votes += 1,
+            (true, false) => self.votes -= 1,
+            _ => {}
+        }
+        self.evaluate(now, !was_ours && ours);
+        Ok(())
+    }
+
+    /// Timers: informed-backoff retries, retransmissions, renewals, the gated YIELD,
+    /// the lease deadline. Spurious calls are harmless.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.phase == Phase::Released {
+            return;
+        }
+        for i in 0..self.views.len() {
+            if self.views[i].next_contact.is_some_and(|t| t <= now) {
+                if self.owns(&self.views[i]) {
+                    self.stats.renewals += 1;
+                } else {
+                    self.stats.retries += 1;
+                }
+                self.send_request(now, i);
+            }
+        }
+        if self.phase == Phase::Waiting && self.yield_at.is_some_and(|t| t <= now) {
+            self.yield_at = None;
+            if self.nobody_can_win() {
+                self.yield_votes(now);
+            }
+        }
+        if self.phase == Phase::Holding && self.valid_until().is_none_or(|t| t <= now) {
+            self.lose(LostReason::LeaseExpired);
+        }
+    }
+
+    /// The next time [`Client::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        if self.phase == Phase::Released {
+            return None;
+        }
+        let contacts = self.views.iter().filter_map(|v| v.next_contact);
+        let deadline = (self.phase == Phase::Holding).then(|| self.valid_until()).flatten();
+        contacts.chain(self.yield_at).chain(deadline).min()
+    }
+
+    /// Fig. 5 `Release`: RELEASE to every replica (owner or waiter there, or neither:
+    /// a replica that never heard of us tombstones the acquisition). Also abandons a
+    /// wait. Idempotent.
+    pub fn release(&mut self, _now: Time) {
+        if self.phase == Phase::Released {
+            return;
+        }
+        self.phase = Phase::Released;
+        self.yield_at = None;
+        for i in 0..self.views.len() {
+            self.views[i].next_contact = None;
+            self.outbox.push_back((i, ToReplica::Release { ts: self.ts.clone(), token: self.token }));
+            self.stats.releases += 1;
+        }
+    }
+
+    /// Next message to send, with the replica index it is for.
+    pub fn poll_transmit(&mut self) -> Option<(usize, ToReplica<C>)> {
+        self.outbox.pop_front()
+    }
+
+    /// Next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn owns(&self, v: &View<C>) -> bool {
+        v.owner.as_ref() == Some(&self.ts)
+    }
+
+    fn send_request(&mut self, now: Time, i: usize) {
+        let floor = if self.phase == Phase::Waiting { self.views[i].stamp } else { self.token };
+        self.views[i].next_contact = Some(now + self.config.request_timeout);
+        self.outbox.push_back((i, ToReplica::Request { ts: self.ts.clone(), sent: micros(now), floor }));
+        self.stats.requests += 1;
+    }
+
+    /// `ComputeWinner` and the three outcomes of Fig. 5.
+    fn evaluate(&mut self, now: Time, progress: bool) {
+        match self.phase {
+            Phase::Waiting if self.votes >= self.config.m => self.win(now),
+            Phase::Waiting if self.nobody_can_win() => {
+                // Case 3, gated: act only after one round trip without progress.
+                if progress || self.yield_at.is_none() {
+                    self.yield_at = Some(now + self.srtt);
+                }
+            }
+            Phase::Waiting => self.yield_at = None, // case 2: wait to be notified
+            Phase::Holding if self.votes + self.config.m <= self.config.n => self.lose(LostReason::VotesTaken),
+            _ => {}
+        }
+    }
+
+    /// `j_same + n − j < m`: with j responses and at most j_same of them naming one
+    /// owner, no client can reach m votes.
+    fn nobody_can_win(&self) -> bool {
+        let mut owners: Vec<&Timestamp<C>> = self.views.iter().filter_map(|v| v.owner.as_ref()).collect();
+        let j = owners.len();
+        owners.sort_unstable();
+        let mut j_same = 0;
+        let mut run = 0;
+        for (k, o) in owners.iter().enumerate() {
+            run = if k > 0 && owners[k - 1] == *o { run + 1 } else { 1 };
+            j_same = j_same.max(run);
+        }
+        j_same + self.config.n - j < self.config.m
+    }
+
+    fn win(&mut self, now: Time) {
+        self.phase = Phase::Holding;
+        self.yield_at = None;
+        let mut token = 0;
+        for i in 0..self.views.len() {
+            let lease = self.config.lease;
+            let renew = self.config.renew_interval;
+            let ours = self.owns(&self.views[i]);
+            let v = &mut self.views[i];
+            if ours {
+                token = token.max(v.stamp);
+                let until = v.vote_until.unwrap_or(now);
+                v.next_contact = Some(until.saturating_sub(lease - renew).max(now));
+            } else {
+                v.next_contact = None;
+            }
+        }
+        self.token = token;
+        let valid_until = self.valid_until().unwrap_or(now);
+        self.events.push_back(Event::Acquired { token, votes: self.votes, valid_until });
+    }
+
+    /// Case 3: YIELD every held vote and forget those responses.
+    fn yield_votes(&mut self, now: Time) {
+        self.stats.yield_rounds += 1;
+        for i in 0..self.views.len() {
+            if self.owns(&self.views[i]) {
+                let v = &mut self.views[i];
+                v.owner = None;
+                v.vote_until = None;
+                v.next_contact = Some(now + self.config.request_timeout);
+                self.votes -= 1;
+                self.outbox.push_back((i, ToReplica::Yield { ts: self.ts.clone() }));
+                self.stats.yields += 1;
+            }
+        }
+    }
+
+    fn lose(&mut self, reason: LostReason) {
+        self.phase = Phase::Lost;
+        for v in &mut self.views {
+            v.next_contact = None;
+        }
+        self.events.push_back(Event::Lost(reason));
+    }
+}

@@ -1,0 +1,201 @@
+//! Protocol parameters shared by clients and replicas.
+
+use std::time::Duration;
+
+use super::error::ConfigError;
+use super::MAX_REPLICAS;
+
+/// Parameters of the Sigma protocol. Private fields, `Default`, consuming `with_*`
+/// setters; [`Config::validate`] checks the combination.
+///
+/// The defaults follow the paper where it gives a value (n = 32, m = 24) and are chosen
+/// for a wide-area swarm elsewhere.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub(crate) n: usize,
+    pub(crate) m: usize,
+    pub(crate) lease: Duration,
+    pub(crate) renew_interval: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) initial_rtt: Duration,
+    pub(crate) initial_tcs: Duration,
+    pub(crate) max_advice: Duration,
+    pub(crate) min_advice: Duration,
+    pub(crate) queue_grace: Duration,
+    pub(crate) tombstone_ttl: Duration,
+    pub(crate) max_queue: usize,
+    pub(crate) max_tombstones: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            n: 32,
+            m: 24,
+            lease: Duration::from_secs(10),
+            renew_interval: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(2),
+            initial_rtt: Duration::from_millis(200),
+            initial_tcs: Duration::from_millis(250),
+            max_advice: Duration::from_secs(600),
+            min_advice: Duration::from_millis(50),
+            queue_grace: Duration::from_secs(10),
+            tombstone_ttl: Duration::from_secs(60),
+            max_queue: 100_000,
+            max_tombstones: 100_000,
+        }
+    }
+}
+
+impl Config {
+    /// Number of logical replicas per resource (paper: n).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// Votes needed to win (paper: m, a strict majority of n).
+    pub fn m(&self) -> usize {
+        self.m
+    }
+    /// Lease a replica grants its owner; renewed while held (§4, failure 3).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+    /// How often an owner renews each vote it holds.
+    pub fn renew_interval(&self) -> Duration {
+        self.renew_interval
+    }
+    /// Re-send a REQUEST to a replica that has not answered within this time (§4,
+    /// failure 4: a lost message looks like a crash).
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+    /// Round-trip estimate before the first measurement; gates YIELD (see `client`).
+    pub fn initial_rtt(&self) -> Duration {
+        self.initial_rtt
+    }
+    /// T_cs estimate of a replica that has seen no release yet.
+    pub fn initial_tcs(&self) -> Duration {
+        self.initial_tcs
+    }
+    /// Bounds on informed-backoff advice, whatever the replica says.
+    pub fn advice_bounds(&self) -> (Duration, Duration) {
+        (self.min_advice, self.max_advice)
+    }
+    /// A queued entry whose client has not been heard of for its advised wait plus this
+    /// grace is dropped: a dead waiter costs nothing once it is gone.
+    pub fn queue_grace(&self) -> Duration {
+        self.queue_grace
+    }
+    /// How long a replica remembers released acquisitions (late duplicates are ignored).
+    pub fn tombstone_ttl(&self) -> Duration {
+        self.tombstone_ttl
+    }
+    /// Bound on waiters per replica.
+    pub fn max_queue(&self) -> usize {
+        self.max_queue
+    }
+
+    /// Replica count and quorum.
+    pub fn with_quorum(mut self, n: usize, m: usize) -> Self {
+        self.n = n;
+        self.m = m;
+        self
+    }
+    /// Lease length; the renewal interval becomes a third of it.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self.renew_interval = lease / 3;
+        self
+    }
+    /// Renewal interval (must be below the lease).
+    pub fn with_renew_interval(mut self, d: Duration) -> Self {
+        self.renew_interval = d;
+        self
+    }
+    /// Retransmission timeout for unanswered requests.
+    pub fn with_request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+    /// Initial round-trip estimate.
+    pub fn with_initial_rtt(mut self, d: Duration) -> Self {
+        self.initial_rtt = d;
+        self
+    }
+    /// Initial T_cs estimate.
+    pub fn with_initial_tcs(mut self, d: Duration) -> Self {
+        self.initial_tcs = d;
+        self
+    }
+    /// Bounds on informed-backoff advice.
+    pub fn with_advice_bounds(mut self, min: Duration, max: Duration) -> Self {
+        self.min_advice = min;
+        self.max_advice = max;
+        self
+    }
+    /// Grace after the advised wait before an unheard waiter is dropped.
+    pub fn with_queue_grace(mut self, d: Duration) -> Self {
+        self.queue_grace = d;
+        self
+    }
+    /// Tombstone lifetime.
+    pub fn with_tombstone_ttl(mut self, d: Duration) -> Self {
+        self.tombstone_ttl = d;
+        self
+    }
+    /// Bounds on per-replica state.
+    pub fn with_state_bounds(mut self, max_queue: usize, max_tombstones: usize) -> Self {
+        self.max_queue = max_queue;
+        self.max_tombstones = max_tombstones;
+        self
+    }
+
+    /// Checks `n/2 < m <= n <= MAX_REPLICAS` and that durations are usable.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.n > MAX_REPLICAS {
+            return Err(ConfigError::TooManyReplicas(self.n));
+        }
+        if self.m > self.n || 2 * self.m <= self.n {
+            return Err(ConfigError::Quorum { n: self.n, m: self.m });
+        }
+        for (name, d) in [
+            ("lease", self.lease),
+            ("renew_interval", self.renew_interval),
+            ("request_timeout", self.request_timeout),
+            ("initial_rtt", self.initial_rtt),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration(name));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_the_papers_32_24() {
+        let c = Config::default();
+        assert_eq!((c.n(), c.m()), (32, 24));
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn quorum_must_be_a_strict_majority() {
+        assert!(Config::default().with_quorum(4, 2).validate().is_err());
+        assert!(Config::default().with_quorum(4, 3).validate().is_ok());
+        assert!(Config::default().with_quorum(4, 5).validate().is_err());
+        assert!(Config::default().with_quorum(1, 1).validate().is_ok());
+        assert!(Config::default().with_quorum(0, 0).validate().is_err());
+        assert!(Config::default().with_quorum(MAX_REPLICAS + 1, MAX_REPLICAS).validate().is_err());
+    }
+
+    #[test]
+    fn zero_lease_is_rejected() {
+        let e = Config::default().with_lease(Duration::ZERO).validate();
+        assert_eq!(e, Err(ConfigError::ZeroDuration("lease")));
+    }
+}

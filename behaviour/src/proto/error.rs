@@ -1,0 +1,61 @@
+//! Errors of the core. Remote misbehaviour is a value, never a panic; an error leaves
+//! the state machine exactly as it was.
+
+use thiserror::Error;
+
+/// Why a replica rejected a message. Nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ReplicaError {
+    /// The sender is not the client named in the timestamp: a peer may only act on its
+    /// own acquisitions.
+    #[error("sender is not the client of this acquisition")]
+    ForeignAcquisition,
+    /// RELEASE or YIELD for an acquisition that neither owns the replica nor waits in it.
+    #[error("acquisition neither owns nor waits on this replica")]
+    NotHolder,
+    /// A message for an acquisition this replica already saw released (a duplicate, or a
+    /// REQUEST overtaken by its own RELEASE).
+    #[error("acquisition already released here")]
+    Finished,
+    /// The queue is at its configured bound.
+    #[error("queue full ({0} waiters)")]
+    QueueFull(usize),
+}
+
+/// Why a client rejected a message. Nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ClientError {
+    /// Replica index outside `0..n`.
+    #[error("replica index {index} out of range (n = {n})")]
+    ReplicaOutOfRange {
+        /// The index received.
+        index: usize,
+        /// Number of replicas of the acquisition.
+        n: usize,
+    },
+    /// A response addressed to another acquisition.
+    #[error("response for another acquisition")]
+    WrongAcquisition,
+    /// A response older than one already applied for that replica.
+    #[error("stale response")]
+    Stale,
+}
+
+/// Invalid configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// The quorum must be a strict majority no larger than the replica count.
+    #[error("quorum m = {m} must satisfy n/2 < m <= n (n = {n})")]
+    Quorum {
+        /// Replicas.
+        n: usize,
+        /// Quorum.
+        m: usize,
+    },
+    /// Too many replicas.
+    #[error("n = {0} exceeds the maximum of {max}", max = super::MAX_REPLICAS)]
+    TooManyReplicas(usize),
+    /// A duration that must be positive is zero.
+    #[error("{0} must be greater than zero")]
+    ZeroDuration(&'static str),
+}

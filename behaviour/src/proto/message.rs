@@ -1,0 +1,89 @@
+//! Messages between a Sigma client and one logical replica (paper Fig. 5 and Fig. 6).
+//!
+//! Addressing (which resource, which replica index) is the driver's business: the core
+//! sees one replica at a time. Every message names the acquisition it is about by its
+//! [`Timestamp`], which is how duplicates and reordered messages are recognised.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::clock::Timestamp;
+
+/// Client to replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToReplica<C> {
+    /// REQUEST (Fig. 5 `Request`): asks for the replica's vote. Re-sent with the same
+    /// timestamp on informed backoff (§4) and, by the owner, as a lease renewal.
+    Request {
+        /// The acquisition; its client must be the authenticated sender.
+        ts: Timestamp<C>,
+        /// The client's clock (µs) when it sent this; echoed in the answer so the client
+        /// knows which request a response answers (lease accounting, round-trip time).
+        sent: u64,
+        /// A stamp the replica must move past before its next grant: the largest grant
+        /// stamp this client has seen from the replica, or its fencing token once it
+        /// holds the lock.
+        floor: u64,
+    },
+    /// RELEASE (Fig. 5 `Release`): leave the critical section, or give up waiting.
+    Release {
+        /// The acquisition being released.
+        ts: Timestamp<C>,
+        /// The client's fencing token (0 if it never won), so the next grant is above it.
+        token: u64,
+    },
+    /// YIELD (Fig. 5, case 3): "RELEASE + REQUEST": hand the vote back and wait in the
+    /// queue under the original timestamp.
+    Yield {
+        /// The acquisition yielding its vote.
+        ts: Timestamp<C>,
+    },
+}
+
+impl<C> ToReplica<C> {
+    /// The acquisition this message is about.
+    pub fn ts(&self) -> &Timestamp<C> {
+        match self {
+            ToReplica::Request { ts, .. } | ToReplica::Release { ts, .. } | ToReplica::Yield { ts } => ts,
+        }
+    }
+
+    /// Short name of the message kind (metrics, logs).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ToReplica::Request { .. } => "request",
+            ToReplica::Release { .. } => "release",
+            ToReplica::Yield { .. } => "yield",
+        }
+    }
+}
+
+/// RESPONSE (Fig. 6 `SendResponse`): the replica's current owner, sent to a client.
+///
+/// Sent as the answer to a REQUEST or YIELD, and unsolicited to a queue head that has
+/// just been promoted to owner (Fig. 6 `RespQueue`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response<C> {
+    /// The acquisition this response is addressed to.
+    pub ts: Timestamp<C>,
+    /// The replica's current owner (`C_owner`, `T_owner`). A replica that answers
+    /// always has an owner: it has just granted, or queued behind someone.
+    pub owner: Timestamp<C>,
+    /// The grant stamp of the current owner: strictly increasing per replica (hybrid
+    /// logical clock), so a client discards responses older than one it already has,
+    /// and the basis of fencing tokens.
+    pub stamp: u64,
+    /// The addressee's place: 0 when it is the owner, `k` when it is the k-th waiter
+    /// (k − 1 waiters ahead of it).
+    pub position: u32,
+    /// Informed backoff (§4): `T_w = T_cs · (P + 1/2)`, the time after which a waiter
+    /// that has not been served should re-send its REQUEST.
+    pub advice: Duration,
+    /// The lease the replica grants its owner.
+    pub lease: Duration,
+    /// The `sent` field of the last REQUEST from the addressee this replica processed.
+    pub echo: u64,
+    /// True when this is the unsolicited notice to a promoted queue head.
+    pub promoted: bool,
+}

@@ -1,0 +1,427 @@
+//! One logical replica of a resource (paper Fig. 6, §4).
+//!
+//! ```text
+//!             REQUEST (free)                    RELEASE / lease expiry (queue empty)
+//!   ┌──────┐ ───────────────▶ ┌───────────────┐ ──────────────────────────────────▶ ┌──────┐
+//!   │ free │                  │ owned by C    │                                      │ free │
+//!   └──────┘                  │ queue: Q (ts) │ ◀──┐ REQUEST (busy): insert by ts    └──────┘
+//!                             └───────────────┘ ───┘ and answer "owner is C"
+//!                                │        ▲
+//!       RELEASE by C, lease      │        │  RespQueue: pop the earliest waiter,
+//!       expiry, or YIELD by C    └────────┘  grant it, send it an unsolicited RESPONSE
+//!       (YIELD re-inserts C under its original timestamp first)
+//! ```
+//!
+//! Invariants (checked by the property tests): at most one owner; the queue is sorted
+//! by timestamp and holds no acquisition twice nor the owner; a non-empty queue implies
+//! an owner; the queue and the tombstones stay within their configured bounds.
+//!
+//! Beyond Fig. 6, from §4's failure handling:
+//! - the owner holds the vote for a lease, renewed by its REQUESTs; on expiry the vote
+//!   goes to the queue head (failure 3);
+//! - every RESPONSE carries informed-backoff advice `T_w = T_cs · (P + 1/2)`, with
+//!   `T_cs` the mean interval between consecutive releases while busy;
+//! - a waiter not heard of for its advised wait plus a grace is dropped, so a dead
+//!   waiter costs nothing; a live one re-sends its REQUEST at `T_w` and is queued again
+//!   under its original timestamp, in its original place;
+//! - a released acquisition leaves a tombstone, so a REQUEST overtaken by its own
+//!   RELEASE (no FIFO between peers) does not resurrect it;
+//! - [`Replica::new`] after a crash is the paper's "random reset": all memory gone.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use super::clock::{micros, Timestamp};
+use super::config::Config;
+use super::error::ReplicaError;
+use super::message::{Response, ToReplica};
+use super::Time;
+
+/// Counters a replica keeps about itself (metrics and the simulator's reports).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaStats {
+    /// Votes granted (direct grants and promotions).
+    pub grants: u64,
+    /// RELEASEs applied (owner or waiter).
+    pub releases: u64,
+    /// YIELDs applied.
+    pub yields: u64,
+    /// Owner leases that ran out.
+    pub lease_expiries: u64,
+    /// Waiters dropped because their client went silent.
+    pub waiter_expiries: u64,
+    /// Messages rejected with an error.
+    pub rejected: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Owner<C> {
+    ts: Timestamp<C>,
+    /// Grant stamp: `max(now µs, last stamp + 1, floors seen + 1)`.
+    stamp: u64,
+    /// The vote returns to the queue at this time unless renewed.
+    lease_until: Time,
+    /// When the vote was granted: start of a T_cs sample.
+    granted_at: Time,
+    /// `sent` of the client's last processed REQUEST (echoed in responses).
+    echo: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Waiter<C> {
+    ts: Timestamp<C>,
+    /// Dropped at this time unless its client is heard of again.
+    expires: Time,
+    echo: u64,
+}
+
+/// One logical replica: owner, queue, lease, informed backoff.
+#[derive(Clone, Debug)]
+pub struct Replica<C> {
+    config: Config,
+    owner: Option<Owner<C>>,
+    /// Waiters sorted by timestamp (new arrivals land near the back, promotions pop
+    /// the front: both cheap on a `VecDeque`).
+    queue: VecDeque<Waiter<C>>,
+    /// `(expires, ts)` of every waiter: the next waiter to drop in O(log n).
+    expiries: BTreeSet<(Time, Timestamp<C>)>,
+    /// Released acquisitions and when they may be forgotten.
+    tombstones: BTreeMap<Timestamp<C>, Time>,
+    /// Tombstones in insertion order, for expiry and the size bound.
+    tombstone_order: VecDeque<(Time, Timestamp<C>)>,
+    /// Last grant stamp issued or floor observed.
+    last_stamp: u64,
+    /// T_cs estimate (EWMA, 1/8) of the interval between consecutive releases.
+    tcs: Duration,
+    /// Time of the last RELEASE by an owner.
+    last_release: Option<Time>,
+    outbox: VecDeque<(C, Response<C>)>,
+    stats: ReplicaStats,
+}
+
+impl<C: Clone + Ord> Replica<C> {
+    /// A replica with empty memory: the state of a fresh peer, or of one after a reset.
+    pub fn new(config: Config) -> Self {
+        let tcs = config.initial_tcs;
+        Replica {
+            config,
+            owner: None,
+            queue: VecDeque::new(),
+            expiries: BTreeSet::new(),
+            tombstones: BTreeMap::new(),
+            tombstone_order: VecDeque::new(),
+            last_stamp: 0,
+            tcs,
+            last_release: None,
+            outbox: VecDeque::new(),
+            stats: ReplicaStats::default(),
+        }
+    }
+
+    /// The current owner and its grant stamp.
+    pub fn owner(&self) -> Option<(&Timestamp<C>, u64)> {
+        self.owner.as_ref().map(|o| (&o.ts, o.stamp))
+    }
+
+    /// Lease deadline of the current owner.
+    pub fn lease_until(&self) -> Option<Time> {
+        self.owner.as_ref().map(|o| o.lease_until)
+    }
+
+    /// Waiters in service order.
+    pub fn queue(&self) -> impl Iterator<Item = &Timestamp<C>> {
+        self.queue.iter().map(|w| &w.ts)
+    }
+
+    /// Number of waiters.
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Number of tombstones held.
+    pub fn tombstones(&self) -> usize {
+        self.tombstones.len()
+    }
+
+    /// Current T_cs estimate.
+    pub fn tcs(&self) -> Duration {
+        self.tcs
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ReplicaStats {
+        &self.stats
+    }
+
+    /// True when the replica holds no state worth keeping (no owner, no waiter).
+    pub fn is_idle(&self) -> bool {
+        self.owner.is_none() && self.queue.is_empty()
+    }
+
+    /// Handles a message from `from`, the authenticated sender.
+    ///
+    /// On error nothing changed and nothing is sent.
+    pub fn handle(&mut self, now: Time, from: &C, msg: ToReplica<C>) -> Result<(), ReplicaError> {
+        self.forget_tombstones(now);
+        let result = if &msg.ts().client != from {
+            Err(ReplicaError::ForeignAcquisition)
+        } else {
+            match msg {
+                ToReplica::Request { ts, sent, floor } => self.on_request(now, ts, sent, floor),
+                ToReplica::Release { ts, token } => self.on_release(now, ts, token),
+                ToReplica::Yield { ts } => self.on_yield(now, ts),
+            }
+        };
+        if result.is_err() {
+            self.stats.rejected += 1;
+        }
+        result
+    }
+
+    /// Fig. 6 `OnRequest`, plus renewal by the owner and refresh of a waiter.
+    fn on_request(&mut self, now: Time, ts: Timestamp<C>, sent: u64, floor: u64) -> Result<(), ReplicaError> {
+        if self.tombstones.contains_key(&ts) {
+            return Err(ReplicaError::Finished);
+        }
+        if let Some(owner) = self.owner.as_mut().filter(|o| o.ts == ts) {
+            owner.lease_until = now + self.config.lease;
+            owner.echo = sent;
+        } else if let Ok(i) = self.position(&ts) {
+            let expires = now + self.advice(i) + self.config.queue_grace;
+            let w = &mut self.queue[i];
+            self.expiries.remove(&(w.expires, ts.clone()));
+            w.expires = expires;
+            w.echo = sent;
+            self.expiries.insert((expires, ts.clone()));
+        } else if self.owner.is_none() {
+            self.last_stamp = self.last_stamp.max(floor);
+            self.grant(now, ts.clone(), sent);
+        } else {
+            if self.queue.len() >= self.config.max_queue {
+                return Err(ReplicaError::QueueFull(self.queue.len()));
+            }
+            self.last_stamp = self.last_stamp.max(floor);
+            self.enqueue(now, ts.clone(), sent);
+        }
+        self.respond(ts, false);
+        Ok(())
+    }
+
+    /// Fig. 6 `OnRelease`.
+    fn on_release(&mut self, now: Time, ts: Timestamp<C>, token: u64) -> Result<(), ReplicaError> {
+        if self.owner.as_ref().is_some_and(|o| o.ts == ts) {
+            let owner = self.owner.take().expect("checked above");
+            let since = self.last_release.map_or(owner.granted_at, |r| r.max(owner.granted_at));
+            let sample = now.saturating_sub(since);
+            self.tcs = (self.tcs * 7 + sample) / 8;
+            self.last_release = Some(now);
+            self.promote(now);
+        } else if let Ok(i) = self.position(&ts) {
+            self.remove_waiter(i);
+        } else if self.tombstones.contains_key(&ts) {
+            return Err(ReplicaError::Finished);
+        } else {
+            // Owner and queue stay as they are; the sender's own acquisition is
+            // tombstoned so that its REQUEST, if this RELEASE overtook it, cannot
+            // resurrect it (no FIFO between peers).
+            self.bury(now, ts);
+            return Err(ReplicaError::NotHolder);
+        }
+        self.last_stamp = self.last_stamp.max(token);
+        self.stats.releases += 1;
+        self.bury(now, ts);
+        Ok(())
+    }
+
+    /// Fig. 6 `OnYield`: the owner goes back into the queue under its original
+    /// timestamp and the earliest waiter gets the vote. A yielder that does not end up
+    /// owner is told who is (the plain-text Fig. 6 places this `SendResponse` after
+    /// the owner branch, evaluated on the new owner).
+    fn on_yield(&mut self, now: Time, ts: Timestamp<C>) -> Result<(), ReplicaError> {
+        if self.owner.as_ref().is_some_and(|o| o.ts == ts) {
+            let owner = self.owner.take().expect("checked above");
+            self.enqueue(now, owner.ts, owner.echo);
+            self.promote(now);
+        } else if self.position(&ts).is_err() {
+            return Err(if self.tombstones.contains_key(&ts) {
+                ReplicaError::Finished
+            } else {
+                ReplicaError::NotHolder
+            });
+        }
+        self.stats.yields += 1;
+        if self.owner.as_ref().is_some_and(|o| o.ts != ts) {
+            self.respond(ts, false);
+        }
+        Ok(())
+    }
+
+    /// Lease expiry (§4 failure 3) and silent waiters. Spurious calls are harmless.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.forget_tombstones(now);
+        while let Some((expires, ts)) = self.expiries.first().cloned() {
+            if expires > now {
+                break;
+            }
+            if let Ok(i) = self.position(&ts) {
+                self.remove_waiter(i);
+                self.stats.waiter_expiries += 1;
+            } else {
+                self.expiries.remove(&(expires, ts));
+            }
+        }
+        if self.owner.as_ref().is_some_and(|o| o.lease_until <= now) {
+            self.owner = None;
+            self.stats.lease_expiries += 1;
+            self.promote(now);
+        }
+    }
+
+    /// The next time [`Replica::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let lease = self.owner.as_ref().map(|o| o.lease_until);
+        let waiter = self.expiries.first().map(|(t, _)| *t);
+        match (lease, waiter) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Next RESPONSE to send, with its addressee.
+    pub fn poll_transmit(&mut self) -> Option<(C, Response<C>)> {
+        self.outbox.pop_front()
+    }
+
+    /// Index of `ts` in the queue (`Ok`) or where it would be inserted (`Err`).
+    fn position(&self, ts: &Timestamp<C>) -> Result<usize, usize> {
+        self.queue.binary_search_by(|w| w.ts.cmp(ts))
+    }
+
+    /// Informed backoff: `T_w = T_cs · (P + 1/2)` for a waiter with `p` ahead of it.
+    fn advice(&self, p: usize) -> Duration {
+        let halves = u32::try_from(2 * p + 1).unwrap_or(u32::MAX);
+        (self.tcs * halves / 2).clamp(self.config.min_advice, self.config.max_advice)
+    }
+
+    fn next_stamp(&mut self, now: Time) -> u64 {
+        self.last_stamp = self.last_stamp.saturating_add(1).max(micros(now));
+        self.last_stamp
+    }
+
+    fn grant(&mut self, now: Time, ts: Timestamp<C>, echo: u64) {
+        let stamp = self.next_stamp(now);
+        self.owner = Some(Owner { ts, stamp, lease_until: now + self.config.lease, granted_at: now, echo });
+        self.stats.grants += 1;
+    }
+
+    fn enqueue(&mut self, now: Time, ts: Timestamp<C>, echo: u64) {
+        let i = match self.position(&ts) {
+            Ok(i) => i,
+            Err(i) => {
+                self.queue.insert(i, Waiter { ts: ts.clone(), expires: now, echo });
+                i
+            }
+        };
+        let expires = now + self.advice(i) + self.config.queue_grace;
+        let w = &mut self.queue[i];
+        self.expiries.remove(&(w.expires, ts.clone()));
+        w.expires = expires;
+        w.echo = echo;
+        self.expiries.insert((expires, ts));
+    }
+
+    fn remove_waiter(&mut self, i: usize) -> Option<Waiter<C>> {
+        let w = self.queue.remove(i)?;
+        self.expiries.remove(&(w.expires, w.ts.clone()));
+        Some(w)
+    }
+
+    /// Fig. 6 `RespQueue`: the earliest live waiter becomes owner and is told so.
+    fn promote(&mut self, now: Time) {
+        debug_assert!(self.owner.is_none());
+        while let Some(w) = self.remove_waiter(0) {
+            if w.expires <= now {
+                self.stats.waiter_expiries += 1;
+                continue;
+            }
+            let ts = w.ts.clone();
+            self.grant(now, w.ts, w.echo);
+            self.respond(ts, true);
+            return;
+        }
+    }
+
+    /// Queues a RESPONSE to `ts` naming the current owner.
+    fn respond(&mut self, ts: Timestamp<C>, promoted: bool) {
+        let Some(owner) = self.owner.as_ref() else {
+            return;
+        };
+        let (position, advice, echo) = if owner.ts == ts {
+            (0, Duration::ZERO, owner.echo)
+        } else {
+            match self.position(&ts) {
+                Ok(i) => (i + 1, self.advice(i), self.queue[i].echo),
+                Err(_) => (0, Duration::ZERO, 0),
+            }
+        };
+        let response = Response {
+            ts: ts.clone(),
+            owner: owner.ts.clone(),
+            stamp: owner.stamp,
+            position: u32::try_from(position).unwrap_or(u32::MAX),
+            advice,
+            lease: self.config.lease,
+            echo,
+            promoted,
+        };
+        self.outbox.push_back((ts.client, response));
+    }
+
+    fn bury(&mut self, now: Time, ts: Timestamp<C>) {
+        let until = now + self.config.tombstone_ttl;
+        if self.tombstones.insert(ts.clone(), until).is_none() {
+            self.tombstone_order.push_back((until, ts));
+        }
+        while self.tombstones.len() > self.config.max_tombstones {
+            match self.tombstone_order.pop_front() {
+                Some((_, old)) => {
+                    self.tombstones.remove(&old);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn forget_tombstones(&mut self, now: Time) {
+        while self.tombstone_order.front().is_some_and(|(until, _)| *until <= now) {
+            if let Some((_, ts)) = self.tombstone_order.pop_front() {
+                self.tombstones.remove(&ts);
+            }
+        }
+    }
+
+    /// Checks the replica's invariants; `Err` names the first one broken. Used by the
+    /// property tests and the simulator's debug mode.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if !self.queue.is_empty() && self.owner.is_none() {
+            return Err("waiters but no owner".into());
+        }
+        for pair in self.queue.iter().collect::<Vec<_>>().windows(2) {
+            if pair[0].ts >= pair[1].ts {
+                return Err("queue not strictly sorted by timestamp".into());
+            }
+        }
+        if let Some(o) = &self.owner {
+            if self.position(&o.ts).is_ok() {
+                return Err("owner also queued".into());
+            }
+        }
+        if self.expiries.len() != self.queue.len() {
+            return Err("expiry index out of step with the queue".into());
+        }
+        if self.queue.len() > self.config.max_queue || self.tombstones.len() > self.config.max_tombstones {
+            return Err("state bound exceeded".into());
+        }
+        Ok(())
+    }
+}

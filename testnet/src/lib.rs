@@ -1,0 +1,4 @@
+//! Local testnet and discrete-event simulator for sigma.
+
+pub mod plot;
+pub mod sim;

@@ -149,10 +149,7 @@ impl<C: Clone + Ord> Client<C> {
             config,
             ts,
             phase: Phase::Waiting,
-            views: vec![
-                View { owner: None, stamp: 0, position: 0, vote_until: None, next_contact: None };
-                n
-            ],
+            views: vec![View { owner: None, stamp: 0, position: 0, vote_until: None, next_contact: None }; n],
             votes: 0,
             token: 0,
             yield_at: None,
@@ -251,7 +248,9 @@ impl<C: Clone + Ord> Client<C> {
         } else {
             view.vote_until = None;
             let (lo, hi) = (self.config.min_advice, self.config.max_advice);
-            view.next_contact = (!holding).then(|| now + r.advice.clamp(lo, hi));
+            let wait = r.advice.clamp(lo, hi);
+            let wait = wait + wait * self.config.retry_slack_percent / 100 + self.srtt * 2;
+            view.next_contact = (!holding).then(|| now + wait);
         }
         match (was_ours, ours) {
             (false, true) => self.votes += 1,
@@ -269,13 +268,22 @@ impl<C: Clone + Ord> Client<C> {
             return;
         }
         for i in 0..self.views.len() {
-            if self.views[i].next_contact.is_some_and(|t| t <= now) {
-                if self.owns(&self.views[i]) {
+            if self.views[i].next_contact.is_none_or(|t| t > now) {
+                continue;
+            }
+            match (self.owns(&self.views[i]), self.phase) {
+                // A vote held while still waiting is renewed by YIELD: the replica
+                // re-decides by timestamp, so a vote grabbed by a late client right
+                // after a replica reset goes back to the earliest waiter.
+                (true, Phase::Waiting) => self.yield_vote(now, i),
+                (true, _) => {
                     self.stats.renewals += 1;
-                } else {
-                    self.stats.retries += 1;
+                    self.send_request(now, i);
                 }
-                self.send_request(now, i);
+                (false, _) => {
+                    self.stats.retries += 1;
+                    self.send_request(now, i);
+                }
             }
         }
         if self.phase == Phase::Waiting && self.yield_at.is_some_and(|t| t <= now) {
@@ -391,18 +399,25 @@ impl<C: Clone + Ord> Client<C> {
 
     /// Case 3: YIELD every held vote and forget those responses.
     fn yield_votes(&mut self, now: Time) {
-        self.stats.yield_rounds += 1;
+        if self.votes > 0 {
+            self.stats.yield_rounds += 1;
+        }
         for i in 0..self.views.len() {
             if self.owns(&self.views[i]) {
-                let v = &mut self.views[i];
-                v.owner = None;
-                v.vote_until = None;
-                v.next_contact = Some(now + self.config.request_timeout);
-                self.votes -= 1;
-                self.outbox.push_back((i, ToReplica::Yield { ts: self.ts.clone() }));
-                self.stats.yields += 1;
+                self.yield_vote(now, i);
             }
         }
+    }
+
+    /// YIELD the vote of replica `i` and forget its response (`Clear(resp[i])`).
+    fn yield_vote(&mut self, now: Time, i: usize) {
+        let v = &mut self.views[i];
+        v.owner = None;
+        v.vote_until = None;
+        v.next_contact = Some(now + self.config.request_timeout);
+        self.votes -= 1;
+        self.outbox.push_back((i, ToReplica::Yield { ts: self.ts.clone() }));
+        self.stats.yields += 1;
     }
 
     fn lose(&mut self, reason: LostReason) {

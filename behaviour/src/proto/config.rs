@@ -25,6 +25,7 @@ pub struct Config {
     pub(crate) tombstone_ttl: Duration,
     pub(crate) max_queue: usize,
     pub(crate) max_tombstones: usize,
+    pub(crate) retry_slack_percent: u32,
 }
 
 impl Default for Config {
@@ -43,6 +44,7 @@ impl Default for Config {
             tombstone_ttl: Duration::from_secs(60),
             max_queue: 100_000,
             max_tombstones: 100_000,
+            retry_slack_percent: 25,
         }
     }
 }
@@ -94,6 +96,10 @@ impl Config {
     pub fn max_queue(&self) -> usize {
         self.max_queue
     }
+    /// A waiter re-sends its REQUEST after `T_w · (1 + slack) + srtt` (percent).
+    pub fn retry_slack_percent(&self) -> u32 {
+        self.retry_slack_percent
+    }
 
     /// Replica count and quorum.
     pub fn with_quorum(mut self, n: usize, m: usize) -> Self {
@@ -141,6 +147,12 @@ impl Config {
     /// Tombstone lifetime.
     pub fn with_tombstone_ttl(mut self, d: Duration) -> Self {
         self.tombstone_ttl = d;
+        self
+    }
+    /// Informed-backoff slack: a waiter retries at `T_w · (1 + percent/100)` plus one
+    /// round trip. 0 is the paper's rule; see ARCHITECTURE.md for the trade-off.
+    pub fn with_retry_slack_percent(mut self, percent: u32) -> Self {
+        self.retry_slack_percent = percent;
         self
     }
     /// Bounds on per-replica state.

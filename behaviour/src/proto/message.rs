@@ -38,6 +38,10 @@ pub enum ToReplica<C> {
     Yield {
         /// The acquisition yielding its vote.
         ts: Timestamp<C>,
+        /// The grant handed back: the stamp of the response that made this acquisition
+        /// owner. A replica applies the YIELD to that grant only, which makes a
+        /// duplicated or re-sent YIELD harmless.
+        stamp: u64,
     },
 }
 
@@ -45,7 +49,7 @@ impl<C> ToReplica<C> {
     /// The acquisition this message is about.
     pub fn ts(&self) -> &Timestamp<C> {
         match self {
-            ToReplica::Request { ts, .. } | ToReplica::Release { ts, .. } | ToReplica::Yield { ts } => ts,
+            ToReplica::Request { ts, .. } | ToReplica::Release { ts, .. } | ToReplica::Yield { ts, .. } => ts,
         }
     }
 

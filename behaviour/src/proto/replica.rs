@@ -21,7 +21,7 @@
 //!   goes to the queue head (failure 3);
 //! - every RESPONSE carries informed-backoff advice `T_w = T_cs · (P + 1/2)`, with
 //!   `T_cs` the mean interval between consecutive releases while busy;
-//! - a waiter not heard of for its advised wait plus a grace is dropped, so a dead
+//! - a waiter not heard of for twice its advised wait plus a grace is dropped, so a dead
 //!   waiter costs nothing; a live one re-sends its REQUEST at `T_w` and is queued again
 //!   under its original timestamp, in its original place;
 //! - a released acquisition leaves a tombstone, so a REQUEST overtaken by its own
@@ -169,7 +169,7 @@ impl<C: Clone + Ord> Replica<C> {
             match msg {
                 ToReplica::Request { ts, sent, floor } => self.on_request(now, ts, sent, floor),
                 ToReplica::Release { ts, token } => self.on_release(now, ts, token),
-                ToReplica::Yield { ts } => self.on_yield(now, ts),
+                ToReplica::Yield { ts, stamp } => self.on_yield(now, ts, stamp),
             }
         };
         if result.is_err() {
@@ -186,8 +186,12 @@ impl<C: Clone + Ord> Replica<C> {
         if let Some(owner) = self.owner.as_mut().filter(|o| o.ts == ts) {
             owner.lease_until = now + self.config.lease;
             owner.echo = sent;
+            // A holder's renewal carries its fencing token: the next grant goes above it
+            // even if the holder never sends its RELEASE.
+            self.last_stamp = self.last_stamp.max(floor);
         } else if let Ok(i) = self.position(&ts) {
-            let expires = now + self.advice(i) + self.config.queue_grace;
+            self.last_stamp = self.last_stamp.max(floor);
+            let expires = now + self.waiter_ttl(i);
             let w = &mut self.queue[i];
             self.expiries.remove(&(w.expires, ts.clone()));
             w.expires = expires;
@@ -215,9 +219,12 @@ impl<C: Clone + Ord> Replica<C> {
             let sample = now.saturating_sub(since);
             self.tcs = (self.tcs * 7 + sample) / 8;
             self.last_release = Some(now);
+            // The next owner's grant stamp must exceed the releaser's fencing token.
+            self.last_stamp = self.last_stamp.max(token);
             self.promote(now);
         } else if let Ok(i) = self.position(&ts) {
             self.remove_waiter(i);
+            self.last_stamp = self.last_stamp.max(token);
         } else if self.tombstones.contains_key(&ts) {
             return Err(ReplicaError::Finished);
         } else {
@@ -227,7 +234,6 @@ impl<C: Clone + Ord> Replica<C> {
             self.bury(now, ts);
             return Err(ReplicaError::NotHolder);
         }
-        self.last_stamp = self.last_stamp.max(token);
         self.stats.releases += 1;
         self.bury(now, ts);
         Ok(())
@@ -237,11 +243,20 @@ impl<C: Clone + Ord> Replica<C> {
     /// timestamp and the earliest waiter gets the vote. A yielder that does not end up
     /// owner is told who is (the plain-text Fig. 6 places this `SendResponse` after
     /// the owner branch, evaluated on the new owner).
-    fn on_yield(&mut self, now: Time, ts: Timestamp<C>) -> Result<(), ReplicaError> {
-        if self.owner.as_ref().is_some_and(|o| o.ts == ts) {
+    ///
+    /// Only the grant named by `stamp` is handed back. A YIELD of an earlier grant to the
+    /// same acquisition (a duplicate, or one overtaken by the re-grant it caused) is not
+    /// applied: the client may already count the newer grant, and taking it back would
+    /// leave it counting a vote that is someone else's. It is answered with the
+    /// current grant instead.
+    fn on_yield(&mut self, now: Time, ts: Timestamp<C>, stamp: u64) -> Result<(), ReplicaError> {
+        if self.owner.as_ref().is_some_and(|o| o.ts == ts && o.stamp == stamp) {
             let owner = self.owner.take().expect("checked above");
             self.enqueue(now, owner.ts, owner.echo);
             self.promote(now);
+        } else if self.owner.as_ref().is_some_and(|o| o.ts == ts) {
+            self.respond(ts, false);
+            return Ok(());
         } else if self.position(&ts).is_err() {
             return Err(if self.tombstones.contains_key(&ts) {
                 ReplicaError::Finished
@@ -303,6 +318,12 @@ impl<C: Clone + Ord> Replica<C> {
         (self.tcs * halves / 2).clamp(self.config.min_advice, self.config.max_advice)
     }
 
+    /// How long a waiter with `p` ahead of it is kept without news of its client: twice
+    /// the advice (clients retry with some slack after it) plus the grace.
+    fn waiter_ttl(&self, p: usize) -> Duration {
+        self.advice(p) * 2 + self.config.queue_grace
+    }
+
     fn next_stamp(&mut self, now: Time) -> u64 {
         self.last_stamp = self.last_stamp.saturating_add(1).max(micros(now));
         self.last_stamp
@@ -322,7 +343,7 @@ impl<C: Clone + Ord> Replica<C> {
                 i
             }
         };
-        let expires = now + self.advice(i) + self.config.queue_grace;
+        let expires = now + self.waiter_ttl(i);
         let w = &mut self.queue[i];
         self.expiries.remove(&(w.expires, ts.clone()));
         w.expires = expires;

@@ -195,6 +195,10 @@ impl<C: Clone + Ord> Client<C> {
     pub fn round(&self) -> u32 {
         self.round
     }
+    /// Replicas that granted their vote in the current round.
+    pub fn granted(&self) -> Vec<usize> {
+        self.answers.iter().enumerate().filter(|(_, a)| **a == Some(true)).map(|(i, _)| i).collect()
+    }
 
     fn start_round(&mut self, now: Time) {
         self.round += 1;

@@ -71,9 +71,7 @@ pub fn violation_probability(n: u32, m: u32, p: f64) -> f64 {
     }
     let ln_p = p.ln();
     let ln_q = (-p).ln_1p();
-    let ln_terms: Vec<f64> = (k_min..=m)
-        .map(|k| ln_choose(m, k) + k as f64 * ln_p + (m - k) as f64 * ln_q)
-        .collect();
+    let ln_terms: Vec<f64> = (k_min..=m).map(|k| ln_choose(m, k) + k as f64 * ln_p + (m - k) as f64 * ln_q).collect();
     let max = ln_terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let sum: f64 = ln_terms.iter().map(|t| (t - max).exp()).sum();
     (max + sum.ln()).exp().min(1.0)
@@ -141,13 +139,7 @@ pub fn binomial_interval(trials: u64, p: f64, confidence: f64) -> (u64, u64) {
     }
     let k_min = mode - below.len() as u64;
     // pmf for k = k_min ..= k_max, in order; small terms first keeps sums accurate.
-    let pmf: Vec<f64> = below
-        .iter()
-        .rev()
-        .copied()
-        .chain(std::iter::once(1.0))
-        .chain(above.iter().copied())
-        .collect();
+    let pmf: Vec<f64> = below.iter().rev().copied().chain(std::iter::once(1.0)).chain(above.iter().copied()).collect();
     let total: f64 = pmf.iter().sum();
 
     // lo: the largest k with P(X < k) <= tail.
@@ -201,11 +193,7 @@ pub fn saturated_handoff<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> HandoffEstimate {
     if m == 0 || m > n || samples == 0 {
-        return HandoffEstimate {
-            mean: Duration::ZERO,
-            stderr: Duration::ZERO,
-            throughput_per_s: f64::NAN,
-        };
+        return HandoffEstimate { mean: Duration::ZERO, stderr: Duration::ZERO, throughput_per_s: f64::NAN };
     }
     let mut sums = vec![Duration::ZERO; n];
     // Welford's running mean and variance, in seconds.
@@ -220,17 +208,9 @@ pub fn saturated_handoff<R: Rng + ?Sized>(
         mean += delta / count as f64;
         m2 += delta * (x - mean);
     }
-    let var = if samples > 1 {
-        m2 / (samples - 1) as f64
-    } else {
-        0.0
-    };
+    let var = if samples > 1 { m2 / (samples - 1) as f64 } else { 0.0 };
     let stderr = (var / samples as f64).sqrt();
-    HandoffEstimate {
-        mean: secs_to_duration(mean),
-        stderr: secs_to_duration(stderr),
-        throughput_per_s: 1.0 / mean,
-    }
+    HandoffEstimate { mean: secs_to_duration(mean), stderr: secs_to_duration(stderr), throughput_per_s: 1.0 / mean }
 }
 
 /// Saturated throughput in critical sections per second when each owner stays
@@ -280,10 +260,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     fn assert_rel(got: f64, want: f64, tol: f64) {
-        assert!(
-            ((got - want) / want).abs() < tol,
-            "got {got:e}, want {want:e} (rel tol {tol})"
-        );
+        assert!(((got - want) / want).abs() < tol, "got {got:e}, want {want:e} (rel tol {tol})");
     }
 
     #[test]
@@ -310,7 +287,7 @@ mod tests {
     fn violation_probability_matches_direct_sum() {
         // Small cases where plain f64 arithmetic is exact enough.
         for (n, m) in [(3u32, 2u32), (5, 3), (7, 6), (10, 10), (9, 5)] {
-            for p in [0.01, 0.1, 0.5, 0.9] {
+            for p in [0.01_f64, 0.1, 0.5, 0.9] {
                 let mut direct = 0.0;
                 for k in (2 * m - n)..=m {
                     let c = (0..k).fold(1.0, |c, i| c * f64::from(m - i) / f64::from(i + 1));
@@ -412,14 +389,8 @@ mod tests {
     #[test]
     fn saturated_handoff_matches_design_numbers() {
         let ms = Duration::from_millis;
-        let u0 = handoff(Latency::Uniform {
-            lo: ms(0),
-            hi: ms(200),
-        });
-        let u50 = handoff(Latency::Uniform {
-            lo: ms(50),
-            hi: ms(150),
-        });
+        let u0 = handoff(Latency::Uniform { lo: ms(0), hi: ms(200) });
+        let u50 = handoff(Latency::Uniform { lo: ms(50), hi: ms(150) });
         let c100 = handoff(Latency::Constant(ms(100)));
         let mean_ms = |e: &HandoffEstimate| e.mean.as_secs_f64() * 1e3;
         assert!((mean_ms(&u0) - 253.8).abs() < 2.0, "{u0:?}");

@@ -120,10 +120,7 @@ impl FromStr for Latency {
     type Err = ParseLatencyError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        parse(s).map_err(|reason| ParseLatencyError {
-            input: s.to_string(),
-            reason,
-        })
+        parse(s).map_err(|reason| ParseLatencyError { input: s.to_string(), reason })
     }
 }
 
@@ -142,24 +139,16 @@ fn parse(s: &str) -> Result<Latency, String> {
     };
     match kind.as_str() {
         "uniform" | "unif" | "u" => {
-            let (lo, hi) = args
-                .split_once(',')
-                .ok_or_else(|| "uniform needs two bounds LO,HI".to_string())?;
+            let (lo, hi) = args.split_once(',').ok_or_else(|| "uniform needs two bounds LO,HI".to_string())?;
             let lo = parse_ms(lo)?;
             let hi = parse_ms(hi)?;
             if lo > hi {
-                return Err(format!(
-                    "lower bound {}ms exceeds upper bound {}ms",
-                    fmt_ms(lo),
-                    fmt_ms(hi)
-                ));
+                return Err(format!("lower bound {}ms exceeds upper bound {}ms", fmt_ms(lo), fmt_ms(hi)));
             }
             Ok(Latency::Uniform { lo, hi })
         }
         "const" | "constant" | "c" | "fixed" => Ok(Latency::Constant(parse_ms(&args)?)),
-        "exp" | "exponential" | "e" => Ok(Latency::Exponential {
-            mean: parse_ms(&args)?,
-        }),
+        "exp" | "exponential" | "e" => Ok(Latency::Exponential { mean: parse_ms(&args)? }),
         other => Err(format!("unknown distribution {other:?}")),
     }
 }
@@ -175,9 +164,7 @@ fn parse_ms(s: &str) -> Result<Duration, String> {
     if t.is_empty() {
         return Err("missing number of milliseconds".to_string());
     }
-    let ms: f64 = t
-        .parse()
-        .map_err(|_| format!("{t:?} is not a number of milliseconds"))?;
+    let ms: f64 = t.parse().map_err(|_| format!("{t:?} is not a number of milliseconds"))?;
     if !ms.is_finite() || ms < 0.0 {
         return Err(format!("{t:?} is not a finite non-negative duration"));
     }
@@ -200,18 +187,12 @@ mod tests {
 
     fn sample_mean_ms(l: &Latency, n: usize) -> f64 {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
-        (0..n)
-            .map(|_| l.sample(&mut rng).as_secs_f64() * 1e3)
-            .sum::<f64>()
-            / n as f64
+        (0..n).map(|_| l.sample(&mut rng).as_secs_f64() * 1e3).sum::<f64>() / n as f64
     }
 
     #[test]
     fn uniform_samples_stay_in_bounds() {
-        let l = Latency::Uniform {
-            lo: ms(50),
-            hi: ms(150),
-        };
+        let l = Latency::Uniform { lo: ms(50), hi: ms(150) };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         for _ in 0..10_000 {
             let d = l.sample(&mut rng);
@@ -221,10 +202,7 @@ mod tests {
 
     #[test]
     fn swapped_uniform_bounds_do_not_panic() {
-        let l = Latency::Uniform {
-            lo: ms(150),
-            hi: ms(50),
-        };
+        let l = Latency::Uniform { lo: ms(150), hi: ms(50) };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let d = l.sample(&mut rng);
         assert!(d >= ms(50) && d <= ms(150));
@@ -235,10 +213,7 @@ mod tests {
     fn degenerate_distributions() {
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         assert_eq!(Latency::Constant(ms(100)).sample(&mut rng), ms(100));
-        let point = Latency::Uniform {
-            lo: ms(3),
-            hi: ms(3),
-        };
+        let point = Latency::Uniform { lo: ms(3), hi: ms(3) };
         assert_eq!(point.sample(&mut rng), ms(3));
         let zero = Latency::Exponential { mean: ms(0) };
         assert_eq!(zero.sample(&mut rng), Duration::ZERO);
@@ -247,14 +222,8 @@ mod tests {
     #[test]
     fn sample_means_match_mean() {
         let cases = [
-            Latency::Uniform {
-                lo: ms(0),
-                hi: ms(200),
-            },
-            Latency::Uniform {
-                lo: ms(50),
-                hi: ms(150),
-            },
+            Latency::Uniform { lo: ms(0), hi: ms(200) },
+            Latency::Uniform { lo: ms(50), hi: ms(150) },
             Latency::Constant(ms(100)),
             Latency::Exponential { mean: ms(100) },
         ];
@@ -271,9 +240,7 @@ mod tests {
     fn exponential_is_non_negative_with_long_tail() {
         let l = Latency::Exponential { mean: ms(100) };
         let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let over = (0..100_000)
-            .filter(|_| l.sample(&mut rng) > ms(300))
-            .count();
+        let over = (0..100_000).filter(|_| l.sample(&mut rng) > ms(300)).count();
         // P(X > 3 mean) = e^-3 ~ 0.0498.
         let frac = over as f64 / 100_000.0;
         assert!((frac - 0.0498).abs() < 0.004, "{frac}");
@@ -281,64 +248,31 @@ mod tests {
 
     #[test]
     fn display() {
-        assert_eq!(
-            Latency::Uniform {
-                lo: ms(0),
-                hi: ms(200)
-            }
-            .to_string(),
-            "U(0,200)ms"
-        );
+        assert_eq!(Latency::Uniform { lo: ms(0), hi: ms(200) }.to_string(), "U(0,200)ms");
         assert_eq!(Latency::Constant(ms(100)).to_string(), "const 100ms");
-        assert_eq!(
-            Latency::Exponential { mean: ms(100) }.to_string(),
-            "Exp(100ms)"
-        );
-        assert_eq!(
-            Latency::Constant(Duration::from_micros(1500)).to_string(),
-            "const 1.5ms"
-        );
+        assert_eq!(Latency::Exponential { mean: ms(100) }.to_string(), "Exp(100ms)");
+        assert_eq!(Latency::Constant(Duration::from_micros(1500)).to_string(), "const 1.5ms");
     }
 
     #[test]
     fn parse_cli_forms() {
-        let u = Latency::Uniform {
-            lo: ms(0),
-            hi: ms(200),
-        };
+        let u = Latency::Uniform { lo: ms(0), hi: ms(200) };
         assert_eq!("uniform:0,200".parse::<Latency>(), Ok(u));
         assert_eq!("u:0,200".parse::<Latency>(), Ok(u));
         assert_eq!(" U: 0 , 200ms ".parse::<Latency>(), Ok(u));
-        assert_eq!(
-            "const:100".parse::<Latency>(),
-            Ok(Latency::Constant(ms(100)))
-        );
-        assert_eq!(
-            "exp:100".parse::<Latency>(),
-            Ok(Latency::Exponential { mean: ms(100) })
-        );
-        assert_eq!(
-            "const:0.25".parse::<Latency>(),
-            Ok(Latency::Constant(Duration::from_micros(250)))
-        );
+        assert_eq!("const:100".parse::<Latency>(), Ok(Latency::Constant(ms(100))));
+        assert_eq!("exp:100".parse::<Latency>(), Ok(Latency::Exponential { mean: ms(100) }));
+        assert_eq!("const:0.25".parse::<Latency>(), Ok(Latency::Constant(Duration::from_micros(250))));
     }
 
     #[test]
     fn display_parse_round_trip() {
         let cases = [
-            Latency::Uniform {
-                lo: ms(0),
-                hi: ms(200),
-            },
-            Latency::Uniform {
-                lo: Duration::from_micros(500),
-                hi: ms(7),
-            },
+            Latency::Uniform { lo: ms(0), hi: ms(200) },
+            Latency::Uniform { lo: Duration::from_micros(500), hi: ms(7) },
             Latency::Constant(ms(100)),
             Latency::Exponential { mean: ms(100) },
-            Latency::Exponential {
-                mean: Duration::from_nanos(1_234_567),
-            },
+            Latency::Exponential { mean: Duration::from_nanos(1_234_567) },
         ];
         for l in cases {
             assert_eq!(l.to_string().parse::<Latency>(), Ok(l), "{l}");

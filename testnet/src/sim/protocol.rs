@@ -1,0 +1,230 @@
+//! The simulator's view of a protocol: the sans-IO client and replica of
+//! `sigma_behaviour::proto`, behind one trait so the same engine, workload, latency,
+//! loss and reset models and exclusion checker drive each of them.
+
+use rand::RngCore;
+use sigma_behaviour::proto::{
+    self, backoff::Backoff, client::Phase, strawman, Config, Event, Replica, Response, Time, Timestamp, ToReplica,
+};
+
+/// Per-acquisition message counters a protocol reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// YIELD messages sent.
+    pub yields: u64,
+    /// Re-sent REQUESTs (informed backoff, retransmission), or lost rounds.
+    pub retries: u64,
+    /// Lease renewals.
+    pub renewals: u64,
+}
+
+/// Client ids in the simulator: one per arrival.
+pub type ClientId = u32;
+
+/// A protocol the simulator can run: a client state machine per acquisition and a
+/// replica state machine per logical replica, with messages in both directions.
+pub trait Protocol {
+    /// Replica state machine.
+    type Replica;
+    /// Client (one acquisition) state machine.
+    type Client;
+    /// Client → replica message.
+    type Up: Clone;
+    /// Replica → client message.
+    type Down: Clone;
+
+    /// Short name for reports.
+    fn name(&self) -> String;
+    /// Shared protocol parameters.
+    fn config(&self) -> &Config;
+
+    /// A replica with empty memory (also what a reset leaves).
+    fn new_replica(&self) -> Self::Replica;
+    /// Handles a message; `false` if the replica rejected it.
+    fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool;
+    /// Replica timers.
+    fn replica_timeout(&self, r: &mut Self::Replica, now: Time);
+    /// Next replica timer.
+    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time>;
+    /// Next outgoing replica message.
+    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)>;
+
+    /// Starts an acquisition.
+    fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client;
+    /// Handles a message from replica `from`; `false` if the client rejected it.
+    fn client_handle(
+        &self,
+        c: &mut Self::Client,
+        now: Time,
+        from: usize,
+        msg: Self::Down,
+        rng: &mut dyn RngCore,
+    ) -> bool;
+    /// Client timers.
+    fn client_timeout(&self, c: &mut Self::Client, now: Time, rng: &mut dyn RngCore);
+    /// Next client timer.
+    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time>;
+    /// Next outgoing client message, with its replica index.
+    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)>;
+    /// Next application event.
+    fn client_event(&self, c: &mut Self::Client) -> Option<Event>;
+    /// Leaves the CS / gives up.
+    fn client_release(&self, c: &mut Self::Client, now: Time);
+    /// Phase of the acquisition.
+    fn client_phase(&self, c: &Self::Client) -> Phase;
+    /// Replicas voting for the client, as it knows them (for the violation analysis).
+    fn voters(&self, c: &Self::Client) -> Vec<usize>;
+    /// Message counters of the acquisition so far (reports; 0 where n/a).
+    fn client_counters(&self, c: &Self::Client) -> Counters;
+
+    /// Acquisition a client → replica message belongs to.
+    fn up_owner(msg: &Self::Up) -> ClientId;
+}
+
+/// Sigma (Fig. 5, Fig. 6, §4).
+#[derive(Clone, Debug)]
+pub struct Sigma(pub Config);
+
+impl Protocol for Sigma {
+    type Replica = Replica<ClientId>;
+    type Client = proto::Client<ClientId>;
+    type Up = ToReplica<ClientId>;
+    type Down = Response<ClientId>;
+
+    fn name(&self) -> String {
+        "sigma".into()
+    }
+    fn config(&self) -> &Config {
+        &self.0
+    }
+    fn new_replica(&self) -> Self::Replica {
+        Replica::new(self.0.clone())
+    }
+    fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
+        r.handle(now, &from, msg).is_ok()
+    }
+    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
+        r.handle_timeout(now)
+    }
+    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
+        r.poll_timeout()
+    }
+    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
+        r.poll_transmit()
+    }
+    fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client {
+        proto::Client::new(self.0.clone(), ts, now)
+    }
+    fn client_handle(
+        &self,
+        c: &mut Self::Client,
+        now: Time,
+        from: usize,
+        msg: Self::Down,
+        _: &mut dyn RngCore,
+    ) -> bool {
+        c.handle_response(now, from, msg).is_ok()
+    }
+    fn client_timeout(&self, c: &mut Self::Client, now: Time, _: &mut dyn RngCore) {
+        c.handle_timeout(now)
+    }
+    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
+        c.poll_timeout()
+    }
+    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
+        c.poll_transmit()
+    }
+    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
+        c.poll_event()
+    }
+    fn client_release(&self, c: &mut Self::Client, now: Time) {
+        c.release(now)
+    }
+    fn client_phase(&self, c: &Self::Client) -> Phase {
+        c.phase()
+    }
+    fn voters(&self, c: &Self::Client) -> Vec<usize> {
+        let me = c.ts();
+        c.views().iter().enumerate().filter(|(_, v)| v.owner.as_ref() == Some(me)).map(|(i, _)| i).collect()
+    }
+    fn client_counters(&self, c: &Self::Client) -> Counters {
+        let s = c.stats();
+        Counters { yields: s.yields, retries: s.retries, renewals: s.renewals }
+    }
+    fn up_owner(msg: &Self::Up) -> ClientId {
+        msg.ts().client
+    }
+}
+
+/// The strawman of §3 with a backoff policy.
+#[derive(Clone, Debug)]
+pub struct Strawman(pub Config, pub Backoff);
+
+impl Protocol for Strawman {
+    type Replica = strawman::Replica<ClientId>;
+    type Client = strawman::Client<ClientId>;
+    type Up = strawman::ToReplica<ClientId>;
+    type Down = strawman::Reply<ClientId>;
+
+    fn name(&self) -> String {
+        "strawman".into()
+    }
+    fn config(&self) -> &Config {
+        &self.0
+    }
+    fn new_replica(&self) -> Self::Replica {
+        strawman::Replica::new(&self.0)
+    }
+    fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
+        r.handle(now, &from, msg).is_ok()
+    }
+    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
+        r.handle_timeout(now)
+    }
+    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
+        r.poll_timeout()
+    }
+    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
+        r.poll_transmit()
+    }
+    fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client {
+        strawman::Client::new(self.0.clone(), self.1, ts, now)
+    }
+    fn client_handle(
+        &self,
+        c: &mut Self::Client,
+        now: Time,
+        from: usize,
+        msg: Self::Down,
+        rng: &mut dyn RngCore,
+    ) -> bool {
+        c.handle_reply(now, from, msg, rng).is_ok()
+    }
+    fn client_timeout(&self, c: &mut Self::Client, now: Time, rng: &mut dyn RngCore) {
+        c.handle_timeout(now, rng)
+    }
+    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
+        c.poll_timeout()
+    }
+    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
+        c.poll_transmit()
+    }
+    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
+        c.poll_event()
+    }
+    fn client_release(&self, c: &mut Self::Client, now: Time) {
+        c.release(now)
+    }
+    fn client_phase(&self, c: &Self::Client) -> Phase {
+        c.phase()
+    }
+    fn voters(&self, c: &Self::Client) -> Vec<usize> {
+        c.granted()
+    }
+    fn client_counters(&self, c: &Self::Client) -> Counters {
+        Counters { yields: 0, retries: u64::from(c.collisions), renewals: 0 }
+    }
+    fn up_owner(msg: &Self::Up) -> ClientId {
+        msg.ts().client
+    }
+}

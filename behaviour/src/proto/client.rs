@@ -112,6 +112,10 @@ pub struct View<C> {
     pub vote_until: Option<Time>,
     /// When to contact this replica next (retry, renewal), if at all.
     pub next_contact: Option<Time>,
+    /// Stamp of the grant this acquisition yielded here, until a newer response comes:
+    /// a response still naming us under that grant was sent before the replica applied
+    /// the YIELD (or the YIELD was lost), so it is no vote.
+    pub yielded: Option<u64>,
 }
 
 /// One acquisition: a sans-IO state machine. Feed it responses and timeouts, drain
@@ -149,7 +153,10 @@ impl<C: Clone + Ord> Client<C> {
             config,
             ts,
             phase: Phase::Waiting,
-            views: vec![View { owner: None, stamp: 0, position: 0, vote_until: None, next_contact: None }; n],
+            views: vec![
+                View { owner: None, stamp: 0, position: 0, vote_until: None, next_contact: None, yielded: None };
+                n
+            ],
             votes: 0,
             token: 0,
             yield_at: None,
@@ -214,7 +221,7 @@ impl<C: Clone + Ord> Client<C> {
         if r.ts != self.ts {
             return Err(ClientError::WrongAcquisition);
         }
-        if r.stamp < view.stamp {
+        if r.stamp < view.stamp || (r.owner == self.ts && view.yielded.is_some_and(|s| r.stamp <= s)) {
             self.stats.stale += 1;
             return Err(ClientError::Stale);
         }
@@ -234,6 +241,7 @@ impl<C: Clone + Ord> Client<C> {
         view.owner = Some(r.owner);
         view.stamp = r.stamp;
         view.position = r.position;
+        view.yielded = None;
         if ours {
             let mut until = echo + lease;
             if r.promoted {
@@ -241,7 +249,7 @@ impl<C: Clone + Ord> Client<C> {
             }
             view.vote_until = Some(view.vote_until.filter(|_| was_ours).map_or(until, |u| u.max(until)));
             view.next_contact = match self.phase {
-                Phase::Holding => Some(until.saturating_sub(lease - self.config.renew_interval).max(now)),
+                Phase::Holding => Some(until.saturating_sub(lease.saturating_sub(self.config.renew_interval)).max(now)),
                 Phase::Waiting => Some(now + self.config.renew_interval),
                 Phase::Lost | Phase::Released => None,
             };
@@ -281,6 +289,12 @@ impl<C: Clone + Ord> Client<C> {
                     self.send_request(now, i);
                 }
                 (false, _) => {
+                    if let Some(stamp) = self.views[i].yielded {
+                        // Neither the YIELD nor its answer arrived: send it again (a
+                        // replica applies it to that grant only, so a copy is harmless).
+                        self.outbox.push_back((i, ToReplica::Yield { ts: self.ts.clone(), stamp }));
+                        self.stats.yields += 1;
+                    }
                     self.stats.retries += 1;
                     self.send_request(now, i);
                 }
@@ -347,7 +361,7 @@ impl<C: Clone + Ord> Client<C> {
     /// `ComputeWinner` and the three outcomes of Fig. 5.
     fn evaluate(&mut self, now: Time, progress: bool) {
         match self.phase {
-            Phase::Waiting if self.votes >= self.config.m => self.win(now),
+            Phase::Waiting if self.live_votes(now) >= self.config.m => self.win(now),
             Phase::Waiting if self.nobody_can_win() => {
                 // Case 3, gated: act only after one round trip without progress.
                 if progress || self.yield_at.is_none() {
@@ -358,6 +372,12 @@ impl<C: Clone + Ord> Client<C> {
             Phase::Holding if self.votes + self.config.m <= self.config.n => self.lose(LostReason::VotesTaken),
             _ => {}
         }
+    }
+
+    /// Votes whose lease has not lapsed by the client's own (conservative) account:
+    /// only those win, since a replica may have handed a lapsed vote to someone else.
+    fn live_votes(&self, now: Time) -> usize {
+        self.views.iter().filter(|v| self.owns(v) && v.vote_until.is_some_and(|t| t > now)).count()
     }
 
     /// `j_same + n − j < m`: with j responses and at most j_same of them naming one
@@ -387,7 +407,7 @@ impl<C: Clone + Ord> Client<C> {
             if ours {
                 token = token.max(v.stamp);
                 let until = v.vote_until.unwrap_or(now);
-                v.next_contact = Some(until.saturating_sub(lease - renew).max(now));
+                v.next_contact = Some(until.saturating_sub(lease.saturating_sub(renew)).max(now));
             } else {
                 v.next_contact = None;
             }
@@ -415,8 +435,9 @@ impl<C: Clone + Ord> Client<C> {
         v.owner = None;
         v.vote_until = None;
         v.next_contact = Some(now + self.config.request_timeout);
+        v.yielded = Some(v.stamp);
         self.votes -= 1;
-        self.outbox.push_back((i, ToReplica::Yield { ts: self.ts.clone() }));
+        self.outbox.push_back((i, ToReplica::Yield { ts: self.ts.clone(), stamp: v.stamp }));
         self.stats.yields += 1;
     }
 

@@ -281,7 +281,8 @@ impl<C: Clone + Ord> Client<C> {
 
     /// Round timeout (unanswered replicas count as rejections), end of backoff, renewal.
     pub fn handle_timeout<R: Rng + ?Sized>(&mut self, now: Time, rng: &mut R) {
-        if self.timer.is_none_or(|t| t > now) {
+        let lapsed = self.phase == Phase::Holding && self.valid_until <= now;
+        if !lapsed && self.timer.is_none_or(|t| t > now) {
             return;
         }
         match self.phase {
@@ -307,8 +308,12 @@ impl<C: Clone + Ord> Client<C> {
     }
 
     /// Next timer.
+    ///
+    /// While holding, this includes the lease deadline: a holder whose renewals go
+    /// unanswered learns of the loss when its lease lapses, not at the next renewal.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.timer
+        let deadline = (self.phase == Phase::Holding).then_some(self.valid_until);
+        self.timer.into_iter().chain(deadline).min()
     }
 
     /// RELEASE to every replica that granted this round; a grant still in flight is

@@ -1,0 +1,657 @@
+//! Unit tests of the replica, one handler at a time (paper Fig. 6 and §4).
+
+use std::time::Duration;
+
+use sigma_behaviour::proto::clock::micros;
+use sigma_behaviour::proto::{Config, Replica, ReplicaError, Response, Time, Timestamp, ToReplica};
+
+type Ts = Timestamp<u32>;
+
+const T0: Time = Duration::from_secs(1);
+const LEASE: Duration = Duration::from_secs(10);
+const TCS: Duration = Duration::from_millis(400);
+const GRACE: Duration = Duration::from_secs(1);
+
+fn ms(x: u64) -> Duration {
+    Duration::from_millis(x)
+}
+
+fn config() -> Config {
+    Config::default()
+        .with_quorum(5, 3)
+        .with_lease(LEASE)
+        .with_initial_tcs(TCS)
+        .with_advice_bounds(ms(10), Duration::from_secs(60))
+        .with_queue_grace(GRACE)
+        .with_tombstone_ttl(Duration::from_secs(30))
+}
+
+fn replica() -> Replica<u32> {
+    Replica::new(config())
+}
+
+fn ts(counter: u64, client: u32) -> Ts {
+    Timestamp::new(counter, client)
+}
+
+fn request(r: &mut Replica<u32>, now: Time, t: Ts) -> Result<(), ReplicaError> {
+    request_floor(r, now, t, 0)
+}
+
+fn request_floor(r: &mut Replica<u32>, now: Time, t: Ts, floor: u64) -> Result<(), ReplicaError> {
+    let from = t.client;
+    r.handle(now, &from, ToReplica::Request { ts: t, sent: micros(now), floor })
+}
+
+fn release(r: &mut Replica<u32>, now: Time, t: Ts, token: u64) -> Result<(), ReplicaError> {
+    let from = t.client;
+    r.handle(now, &from, ToReplica::Release { ts: t, token })
+}
+
+fn yield_(r: &mut Replica<u32>, now: Time, t: Ts, stamp: u64) -> Result<(), ReplicaError> {
+    let from = t.client;
+    r.handle(now, &from, ToReplica::Yield { ts: t, stamp })
+}
+
+fn drain(r: &mut Replica<u32>) -> Vec<(u32, Response<u32>)> {
+    std::iter::from_fn(|| r.poll_transmit()).collect()
+}
+
+/// The single message sent since the last drain.
+fn only(r: &mut Replica<u32>) -> Response<u32> {
+    let mut out = drain(r);
+    assert_eq!(out.len(), 1, "expected exactly one response: {out:?}");
+    let (to, resp) = out.pop().expect("one message");
+    assert_eq!(to, resp.ts.client, "a response goes to the client of its acquisition");
+    resp
+}
+
+fn stamp(r: &Replica<u32>) -> u64 {
+    r.owner().expect("an owner").1
+}
+
+fn owner(r: &Replica<u32>) -> Option<Ts> {
+    r.owner().map(|(t, _)| *t)
+}
+
+fn queue(r: &Replica<u32>) -> Vec<Ts> {
+    r.queue().copied().collect()
+}
+
+/// Owner `a`, then waiters in arrival order; all messages drained.
+fn busy(a: Ts, waiters: &[Ts]) -> Replica<u32> {
+    let mut r = replica();
+    request(&mut r, T0, a).unwrap();
+    for &w in waiters {
+        request(&mut r, T0, w).unwrap();
+    }
+    drain(&mut r);
+    r
+}
+
+/// Everything observable about a replica except its counters.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    owner: Option<(Ts, u64)>,
+    lease_until: Option<Time>,
+    queue: Vec<Ts>,
+    tombstones: usize,
+    timeout: Option<Time>,
+    tcs: Duration,
+}
+
+fn snapshot(r: &Replica<u32>) -> Snapshot {
+    Snapshot {
+        owner: r.owner().map(|(t, s)| (*t, s)),
+        lease_until: r.lease_until(),
+        queue: queue(r),
+        tombstones: r.tombstones(),
+        timeout: r.poll_timeout(),
+        tcs: r.tcs(),
+    }
+}
+
+// Reference: Fig. 6 OnRequest, `C_owner = nil` branch.
+#[test]
+fn request_on_a_free_replica_grants_and_names_the_requester() {
+    let mut r = replica();
+    let a = ts(10, 1);
+    request(&mut r, T0, a).unwrap();
+    assert_eq!(owner(&r), Some(a));
+    assert_eq!(r.lease_until(), Some(T0 + LEASE));
+    assert!(stamp(&r) >= micros(T0), "hybrid stamp is at least the replica's clock");
+    let resp = only(&mut r);
+    assert_eq!(resp.ts, a);
+    assert_eq!(resp.owner, a);
+    assert_eq!(resp.stamp, stamp(&r));
+    assert_eq!(resp.position, 0);
+    assert_eq!(resp.advice, Duration::ZERO);
+    assert_eq!(resp.lease, LEASE);
+    assert_eq!(resp.echo, micros(T0));
+    assert!(!resp.promoted);
+    assert_eq!(r.stats().grants, 1);
+    r.check_invariants().unwrap();
+}
+
+// Reference: Fig. 6 OnRequest `Queue.Insert(C, timestamp)`; §4 informed backoff
+// `T_w = T_cs · (P + 1/2)`, P waiters ahead.
+#[test]
+fn request_on_a_busy_replica_queues_by_timestamp_and_advises_informed_backoff() {
+    let a = ts(10, 1);
+    let mut r = busy(a, &[]);
+    let owner_stamp = stamp(&r);
+    let (b, c, d) = (ts(30, 2), ts(40, 3), ts(20, 4));
+
+    request(&mut r, T0, b).unwrap();
+    let resp = only(&mut r);
+    assert_eq!((resp.owner, resp.stamp), (a, owner_stamp), "the response names the current owner");
+    assert_eq!((resp.position, resp.advice), (1, ms(200)), "T_cs · 1/2");
+    assert!(!resp.promoted);
+
+    request(&mut r, T0, c).unwrap();
+    assert_eq!((only(&mut r).position, ms(600)), (2, ms(600)));
+
+    // A later arrival with an earlier timestamp goes ahead: quasi-FCFS by timestamp.
+    request(&mut r, T0, d).unwrap();
+    let resp = only(&mut r);
+    assert_eq!((resp.position, resp.advice), (1, ms(200)));
+    assert_eq!(queue(&r), vec![d, b, c]);
+
+    // "T_w is always updated upon the reception of a retry".
+    request(&mut r, T0 + ms(50), c).unwrap();
+    let resp = only(&mut r);
+    assert_eq!((resp.position, resp.advice), (3, ms(1000)), "T_cs · (2 + 1/2)");
+    assert_eq!(owner(&r), Some(a));
+    r.check_invariants().unwrap();
+}
+
+// Reference: §4 informed backoff, bounded whatever the estimate says.
+#[test]
+fn advice_is_clamped_to_the_configured_bounds() {
+    let cfg = config().with_initial_tcs(Duration::from_secs(100)).with_advice_bounds(ms(10), Duration::from_secs(3));
+    let mut r = Replica::new(cfg);
+    request(&mut r, T0, ts(1, 1)).unwrap();
+    request(&mut r, T0, ts(2, 2)).unwrap();
+    assert_eq!(drain(&mut r)[1].1.advice, Duration::from_secs(3));
+
+    let cfg = config().with_initial_tcs(Duration::ZERO).with_advice_bounds(ms(70), Duration::from_secs(3));
+    let mut r = Replica::new(cfg);
+    request(&mut r, T0, ts(1, 1)).unwrap();
+    request(&mut r, T0, ts(2, 2)).unwrap();
+    assert_eq!(drain(&mut r)[1].1.advice, ms(70));
+}
+
+// Reference: Fig. 6 OnRelease (`C = C_owner`) and RespQueue: the head becomes owner and
+// is sent an unsolicited RESPONSE.
+#[test]
+fn release_by_the_owner_promotes_the_queue_head() {
+    let (a, b, c) = (ts(10, 1), ts(20, 2), ts(30, 3));
+    let mut r = busy(a, &[b, c]);
+    let old = stamp(&r);
+    let now = T0 + ms(700);
+    release(&mut r, now, a, 0).unwrap();
+    assert_eq!(owner(&r), Some(b));
+    assert_eq!(queue(&r), vec![c]);
+    assert_eq!(r.lease_until(), Some(now + LEASE));
+    let resp = only(&mut r);
+    assert_eq!(resp.ts, b);
+    assert_eq!(resp.owner, b);
+    assert!(resp.promoted);
+    assert_eq!((resp.position, resp.advice), (0, Duration::ZERO));
+    assert!(resp.stamp > old, "a new grant has a new, larger stamp");
+    assert_eq!(resp.stamp, stamp(&r));
+    assert_eq!(resp.echo, micros(T0), "echo of B's last REQUEST");
+    assert_eq!((r.stats().releases, r.stats().grants), (1, 2));
+    r.check_invariants().unwrap();
+}
+
+// Reference: Fig. 6 OnRelease with an empty queue.
+#[test]
+fn release_by_the_owner_with_an_empty_queue_frees_the_replica() {
+    let a = ts(10, 1);
+    let mut r = busy(a, &[]);
+    release(&mut r, T0 + ms(5), a, 0).unwrap();
+    assert!(r.is_idle());
+    assert!(drain(&mut r).is_empty());
+    assert_eq!(r.poll_timeout(), None);
+    assert_eq!(r.tombstones(), 1);
+}
+
+// Reference: Fig. 6 OnRelease, `Queue.Contains(C)` branch: a waiter gives up.
+#[test]
+fn release_by_a_waiter_removes_it_silently() {
+    let (a, b, c) = (ts(10, 1), ts(20, 2), ts(30, 3));
+    let mut r = busy(a, &[b, c]);
+    let before = stamp(&r);
+    release(&mut r, T0 + ms(5), c, 0).unwrap();
+    assert_eq!(owner(&r), Some(a));
+    assert_eq!(stamp(&r), before);
+    assert_eq!(queue(&r), vec![b]);
+    assert!(drain(&mut r).is_empty());
+    r.check_invariants().unwrap();
+}
+
+// Reference: §4 failure 4 (unreliable channels): a duplicated or re-sent REQUEST with
+// the same timestamp is one acquisition.
+#[test]
+fn duplicate_request_never_queues_twice() {
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    let mut r = busy(a, &[b]);
+    for k in 1..=3 {
+        request(&mut r, T0 + ms(k), b).unwrap();
+        let resp = only(&mut r);
+        assert_eq!((resp.owner, resp.position), (a, 1));
+    }
+    request(&mut r, T0 + ms(9), a).unwrap();
+    assert_eq!(only(&mut r).owner, a);
+    assert_eq!(queue(&r), vec![b]);
+    assert_eq!(r.stats().grants, 1);
+    r.check_invariants().unwrap();
+}
+
+// Reference: §4 failure 3: "replica grants permission to clients with renewable lease";
+// the owner's REQUEST is the renewal.
+#[test]
+fn owner_request_renews_its_lease() {
+    let a = ts(10, 1);
+    let mut r = busy(a, &[]);
+    let granted = stamp(&r);
+    let later = T0 + Duration::from_secs(6);
+    request(&mut r, later, a).unwrap();
+    assert_eq!(r.lease_until(), Some(later + LEASE));
+    let resp = only(&mut r);
+    assert_eq!((resp.owner, resp.stamp, resp.echo), (a, granted, micros(later)), "same grant, fresh echo");
+    r.handle_timeout(T0 + LEASE);
+    assert_eq!(owner(&r), Some(a), "the old deadline no longer applies");
+    r.handle_timeout(later + LEASE);
+    assert_eq!(owner(&r), None);
+}
+
+// Reference: Fig. 6 OnYield: the owner is re-queued under its original timestamp
+// (`Queue.Insert(C, T_owner)`) and RespQueue promotes the earliest; the yielder, no
+// longer owner, is told who is.
+#[test]
+fn yield_by_the_owner_requeues_it_and_promotes_the_earliest() {
+    let (a, b) = (ts(20, 1), ts(10, 2));
+    let mut r = busy(a, &[b]);
+    let s = stamp(&r);
+    yield_(&mut r, T0 + ms(3), a, s).unwrap();
+    assert_eq!(owner(&r), Some(b));
+    assert_eq!(queue(&r), vec![a], "A waits under its original timestamp");
+    let out = drain(&mut r);
+    assert_eq!(out.len(), 2, "{out:?}");
+    let promoted = &out.iter().find(|(to, _)| *to == b.client).expect("notice to B").1;
+    assert!(promoted.promoted);
+    assert_eq!(promoted.owner, b);
+    let told = &out.iter().find(|(to, _)| *to == a.client).expect("answer to A").1;
+    assert_eq!((told.ts, told.owner, told.stamp, told.position), (a, b, promoted.stamp, 1));
+    assert!(!told.promoted);
+    assert_eq!(r.stats().yields, 1);
+    r.check_invariants().unwrap();
+}
+
+// Reference: Fig. 6 OnYield when the yielder is itself the earliest: RespQueue hands
+// the vote straight back to it, under a new grant.
+#[test]
+fn yield_by_the_earliest_owner_gives_the_vote_back_to_itself() {
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    let mut r = busy(a, &[b]);
+    let s = stamp(&r);
+    yield_(&mut r, T0 + ms(3), a, s).unwrap();
+    assert_eq!(owner(&r), Some(a));
+    assert_eq!(queue(&r), vec![b]);
+    let resp = only(&mut r);
+    assert_eq!((resp.ts, resp.owner), (a, a));
+    assert!(resp.promoted);
+    assert!(resp.stamp > s);
+    assert_eq!(r.lease_until(), Some(T0 + ms(3) + LEASE));
+}
+
+// Reference: Fig. 6 OnYield under §2's replicated messages. A copy of a YIELD that
+// arrives after the re-grant it caused names the old grant and is not applied:
+// applied, it would take back the vote the client was just told it holds.
+#[test]
+fn a_yield_of_an_earlier_grant_is_not_applied() {
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    let mut r = busy(a, &[]);
+    let first = stamp(&r);
+    yield_(&mut r, T0 + ms(1), a, first).unwrap();
+    let second = only(&mut r).stamp;
+    request(&mut r, T0 + ms(2), b).unwrap();
+    drain(&mut r);
+    yield_(&mut r, T0 + ms(3), a, first).unwrap();
+    assert_eq!(r.owner().map(|(t, s)| (*t, s)), Some((a, second)));
+    assert_eq!(queue(&r), vec![b]);
+    let resp = only(&mut r);
+    assert_eq!((resp.owner, resp.stamp, resp.promoted), (a, second, false), "told it still owns");
+    assert_eq!(r.stats().yields, 1);
+}
+
+// Reference: plain-text Fig. 6 OnYield, `if (C != C_owner) SendResponse`: a waiter's
+// YIELD (say, a re-sent one) is answered with the current owner and changes nothing.
+#[test]
+fn yield_by_a_waiter_is_answered_with_the_owner() {
+    let (a, b, c) = (ts(10, 1), ts(20, 2), ts(30, 3));
+    let mut r = busy(a, &[b, c]);
+    let before = snapshot(&r);
+    yield_(&mut r, T0 + ms(1), c, 1234).unwrap();
+    let resp = only(&mut r);
+    assert_eq!((resp.ts, resp.owner, resp.position), (c, a, 2));
+    assert_eq!(snapshot(&r), before);
+}
+
+// Reference: §4 failure 3: "When the lease expires, replica will grant permission to
+// the next client (if any) in the queue."
+#[test]
+fn lease_expiry_hands_the_vote_to_the_queue_head() {
+    let mut r = Replica::new(config().with_queue_grace(Duration::from_secs(30)));
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    request(&mut r, T0, a).unwrap();
+    request(&mut r, T0, b).unwrap();
+    drain(&mut r);
+    let deadline = T0 + LEASE;
+    assert_eq!(r.poll_timeout(), Some(deadline));
+    r.handle_timeout(deadline - Duration::from_nanos(1));
+    assert_eq!(owner(&r), Some(a));
+    assert!(drain(&mut r).is_empty());
+    r.handle_timeout(deadline);
+    assert_eq!(owner(&r), Some(b));
+    assert!(r.queue_len() == 0);
+    let resp = only(&mut r);
+    assert!(resp.promoted);
+    assert_eq!(resp.owner, b);
+    assert_eq!(r.lease_until(), Some(deadline + LEASE));
+    assert_eq!(r.stats().lease_expiries, 1);
+
+    r.handle_timeout(deadline + LEASE);
+    assert!(r.is_idle(), "no waiter left: the replica is free");
+    assert_eq!(r.poll_timeout(), None);
+}
+
+// Reference: §4: "A queued client that never comes back must not block the queue";
+// the waiter TTL is twice the advised wait plus a grace (module doc).
+#[test]
+fn a_silent_waiter_expires_after_twice_its_advice_plus_the_grace() {
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    let mut r = busy(a, &[b]);
+    let ttl = ms(200) * 2 + GRACE;
+    assert_eq!(r.poll_timeout(), Some(T0 + ttl));
+    r.handle_timeout(T0 + ttl - Duration::from_nanos(1));
+    assert_eq!(queue(&r), vec![b]);
+    r.handle_timeout(T0 + ttl);
+    assert!(queue(&r).is_empty());
+    assert_eq!(r.stats().waiter_expiries, 1);
+    assert_eq!(owner(&r), Some(a), "the owner is unaffected");
+    release(&mut r, T0 + ttl + ms(1), a, 0).unwrap();
+    assert!(r.is_idle());
+    assert!(drain(&mut r).is_empty(), "nobody to promote");
+}
+
+// Reference: §4 informed backoff: a waiter that re-sends its REQUEST stays queued.
+#[test]
+fn a_waiter_that_retries_stays_queued() {
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    let mut r = busy(a, &[b]);
+    let ttl = ms(200) * 2 + GRACE;
+    let retry = T0 + ms(300);
+    request(&mut r, retry, b).unwrap();
+    r.handle_timeout(T0 + ttl);
+    assert_eq!(queue(&r), vec![b]);
+    r.handle_timeout(retry + ttl);
+    assert!(queue(&r).is_empty());
+}
+
+// Reference: Fig. 6 RespQueue with §4's silent waiters: a promotion skips a waiter whose
+// time is up even if no timer has removed it yet.
+#[test]
+fn promotion_skips_waiters_whose_time_is_up() {
+    let (a, b, c) = (ts(10, 1), ts(20, 2), ts(30, 3));
+    let mut r = busy(a, &[b]);
+    let late = T0 + Duration::from_secs(2);
+    request(&mut r, late, c).unwrap();
+    drain(&mut r);
+    release(&mut r, late, a, 0).unwrap();
+    assert_eq!(owner(&r), Some(c));
+    assert_eq!(only(&mut r).ts, c);
+    assert_eq!(r.stats().waiter_expiries, 1);
+}
+
+// Reference: DESIGN.md "Traps": no FIFO between peers, so a RELEASE can overtake its
+// own REQUEST; the tombstone keeps the late REQUEST from resurrecting the acquisition.
+#[test]
+fn a_request_overtaken_by_its_release_does_not_resurrect_the_acquisition() {
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    let mut r = busy(a, &[]);
+    assert_eq!(release(&mut r, T0, b, 0), Err(ReplicaError::NotHolder));
+    assert_eq!(r.tombstones(), 1);
+    assert_eq!(request(&mut r, T0 + ms(1), b), Err(ReplicaError::Finished));
+    assert!(drain(&mut r).is_empty());
+    assert_eq!(queue(&r), vec![]);
+
+    // The same for a duplicate of the owner's REQUEST after its RELEASE.
+    release(&mut r, T0 + ms(2), a, 0).unwrap();
+    assert_eq!(request(&mut r, T0 + ms(3), a), Err(ReplicaError::Finished));
+    assert!(r.is_idle());
+    assert!(drain(&mut r).is_empty());
+    assert_eq!(release(&mut r, T0 + ms(4), a, 0), Err(ReplicaError::Finished), "a duplicate RELEASE too");
+    assert_eq!(yield_(&mut r, T0 + ms(4), a, 0), Err(ReplicaError::Finished));
+
+    // Tombstones are forgotten after their lifetime.
+    let _ = request(&mut r, T0 + Duration::from_secs(31), ts(99, 9));
+    assert_eq!(r.tombstones(), 0);
+}
+
+// Reference: DESIGN.md "Traps" (tombstones) and "bound everything".
+#[test]
+fn tombstones_are_bounded() {
+    let mut r = Replica::new(config().with_state_bounds(100, 3));
+    for k in 0..10 {
+        release(&mut r, T0, ts(k, 5), 0).unwrap_err();
+        r.check_invariants().unwrap();
+    }
+    assert_eq!(r.tombstones(), 3);
+    assert_eq!(request(&mut r, T0, ts(9, 5)), Err(ReplicaError::Finished), "the newest are kept");
+    assert!(request(&mut r, T0, ts(0, 5)).is_ok(), "the oldest were dropped");
+}
+
+// Reference: §4: "T_CS is the average CS duration, as observed by the replica of
+// interval between any two consecutive release operations" (EWMA with weight 1/8;
+// time the replica sat free is not CS time).
+#[test]
+fn tcs_estimate_follows_the_intervals_between_releases() {
+    let mut r = replica();
+    assert_eq!(r.tcs(), TCS);
+    let mut now = T0;
+    let a = ts(1, 1);
+    request(&mut r, now, a).unwrap();
+    now += Duration::from_secs(2);
+    release(&mut r, now, a, 0).unwrap();
+    assert_eq!(r.tcs(), (TCS * 7 + Duration::from_secs(2)) / 8);
+    assert_eq!(r.tcs(), Duration::from_micros(600_000));
+
+    // Idle for 7 s, then held for 0.5 s: the sample is 0.5 s.
+    now += Duration::from_secs(7);
+    let b = ts(2, 2);
+    request(&mut r, now, b).unwrap();
+    now += ms(500);
+    release(&mut r, now, b, 0).unwrap();
+    assert_eq!(r.tcs(), Duration::from_micros(587_500));
+
+    // A busy stretch: one handoff per second converges to 1 s.
+    let mut holder = ts(3, 3);
+    request(&mut r, now, holder).unwrap();
+    for k in 4..60 {
+        let next = ts(k, k as u32);
+        request(&mut r, now, next).unwrap();
+        now += Duration::from_secs(1);
+        release(&mut r, now, holder, 0).unwrap();
+        holder = next;
+    }
+    let tcs = r.tcs();
+    assert!(tcs > ms(990) && tcs <= Duration::from_secs(1), "{tcs:?}");
+    drain(&mut r);
+    request(&mut r, now, ts(100, 100)).unwrap();
+    let advice = only(&mut r).advice;
+    assert_eq!(advice, tcs / 2, "advice follows the estimate");
+}
+
+// Reference: DESIGN.md "Fencing tokens": grant stamps strictly increase per replica,
+// even within one tick of the clock.
+#[test]
+fn grant_stamps_strictly_increase_even_when_time_stands_still() {
+    let mut r = replica();
+    let mut last = 0;
+    for k in 1..20 {
+        let t = ts(k, k as u32);
+        request(&mut r, T0, t).unwrap();
+        let s = stamp(&r);
+        assert!(s > last, "stamp {s} after {last}");
+        last = s;
+        match k % 3 {
+            0 => release(&mut r, T0, t, 0).unwrap(),
+            1 => r.handle_timeout(T0 + LEASE), // expiry, also a new owner next time
+            _ => yield_(&mut r, T0, t, s).unwrap(), // re-granted to itself
+        }
+        if k % 3 == 2 {
+            assert!(stamp(&r) > last);
+            last = stamp(&r);
+            release(&mut r, T0, t, 0).unwrap();
+        }
+    }
+}
+
+// Reference: DESIGN.md "Fencing tokens": the next grant is above every floor a REQUEST
+// carried and every token a RELEASE or a renewal carried.
+#[test]
+fn grant_stamps_exceed_every_floor_and_token_seen() {
+    let big = 5_000_000_000_000;
+    // Floor of a REQUEST on a free replica.
+    let mut r = replica();
+    request_floor(&mut r, T0, ts(1, 1), big).unwrap();
+    assert!(stamp(&r) > big);
+
+    // Floor of a queued REQUEST, then the owner's RELEASE token: the promotion is above
+    // both, although the release promotes in the same step.
+    let (a, b, c) = (ts(10, 1), ts(20, 2), ts(30, 3));
+    let mut r = busy(a, &[]);
+    request_floor(&mut r, T0, b, big).unwrap();
+    release(&mut r, T0, a, big + 10).unwrap();
+    assert_eq!(owner(&r), Some(b));
+    assert!(stamp(&r) > big + 10, "{} <= token {}", stamp(&r), big + 10);
+
+    // The holder's renewal carries its token; if it then vanishes, the waiter promoted
+    // on lease expiry still gets a larger stamp.
+    let mut r = Replica::new(config().with_queue_grace(Duration::from_secs(60)));
+    request(&mut r, T0, a).unwrap();
+    request(&mut r, T0, c).unwrap();
+    request_floor(&mut r, T0 + ms(1), a, big * 2).unwrap();
+    r.handle_timeout(T0 + ms(1) + LEASE);
+    assert_eq!(owner(&r), Some(c));
+    assert!(stamp(&r) > big * 2, "{} <= renewal token {}", stamp(&r), big * 2);
+
+    // A waiter's RELEASE token counts too.
+    let mut r = busy(a, &[b]);
+    release(&mut r, T0, b, big * 3).unwrap();
+    release(&mut r, T0, a, 0).unwrap();
+    request(&mut r, T0, c).unwrap();
+    assert!(stamp(&r) > big * 3);
+}
+
+// Reference: DESIGN.md "Wire": "A RELEASE or YIELD only ever affects entries of the peer
+// that sent it"; error.rs: on error nothing changed.
+#[test]
+fn messages_about_another_clients_acquisition_are_rejected_and_change_nothing() {
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    let mut r = busy(a, &[b]);
+    let s = stamp(&r);
+    let before = snapshot(&r);
+    let mallory = 66;
+    for msg in [
+        ToReplica::Release { ts: a, token: 0 },
+        ToReplica::Yield { ts: a, stamp: s },
+        ToReplica::Release { ts: b, token: 0 },
+        ToReplica::Request { ts: b, sent: 0, floor: u64::MAX },
+        ToReplica::Request { ts: ts(5, 7), sent: 0, floor: 0 },
+    ] {
+        assert_eq!(r.handle(T0 + ms(1), &mallory, msg), Err(ReplicaError::ForeignAcquisition));
+    }
+    assert_eq!(snapshot(&r), before);
+    assert!(drain(&mut r).is_empty());
+    assert_eq!(r.stats().rejected, 5);
+    // The floor of the rejected REQUEST was not absorbed either.
+    release(&mut r, T0 + ms(2), a, 0).unwrap();
+    assert!(stamp(&r) < u64::MAX);
+}
+
+// Reference: Fig. 6 OnRelease/OnYield for a client that is neither `C_owner` nor queued:
+// a no-op, reported as NotHolder (the RELEASE still leaves a tombstone, see the trap
+// test above).
+#[test]
+fn release_or_yield_from_a_client_that_holds_nothing_is_not_holder() {
+    let (a, b, c) = (ts(10, 1), ts(20, 2), ts(30, 3));
+    let mut r = busy(a, &[b]);
+    let before = snapshot(&r);
+    assert_eq!(yield_(&mut r, T0 + ms(1), c, 0), Err(ReplicaError::NotHolder));
+    assert_eq!(snapshot(&r), before);
+    assert_eq!(release(&mut r, T0 + ms(1), c, 0), Err(ReplicaError::NotHolder));
+    assert_eq!(r.owner().map(|(t, s)| (*t, s)), before.owner);
+    assert_eq!(queue(&r), before.queue);
+    assert_eq!(r.lease_until(), before.lease_until);
+    assert!(drain(&mut r).is_empty());
+    assert_eq!(r.stats().releases, 0);
+}
+
+// Reference: DESIGN.md "bound everything": the queue bound refuses new waiters only.
+#[test]
+fn queue_bound_rejects_new_waiters_only() {
+    let mut r = Replica::new(config().with_state_bounds(2, 100));
+    let (a, b, c, d) = (ts(10, 1), ts(20, 2), ts(30, 3), ts(5, 4));
+    for t in [a, b, c] {
+        request(&mut r, T0, t).unwrap();
+    }
+    drain(&mut r);
+    let before = snapshot(&r);
+    assert_eq!(request(&mut r, T0 + ms(1), d), Err(ReplicaError::QueueFull(2)));
+    assert!(drain(&mut r).is_empty());
+    assert_eq!(snapshot(&r), before);
+    request(&mut r, T0 + ms(2), c).unwrap(); // a waiter's retry
+    request(&mut r, T0 + ms(2), a).unwrap(); // the owner's renewal
+    assert_eq!(drain(&mut r).len(), 2);
+    r.check_invariants().unwrap();
+}
+
+// Reference: §2 "random reset": `Replica::new` is a replica that lost all memory; it
+// votes again (the "change of heart" of §3).
+#[test]
+fn new_is_a_reset_that_wipes_everything() {
+    let (a, b, c) = (ts(10, 1), ts(20, 2), ts(30, 3));
+    let mut r = busy(a, &[b]);
+    release(&mut r, T0 + ms(1), c, 0).unwrap_err();
+    release(&mut r, T0 + Duration::from_secs(1), a, 0).unwrap();
+    assert_eq!(owner(&r), Some(b));
+    assert_eq!(r.tombstones(), 2);
+    assert_ne!(r.tcs(), TCS);
+
+    r = Replica::new(config());
+    assert!(r.is_idle());
+    assert_eq!((r.tombstones(), r.tcs(), r.poll_timeout()), (0, TCS, None));
+    assert_eq!(*r.stats(), Default::default());
+    assert!(drain(&mut r).is_empty());
+    request(&mut r, T0 + Duration::from_secs(1), c).unwrap();
+    assert_eq!(owner(&r), Some(c), "it votes for whoever asks first");
+    request(&mut r, T0 + Duration::from_secs(1), a).unwrap();
+    assert_eq!(queue(&r), vec![a], "and has forgotten A's release");
+}
+
+// Reference: module doc, "Spurious calls are harmless".
+#[test]
+fn spurious_timeouts_change_nothing() {
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    let mut r = busy(a, &[b]);
+    let before = snapshot(&r);
+    for k in 0..10 {
+        r.handle_timeout(T0 + ms(k * 100));
+    }
+    assert_eq!(snapshot(&r), before);
+    assert!(drain(&mut r).is_empty());
+}

@@ -116,6 +116,10 @@ pub struct View<C> {
     /// a response still naming us under that grant was sent before the replica applied
     /// the YIELD (or the YIELD was lost), so it is no vote.
     pub yielded: Option<u64>,
+    /// `sent` of the last REQUEST not yet answered: the first reply echoing it is a
+    /// round-trip sample (one sample per request, as in Karn's algorithm; replies to a
+    /// YIELD echo an older REQUEST and must not count).
+    pub rtt_probe: Option<u64>,
 }
 
 /// One acquisition: a sans-IO state machine. Feed it responses and timeouts, drain
@@ -154,7 +158,15 @@ impl<C: Clone + Ord> Client<C> {
             ts,
             phase: Phase::Waiting,
             views: vec![
-                View { owner: None, stamp: 0, position: 0, vote_until: None, next_contact: None, yielded: None };
+                View {
+                    owner: None,
+                    stamp: 0,
+                    position: 0,
+                    vote_until: None,
+                    next_contact: None,
+                    yielded: None,
+                    rtt_probe: None
+                };
                 n
             ],
             votes: 0,
@@ -230,7 +242,8 @@ impl<C: Clone + Ord> Client<C> {
         }
         self.stats.responses += 1;
         let echo = Duration::from_micros(r.echo);
-        if !r.promoted && r.echo != 0 && echo <= now {
+        if !r.promoted && self.views[from].rtt_probe == Some(r.echo) && echo <= now {
+            self.views[from].rtt_probe = None;
             self.srtt = (self.srtt * 7 + (now - echo)) / 8;
         }
         let was_ours = self.owns(&self.views[from]);
@@ -354,6 +367,7 @@ impl<C: Clone + Ord> Client<C> {
     fn send_request(&mut self, now: Time, i: usize) {
         let floor = if self.phase == Phase::Waiting { self.views[i].stamp } else { self.token };
         self.views[i].next_contact = Some(now + self.config.request_timeout);
+        self.views[i].rtt_probe = Some(micros(now));
         self.outbox.push_back((i, ToReplica::Request { ts: self.ts.clone(), sent: micros(now), floor }));
         self.stats.requests += 1;
     }
@@ -362,12 +376,11 @@ impl<C: Clone + Ord> Client<C> {
     fn evaluate(&mut self, now: Time, progress: bool) {
         match self.phase {
             Phase::Waiting if self.live_votes(now) >= self.config.m => self.win(now),
-            Phase::Waiting if self.nobody_can_win() => {
-                // Case 3, gated: act only after one round trip without progress.
-                if progress || self.yield_at.is_none() {
-                    self.yield_at = Some(now + self.srtt);
-                }
+            // Case 3, gated: act only after one round trip without progress.
+            Phase::Waiting if self.nobody_can_win() && (progress || self.yield_at.is_none()) => {
+                self.yield_at = Some(now + self.srtt);
             }
+            Phase::Waiting if self.nobody_can_win() => {}
             Phase::Waiting => self.yield_at = None, // case 2: wait to be notified
             Phase::Holding if self.votes + self.config.m <= self.config.n => self.lose(LostReason::VotesTaken),
             _ => {}

@@ -96,7 +96,7 @@ impl Config {
     pub fn max_queue(&self) -> usize {
         self.max_queue
     }
-    /// A waiter re-sends its REQUEST after `T_w · (1 + slack) + srtt` (percent).
+    /// A waiter re-sends its REQUEST after `T_w · (1 + slack) + 2·srtt` (slack in percent).
     pub fn retry_slack_percent(&self) -> u32 {
         self.retry_slack_percent
     }
@@ -149,8 +149,8 @@ impl Config {
         self.tombstone_ttl = d;
         self
     }
-    /// Informed-backoff slack: a waiter retries at `T_w · (1 + percent/100)` plus one
-    /// round trip. 0 is the paper's rule; see ARCHITECTURE.md for the trade-off.
+    /// Informed-backoff slack: a waiter retries at `T_w · (1 + percent/100)` plus two
+    /// round trips. 0 is the paper's rule; see ARCHITECTURE.md for the trade-off.
     pub fn with_retry_slack_percent(mut self, percent: u32) -> Self {
         self.retry_slack_percent = percent;
         self
@@ -180,6 +180,9 @@ impl Config {
                 return Err(ConfigError::ZeroDuration(name));
             }
         }
+        if self.renew_interval >= self.lease {
+            return Err(ConfigError::RenewNotBelowLease);
+        }
         Ok(())
     }
 }
@@ -203,6 +206,12 @@ mod tests {
         assert!(Config::default().with_quorum(1, 1).validate().is_ok());
         assert!(Config::default().with_quorum(0, 0).validate().is_err());
         assert!(Config::default().with_quorum(MAX_REPLICAS + 1, MAX_REPLICAS).validate().is_err());
+    }
+
+    #[test]
+    fn renewals_must_come_before_the_lease_ends() {
+        let c = Config::default().with_lease(Duration::from_secs(3)).with_renew_interval(Duration::from_secs(3));
+        assert_eq!(c.validate(), Err(ConfigError::RenewNotBelowLease));
     }
 
     #[test]

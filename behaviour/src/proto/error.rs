@@ -55,6 +55,9 @@ pub enum ConfigError {
     /// Too many replicas.
     #[error("n = {0} exceeds the maximum of {max}", max = super::MAX_REPLICAS)]
     TooManyReplicas(usize),
+    /// Renewals must come before the lease runs out.
+    #[error("renew interval must be shorter than the lease")]
+    RenewNotBelowLease,
     /// A duration that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),

@@ -41,6 +41,12 @@ pub const STRAWMAN_BACKOFF: Backoff = Backoff::Constant { window: Duration::from
 /// would cost minutes for a throughput of about zero.
 pub const STRAWMAN_MAX_BACKLOG: usize = 400;
 
+/// Sigma's default informed-backoff slack (percent of T_w).
+const DEFAULT_SLACK: u32 = 25;
+
+/// Name of Sigma runs with the paper's exact informed-backoff rule (retry at T_w).
+pub const PAPER_BACKOFF: &str = "sigma-paper-backoff";
+
 /// Mean replica lifetimes of Fig. 8 (seconds).
 pub const LIFETIMES: [f64; 4] = [30.0, 100.0, 1_000.0, 10_000.0];
 
@@ -55,7 +61,7 @@ fn latencies() -> [Latency; 3] {
 
 #[derive(Clone, Debug)]
 enum Job {
-    Sigma { lambda: f64, latency: Latency, lifetime: Option<f64> },
+    Sigma { lambda: f64, latency: Latency, lifetime: Option<f64>, slack: u32 },
     Strawman { lambda: f64, latency: Latency },
 }
 
@@ -99,23 +105,29 @@ pub fn run(opts: &PaperOptions) -> Result<PaperResult> {
     let mut jobs = Vec::new();
     for latency in latencies() {
         for &lambda in &lambdas {
-            jobs.push(Job::Sigma { lambda, latency, lifetime: None });
+            jobs.push(Job::Sigma { lambda, latency, lifetime: None, slack: DEFAULT_SLACK });
             jobs.push(Job::Strawman { lambda, latency });
         }
     }
     let u0200 = latencies()[2];
-    for life in LIFETIMES {
-        for &lambda in &lambdas {
-            jobs.push(Job::Sigma { lambda, latency: u0200, lifetime: Some(life) });
+    for slack in [DEFAULT_SLACK, 0] {
+        for life in LIFETIMES.map(Some).into_iter().chain((slack == 0).then_some(None)) {
+            for &lambda in &lambdas {
+                jobs.push(Job::Sigma { lambda, latency: u0200, lifetime: life, slack });
+            }
         }
     }
     let reports = run_jobs(&jobs, opts.threads, |k, job| {
         let seed = opts.seed + k as u64;
         let base = |lambda, latency| SimConfig { warmup, measure, ..SimConfig::paper(lambda, latency, seed) };
         match job {
-            Job::Sigma { lambda, latency, lifetime } => {
+            Job::Sigma { lambda, latency, lifetime, slack } => {
                 let cfg = SimConfig { mean_lifetime: lifetime.map(Duration::from_secs_f64), ..base(*lambda, *latency) };
-                engine::run(&Sigma(config.clone()), cfg)
+                let mut report = engine::run(&Sigma(config.clone().with_retry_slack_percent(*slack)), cfg);
+                if *slack != DEFAULT_SLACK {
+                    report.protocol = PAPER_BACKOFF.into();
+                }
+                report
             }
             Job::Strawman { lambda, latency } => {
                 let cfg = SimConfig { max_backlog: Some(STRAWMAN_MAX_BACKLOG), ..base(*lambda, *latency) };
@@ -251,17 +263,35 @@ pub fn run(opts: &PaperOptions) -> Result<PaperResult> {
         });
     }
     fig8.push(dashed(format!("theory: {theory_u0200:.2}"), theory_u0200));
-    write_figure(
-        &Chart {
-            title: format!("Fig. 8: Sigma throughput vs replica lifetime ({u0200}, n={n}, m={m})"),
-            x_label: "request rate λ (1/s)".into(),
-            y_label: "throughput (CS/s)".into(),
-            log_y: false,
-            series: fig8,
-        },
-        &opts.out,
-        "fig8-resets",
-    )?;
+    let mut fig8_paper = vec![Series {
+        name: "no reset".into(),
+        points: curve(&pick(PAPER_BACKOFF, &u0200, None), |r| r.throughput),
+        style: SeriesStyle::Line,
+    }];
+    for life in LIFETIMES {
+        fig8_paper.push(Series {
+            name: format!("lifetime {life} s"),
+            points: curve(&pick(PAPER_BACKOFF, &u0200, Some(life)), |r| r.throughput),
+            style: SeriesStyle::Line,
+        });
+    }
+    fig8_paper.push(dashed(format!("theory: {theory_u0200:.2}"), theory_u0200));
+    for (series, rule, file) in [
+        (fig8, format!("retry at T_w·{}% + 2 srtt", 100 + DEFAULT_SLACK), "fig8-resets"),
+        (fig8_paper, "paper's rule, retry at T_w".to_string(), "fig8-resets-paper-backoff"),
+    ] {
+        write_figure(
+            &Chart {
+                title: format!("Fig. 8: Sigma vs replica lifetime ({u0200}, n={n}, m={m}, {rule})"),
+                x_label: "request rate λ (1/s)".into(),
+                y_label: "throughput (CS/s)".into(),
+                log_y: false,
+                series,
+            },
+            &opts.out,
+            file,
+        )?;
+    }
 
     // Message cost.
     let mut cost: Vec<Series> = latencies()
@@ -272,6 +302,11 @@ pub fn run(opts: &PaperOptions) -> Result<PaperResult> {
             style: SeriesStyle::Line,
         })
         .collect();
+    cost.push(Series {
+        name: format!("sigma {u0200}, paper's rule (retry at T_w)"),
+        points: curve(&pick(PAPER_BACKOFF, &u0200, None), |r| r.messages_per_entry),
+        style: SeriesStyle::Points,
+    });
     cost.push(dashed(format!("4n = {}", 4 * n), (4 * n) as f64));
     cost.push(dashed(format!("3n = {}", 3 * n), (3 * n) as f64));
     write_figure(
@@ -385,22 +420,27 @@ pub fn run(opts: &PaperOptions) -> Result<PaperResult> {
         writeln!(s, "note: {note}")?;
     }
     writeln!(s)?;
-    writeln!(s, "Fig. 8 ({u0200}): throughput at λ = {x_max}")?;
-    let at_max = |life: Option<f64>| {
-        pick("sigma", &u0200, life).iter().find(|r| r.lambda == x_max).map_or(f64::NAN, |r| r.throughput)
+    writeln!(s, "Fig. 8 ({u0200}): throughput at λ = {x_max} [messages per CS]; default retry rule vs the paper's")?;
+    let at_max = |proto: &str, life: Option<f64>| {
+        pick(proto, &u0200, life)
+            .iter()
+            .find(|r| r.lambda == x_max)
+            .map_or((f64::NAN, f64::NAN), |r| (r.throughput, r.messages_per_entry))
     };
-    let base = at_max(None);
-    writeln!(s, "  no reset: {base:.3}")?;
-    for life in LIFETIMES {
-        let t = at_max(Some(life));
-        let resets: u64 = pick("sigma", &u0200, Some(life)).iter().map(|r| r.resets).sum();
+    let base = at_max("sigma", None).0;
+    let base_paper = at_max(PAPER_BACKOFF, None).0;
+    for life in [None].into_iter().chain(LIFETIMES.map(Some)) {
+        let (t, msgs) = at_max("sigma", life);
+        let (tp, msgs_p) = at_max(PAPER_BACKOFF, life);
+        let label = life.map_or("no reset".to_string(), |l| format!("lifetime {l} s"));
         writeln!(
             s,
-            "  lifetime {life:>6} s: {t:.3} ({:+.1}% vs no reset; {resets} resets over the λ sweep)",
-            100.0 * (t / base - 1.0)
+            "  {label:>18}: {t:.3} ({:+.1}%) [{msgs:.0}]   paper's rule: {tp:.3} ({:+.1}%) [{msgs_p:.0}]",
+            100.0 * (t / base - 1.0),
+            100.0 * (tp / base_paper - 1.0)
         )?;
     }
-    let t10k = at_max(Some(10_000.0));
+    let t10k = at_max("sigma", Some(10_000.0)).0;
     targets.push(Target {
         name: "lifetime 10,000 s within 5% of no reset".into(),
         detail: format!("{t10k:.3} vs {base:.3}"),
@@ -438,7 +478,7 @@ pub fn run(opts: &PaperOptions) -> Result<PaperResult> {
         writeln!(s, "[{}] {}: {}", if t.pass { "PASS" } else { "FAIL" }, t.name, t.detail)?;
     }
     writeln!(s)?;
-    writeln!(s, "Files in {}: runs.csv, fig2-analytic.csv, fig2-measured.csv, summary.txt; fig2-analytic, fig3-strawman, fig7-sigma-vs-strawman, fig8-resets, messages as .svg and .png", opts.out.display())?;
+    writeln!(s, "Files in {}: runs.csv, fig2-analytic.csv, fig2-measured.csv, summary.txt; fig2-analytic, fig3-strawman, fig7-sigma-vs-strawman, fig8-resets, fig8-resets-paper-backoff, messages as .svg and .png", opts.out.display())?;
     std::fs::write(opts.out.join("summary.txt"), &s)?;
     Ok(PaperResult { targets, summary: s })
 }

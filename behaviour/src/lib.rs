@@ -1,1 +1,18 @@
+//! sigma-behaviour: the Sigma distributed mutual-exclusion protocol (Lin, Lian, Chen,
+//! Zhang 2004) inside a libp2p Kademlia DHT.
+//!
+//! # Layout
+//! - [`proto`]: the sans-IO core (clients, replicas, the strawman baseline). No I/O,
+//!   no clock reads, no global randomness: the simulator and the tests drive it too.
+//! - [`wire`]: the `/sigma/1.0.0` request-response messages and their validation.
+//! - [`Behaviour`]: the libp2p `NetworkBehaviour` that places replicas in the DHT and
+//!   drives the core.
+
+mod behaviour;
 pub mod proto;
+pub mod wire;
+
+pub use behaviour::{
+    AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Config, Counters, Event, Inner, InnerEvent, ReplicaInfo,
+    ReplicaTotals,
+};

@@ -85,7 +85,7 @@ fn duration_nanos_u64(d: Duration) -> u64 {
 /// Formats a duration as milliseconds without a unit: `200`, `0.5`, `12.345678`.
 fn fmt_ms(d: Duration) -> String {
     let nanos = d.as_nanos();
-    if nanos % 1_000_000 == 0 {
+    if nanos.is_multiple_of(1_000_000) {
         format!("{}", nanos / 1_000_000)
     } else {
         let s = format!("{}.{:06}", nanos / 1_000_000, nanos % 1_000_000);

@@ -1,0 +1,967 @@
+//! `sigma::Behaviour`: the Sigma protocol inside a Kademlia DHT.
+//!
+//! Thin glue around the sans-IO core ([`crate::proto`]): it composes
+//! `kad::Behaviour` (replica placement) with `request_response::cbor::Behaviour`
+//! (the wire, [`crate::wire`]), maps libp2p ids and events to core inputs, drives one
+//! timer from the core's next deadline, and turns core outputs into requests and
+//! replies.
+//!
+//! Replica `i` of resource `R` is named `"R:i"` and hosted by the peer XOR-closest to
+//! the SHA-256 of that name (`kad::KBucketKey`). A peer serves a replica only while no
+//! *connected* peer is closer to its key; otherwise it answers with a redirect. A peer
+//! that becomes closest starts with empty state for the key — the paper's replica reset,
+//! arising from churn by itself — and informed backoff rebuilds the queue.
+//!
+//! Clients resolve a replica's host from their routing table (self included), cache
+//! it, and correct it on a redirect or, after a failed dial, with a Kademlia
+//! `get_closest_peers` lookup. Replicas hosted by the local peer take no network hop.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use libp2p::core::transport::PortUse;
+use libp2p::core::Endpoint;
+use libp2p::kad::{self, store::MemoryStore, KBucketKey};
+use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
+use libp2p::swarm::{
+    ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent, ToSwarm,
+};
+use libp2p::{Multiaddr, PeerId};
+use tokio::time::Sleep;
+
+use crate::proto::{
+    self, client::Phase, Client, LamportClock, Replica, ReplicaError, Response, Time, Timestamp, ToReplica,
+};
+use crate::wire::{self, Rejection, Reply, Request};
+
+/// Identifies one acquisition started with [`Behaviour::acquire`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AcquisitionId(u64);
+
+impl std::fmt::Display for AcquisitionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Configuration of the behaviour.
+#[derive(Clone, Debug)]
+pub struct Config {
+    proto: proto::Config,
+    request_timeout: Duration,
+    max_redirects: u8,
+    finished_memory: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            proto: proto::Config::default(),
+            request_timeout: Duration::from_secs(5),
+            max_redirects: 3,
+            finished_memory: 4096,
+        }
+    }
+}
+
+impl Config {
+    /// Protocol parameters (n, m, lease, …); n and m are the default quorum.
+    pub fn with_protocol(mut self, proto: proto::Config) -> Self {
+        self.proto = proto;
+        self
+    }
+    /// Timeout of one request-response exchange.
+    pub fn with_request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+    /// Protocol parameters.
+    pub fn protocol(&self) -> &proto::Config {
+        &self.proto
+    }
+}
+
+/// Why [`Behaviour::acquire`] refused to start.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AcquireError {
+    /// The lock name is not valid on the wire.
+    #[error("invalid lock name (1 to {max} bytes of [A-Za-z0-9._/-])", max = wire::MAX_RESOURCE_LEN)]
+    BadName,
+    /// The quorum is not a strict majority, or n is too large.
+    #[error(transparent)]
+    Quorum(#[from] proto::ConfigError),
+}
+
+/// Events for the application.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// The acquisition holds the lock.
+    Acquired {
+        /// The acquisition.
+        id: AcquisitionId,
+        /// Lock name.
+        resource: String,
+        /// Fencing token.
+        token: u64,
+        /// Exclusion is guaranteed until then (extended by renewals).
+        valid_until: Instant,
+        /// Votes held.
+        votes: usize,
+        /// Distinct peers hosting those votes (the safety bound assumes independent
+        /// replicas; in a small swarm several replicas share a peer).
+        distinct_peers: usize,
+    },
+    /// The lock is no longer guaranteed exclusive; release it.
+    Lost {
+        /// The acquisition.
+        id: AcquisitionId,
+        /// Why.
+        reason: proto::LostReason,
+    },
+}
+
+/// What the application can ask about one acquisition.
+#[derive(Clone, Debug)]
+pub struct AcquisitionInfo {
+    /// Lock name.
+    pub resource: String,
+    /// Phase.
+    pub phase: Phase,
+    /// Fencing token (0 before the win).
+    pub token: u64,
+    /// Votes held.
+    pub votes: usize,
+    /// Exclusion guaranteed until then, when holding.
+    pub valid_until: Option<Instant>,
+}
+
+/// One replica hosted by this peer.
+#[derive(Clone, Debug)]
+pub struct ReplicaInfo {
+    /// Lock name.
+    pub resource: String,
+    /// Replica index (0-based; the DHT name uses index + 1).
+    pub index: u16,
+    /// Current owner (peer, Lamport counter) and its grant stamp.
+    pub owner: Option<(PeerId, u64, u64)>,
+    /// Waiters in service order (peer, counter).
+    pub queue: Vec<(PeerId, u64)>,
+}
+
+/// Counters exported as metrics.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    /// Requests received by kind (request, release, yield, notify).
+    pub messages_in: BTreeMap<&'static str, u64>,
+    /// Requests sent by kind.
+    pub messages_out: BTreeMap<&'static str, u64>,
+    /// Inbound requests refused, by reason.
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Inbound streams that failed: malformed CBOR, oversized frames, timeouts.
+    pub inbound_failures: BTreeMap<&'static str, u64>,
+    /// Outbound requests that failed, by kind of failure.
+    pub outbound_failures: BTreeMap<&'static str, u64>,
+    /// Redirects sent (not the closest live peer for a key).
+    pub redirects_sent: u64,
+    /// Redirects followed.
+    pub redirects_followed: u64,
+    /// Kademlia lookups started to find a replica's host.
+    pub lookups: u64,
+    /// Replicas this peer started hosting with empty memory (resets seen from inside).
+    pub replicas_created: u64,
+    /// Acquisitions started, won, lost.
+    pub acquisitions: u64,
+    /// Acquisitions that won.
+    pub acquired: u64,
+    /// Acquisitions that lost the lock while holding it.
+    pub lost: u64,
+}
+
+impl Counters {
+    fn bump(map: &mut BTreeMap<&'static str, u64>, key: &'static str) {
+        *map.entry(key).or_default() += 1;
+    }
+}
+
+/// Totals of the hosted replicas' own counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaTotals {
+    /// Replicas hosted.
+    pub hosted: usize,
+    /// Votes granted.
+    pub grants: u64,
+    /// RELEASEs applied.
+    pub releases: u64,
+    /// YIELDs applied.
+    pub yields: u64,
+    /// Owner leases that ran out.
+    pub lease_expiries: u64,
+}
+
+/// The inner behaviours, composed by the derive macro.
+#[derive(NetworkBehaviour)]
+#[behaviour(to_swarm = "InnerEvent")]
+pub struct Inner {
+    /// Replica placement.
+    pub kad: kad::Behaviour<MemoryStore>,
+    /// The sigma wire.
+    pub rr: request_response::cbor::Behaviour<Request, Reply>,
+}
+
+/// Events of [`Inner`].
+#[derive(Debug)]
+pub enum InnerEvent {
+    /// From Kademlia.
+    Kad(kad::Event),
+    /// From request-response.
+    Rr(request_response::Event<Request, Reply>),
+}
+
+impl From<kad::Event> for InnerEvent {
+    fn from(e: kad::Event) -> Self {
+        InnerEvent::Kad(e)
+    }
+}
+
+impl From<request_response::Event<Request, Reply>> for InnerEvent {
+    fn from(e: request_response::Event<Request, Reply>) -> Self {
+        InnerEvent::Rr(e)
+    }
+}
+
+struct Acquisition {
+    resource: String,
+    n: u16,
+    client: Client<PeerId>,
+}
+
+/// An outbound request, kept for redirects and failures.
+struct Pending {
+    peer: PeerId,
+    resource: String,
+    index: u16,
+    n: u16,
+    msg: ToReplica<PeerId>,
+    hops: u8,
+}
+
+/// Maps the core's `Time` (µs-aligned with the wall clock at start, monotonic after)
+/// to `Instant`s.
+#[derive(Clone, Copy, Debug)]
+struct Clock {
+    start: Instant,
+    wall: Duration,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Clock { start: Instant::now(), wall: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default() }
+    }
+    fn now(&self) -> Time {
+        self.wall + self.start.elapsed()
+    }
+    fn instant(&self, t: Time) -> Instant {
+        self.start + t.saturating_sub(self.wall)
+    }
+}
+
+/// The Sigma network behaviour.
+pub struct Behaviour {
+    inner: Inner,
+    local: PeerId,
+    local_key: KBucketKey<PeerId>,
+    config: Config,
+    clock: Clock,
+    lamport: LamportClock,
+    /// Peers with at least one open connection: the "live" peers of ownership checks.
+    connected: HashMap<PeerId, usize>,
+    /// Peers Kademlia put in its routing table (client-side host estimates).
+    routable: HashSet<PeerId>,
+    replicas: HashMap<(String, u16), Replica<PeerId>>,
+    acquisitions: HashMap<AcquisitionId, Acquisition>,
+    by_ts: HashMap<Timestamp<PeerId>, AcquisitionId>,
+    /// Recently finished acquisitions and the lock name: a late grant to one of them is
+    /// handed back with a RELEASE.
+    finished: HashMap<Timestamp<PeerId>, String>,
+    finished_order: VecDeque<Timestamp<PeerId>>,
+    /// Host of each replica as last known.
+    hosts: HashMap<(String, u16), PeerId>,
+    pending: HashMap<OutboundRequestId, Pending>,
+    lookups: HashMap<kad::QueryId, (String, u16)>,
+    events: VecDeque<Event>,
+    timer: Option<(Time, Pin<Box<Sleep>>)>,
+    waker: Option<Waker>,
+    counters: Counters,
+    next_id: u64,
+}
+
+impl Behaviour {
+    /// A behaviour for `local`, with Kademlia in server mode (set explicitly: on
+    /// loopback there is no confirmed external address, and in client mode the routing
+    /// tables of a local swarm stay empty).
+    pub fn new(local: PeerId, config: Config) -> Self {
+        let mut kad = kad::Behaviour::new(local, MemoryStore::new(local));
+        kad.set_mode(Some(kad::Mode::Server));
+        let codec = request_response::cbor::codec::Codec::default()
+            .set_request_size_maximum(wire::MAX_REQUEST_BYTES)
+            .set_response_size_maximum(wire::MAX_REPLY_BYTES);
+        let rr = request_response::Behaviour::with_codec(
+            codec,
+            [(wire::PROTOCOL, ProtocolSupport::Full)],
+            request_response::Config::default().with_request_timeout(config.request_timeout),
+        );
+        Behaviour {
+            inner: Inner { kad, rr },
+            local,
+            local_key: KBucketKey::from(local),
+            config,
+            clock: Clock::new(),
+            lamport: LamportClock::new(),
+            connected: HashMap::new(),
+            routable: HashSet::new(),
+            replicas: HashMap::new(),
+            acquisitions: HashMap::new(),
+            by_ts: HashMap::new(),
+            finished: HashMap::new(),
+            finished_order: VecDeque::new(),
+            hosts: HashMap::new(),
+            pending: HashMap::new(),
+            lookups: HashMap::new(),
+            events: VecDeque::new(),
+            timer: None,
+            waker: None,
+            counters: Counters::default(),
+            next_id: 0,
+        }
+    }
+
+    /// The local peer id.
+    pub fn local_peer_id(&self) -> PeerId {
+        self.local
+    }
+
+    /// Kademlia, for bootstrapping and inspection.
+    pub fn kad_mut(&mut self) -> &mut kad::Behaviour<MemoryStore> {
+        &mut self.inner.kad
+    }
+
+    /// Adds a known address of a peer (bootstrap, identify).
+    pub fn add_address(&mut self, peer: &PeerId, addr: Multiaddr) {
+        if *peer == self.local {
+            return;
+        }
+        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) {
+            self.routable.insert(*peer);
+        }
+    }
+
+    /// Peers in the routing table as seen by this behaviour.
+    pub fn routable_peers(&self) -> usize {
+        self.routable.len()
+    }
+
+    /// Peers with an open connection.
+    pub fn connected_peers(&self) -> impl Iterator<Item = &PeerId> {
+        self.connected.keys()
+    }
+
+    /// Counters for metrics.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Sums of the hosted replicas' counters.
+    pub fn replica_totals(&self) -> ReplicaTotals {
+        let mut t = ReplicaTotals { hosted: self.replicas.len(), ..ReplicaTotals::default() };
+        for r in self.replicas.values() {
+            let s = r.stats();
+            t.grants += s.grants;
+            t.releases += s.releases;
+            t.yields += s.yields;
+            t.lease_expiries += s.lease_expiries;
+        }
+        t
+    }
+
+    /// Starts acquiring `resource` with the configured quorum, or `(n, m)`.
+    pub fn acquire(&mut self, resource: &str, quorum: Option<(usize, usize)>) -> Result<AcquisitionId, AcquireError> {
+        wire::validate_resource(resource).map_err(|_| AcquireError::BadName)?;
+        let mut config = self.config.proto.clone();
+        if let Some((n, m)) = quorum {
+            config = config.with_quorum(n, m);
+        }
+        config.validate()?;
+        let n = u16::try_from(config.n()).map_err(|_| proto::ConfigError::TooManyReplicas(config.n()))?;
+        let now = self.clock.now();
+        let ts = self.lamport.stamp(now, self.local);
+        let id = AcquisitionId(self.next_id);
+        self.next_id += 1;
+        self.counters.acquisitions += 1;
+        let client = Client::new(config, ts, now);
+        self.by_ts.insert(ts, id);
+        self.acquisitions.insert(id, Acquisition { resource: resource.to_owned(), n, client });
+        self.drain_acquisition(id);
+        self.wake();
+        Ok(id)
+    }
+
+    /// Releases (or abandons) an acquisition. Unknown ids are ignored.
+    pub fn release(&mut self, id: AcquisitionId) {
+        let now = self.clock.now();
+        if let Some(a) = self.acquisitions.get_mut(&id) {
+            a.client.release(now);
+            self.drain_acquisition(id);
+            self.wake();
+        }
+    }
+
+    /// The state of an acquisition, while it exists.
+    pub fn acquisition(&self, id: AcquisitionId) -> Option<AcquisitionInfo> {
+        let a = self.acquisitions.get(&id)?;
+        let holding = a.client.phase() == Phase::Holding;
+        Some(AcquisitionInfo {
+            resource: a.resource.clone(),
+            phase: a.client.phase(),
+            token: a.client.token(),
+            votes: a.client.votes(),
+            valid_until: a.client.valid_until().filter(|_| holding).map(|t| self.clock.instant(t)),
+        })
+    }
+
+    /// Acquisitions in progress or held: (id, lock name, phase).
+    pub fn acquisitions(&self) -> Vec<(AcquisitionId, String, Phase)> {
+        let mut v: Vec<_> =
+            self.acquisitions.iter().map(|(id, a)| (*id, a.resource.clone(), a.client.phase())).collect();
+        v.sort_by_key(|(id, _, _)| *id);
+        v
+    }
+
+    /// Replicas hosted here, of one resource or of all.
+    pub fn replicas(&self, resource: Option<&str>) -> Vec<ReplicaInfo> {
+        let mut v: Vec<ReplicaInfo> = self
+            .replicas
+            .iter()
+            .filter(|((r, _), _)| resource.is_none_or(|x| x == r))
+            .map(|((r, i), rep)| ReplicaInfo {
+                resource: r.clone(),
+                index: *i,
+                owner: rep.owner().map(|(ts, stamp)| (ts.client, ts.counter, stamp)),
+                queue: rep.queue().map(|ts| (ts.client, ts.counter)).collect(),
+            })
+            .collect();
+        v.sort_by(|a, b| (&a.resource, a.index).cmp(&(&b.resource, b.index)));
+        v
+    }
+
+    fn wake(&mut self) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    fn key(resource: &str, index: u16) -> KBucketKey<Vec<u8>> {
+        KBucketKey::new(wire::replica_name(resource, index).into_bytes())
+    }
+
+    /// The connected peer closest to the replica's key, if closer than this peer.
+    fn closer_live_peer(&self, resource: &str, index: u16) -> Option<PeerId> {
+        let key = Self::key(resource, index);
+        let mine = self.local_key.distance(&key);
+        self.connected
+            .keys()
+            .map(|p| (KBucketKey::from(*p).distance(&key), *p))
+            .filter(|(d, _)| *d < mine)
+            .min()
+            .map(|(_, p)| p)
+    }
+
+    /// The host of a replica: cached, else the closest of this peer and its routing table.
+    fn host(&mut self, resource: &str, index: u16) -> PeerId {
+        if let Some(p) = self.hosts.get(&(resource.to_owned(), index)) {
+            return *p;
+        }
+        let key = Self::key(resource, index);
+        let best = self
+            .routable
+            .iter()
+            .chain(self.connected.keys())
+            .chain(std::iter::once(&self.local))
+            .map(|p| (KBucketKey::from(*p).distance(&key), *p))
+            .min()
+            .map_or(self.local, |(_, p)| p);
+        self.hosts.insert((resource.to_owned(), index), best);
+        best
+    }
+
+    fn lookup(&mut self, resource: &str, index: u16) {
+        if self.lookups.values().any(|(r, i)| r == resource && *i == index) {
+            return;
+        }
+        let q = self.inner.kad.get_closest_peers(wire::replica_name(resource, index).into_bytes());
+        self.counters.lookups += 1;
+        self.lookups.insert(q, (resource.to_owned(), index));
+    }
+
+    /// Sends a client message to the host of replica `index` (locally if that is us).
+    fn send_to_replica(&mut self, resource: String, n: u16, index: u16, msg: ToReplica<PeerId>, hops: u8) {
+        let host = self.host(&resource, index);
+        Counters::bump(&mut self.counters.messages_out, msg.kind());
+        if host == self.local {
+            let local = self.local;
+            match self.handle_replica(local, &resource, index, msg) {
+                Ok(responses) => responses.into_iter().for_each(|r| self.deliver(&resource, index, r)),
+                Err(Rejection::BadIndex | Rejection::BadResource) => {}
+                Err(_) => {}
+            }
+            return;
+        }
+        let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
+        let id = self.inner.rr.send_request(&host, request);
+        self.pending.insert(id, Pending { peer: host, resource, index, n, msg, hops });
+    }
+
+    /// Applies a client message to a hosted replica (creating it with empty memory if
+    /// this peer is the closest live peer); returns the responses for the sender and
+    /// dispatches the others.
+    fn handle_replica(
+        &mut self,
+        from: PeerId,
+        resource: &str,
+        index: u16,
+        msg: ToReplica<PeerId>,
+    ) -> Result<Vec<Response<PeerId>>, Rejection> {
+        let now = self.clock.now();
+        let key = (resource.to_owned(), index);
+        let replica = match self.replicas.entry(key.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                self.counters.replicas_created += 1;
+                e.insert(Replica::new(self.config.proto.clone()))
+            }
+        };
+        let result = replica.handle(now, &from, msg);
+        let mut outputs = Vec::new();
+        while let Some(out) = replica.poll_transmit() {
+            outputs.push(out);
+        }
+        if let Err(e) = result {
+            return Err(match e {
+                ReplicaError::ForeignAcquisition => Rejection::ForeignAcquisition,
+                ReplicaError::NotHolder => Rejection::NotHolder,
+                ReplicaError::Finished => Rejection::Finished,
+                ReplicaError::QueueFull(_) => Rejection::QueueFull,
+            });
+        }
+        let mut mine = Vec::new();
+        for (to, resp) in outputs {
+            if to == from {
+                mine.push(resp);
+            } else {
+                self.notify(to, resource, index, resp);
+            }
+        }
+        Ok(mine)
+    }
+
+    /// Sends an unsolicited RESPONSE from a hosted replica to its client.
+    fn notify(&mut self, to: PeerId, resource: &str, index: u16, resp: Response<PeerId>) {
+        if to == self.local {
+            self.deliver(resource, index, resp);
+            return;
+        }
+        Counters::bump(&mut self.counters.messages_out, "notify");
+        let request = Request::Notify { resource: resource.to_owned(), index, resp };
+        self.inner.rr.send_request(&to, request);
+    }
+
+    /// Hands a RESPONSE to the local acquisition it is for. A grant to an acquisition
+    /// that is already finished is given back at once.
+    fn deliver(&mut self, resource: &str, index: u16, resp: Response<PeerId>) {
+        let now = self.clock.now();
+        self.lamport.observe(resp.owner.counter);
+        let Some(id) = self.by_ts.get(&resp.ts).copied() else {
+            if resp.owner == resp.ts && self.finished.contains_key(&resp.ts) {
+                let n = u16::try_from(MAX_INDEX_BOUND).unwrap_or(u16::MAX).max(index + 1);
+                let msg = ToReplica::Release { ts: resp.ts, token: 0 };
+                self.send_to_replica(resource.to_owned(), n, index, msg, 0);
+            }
+            return;
+        };
+        if let Some(a) = self.acquisitions.get_mut(&id) {
+            if a.resource == resource {
+                let _ = a.client.handle_response(now, usize::from(index), resp);
+            }
+        }
+        self.drain_acquisition(id);
+    }
+
+    /// Moves an acquisition's outputs to the network and its events to the application.
+    fn drain_acquisition(&mut self, id: AcquisitionId) {
+        loop {
+            let Some(a) = self.acquisitions.get_mut(&id) else { return };
+            if let Some(event) = a.client.poll_event() {
+                let event = match event {
+                    proto::Event::Acquired { token, votes, valid_until } => {
+                        self.counters.acquired += 1;
+                        let resource = a.resource.clone();
+                        let voters: Vec<u16> = a
+                            .client
+                            .views()
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, v)| v.owner.as_ref() == Some(a.client.ts()))
+                            .filter_map(|(i, _)| u16::try_from(i).ok())
+                            .collect();
+                        let peers: HashSet<PeerId> =
+                            voters.iter().filter_map(|i| self.hosts.get(&(resource.clone(), *i)).copied()).collect();
+                        Event::Acquired {
+                            id,
+                            resource,
+                            token,
+                            valid_until: self.clock.instant(valid_until),
+                            votes,
+                            distinct_peers: peers.len(),
+                        }
+                    }
+                    proto::Event::Lost(reason) => {
+                        self.counters.lost += 1;
+                        Event::Lost { id, reason }
+                    }
+                };
+                self.events.push_back(event);
+                continue;
+            }
+            if let Some((index, msg)) = a.client.poll_transmit() {
+                let (resource, n) = (a.resource.clone(), a.n);
+                let index = u16::try_from(index).unwrap_or(u16::MAX);
+                self.send_to_replica(resource, n, index, msg, 0);
+                continue;
+            }
+            if a.client.phase() == Phase::Released {
+                let ts = *a.client.ts();
+                let resource = a.resource.clone();
+                self.acquisitions.remove(&id);
+                self.by_ts.remove(&ts);
+                self.finished.insert(ts, resource);
+                self.finished_order.push_back(ts);
+                while self.finished_order.len() > self.config.finished_memory {
+                    if let Some(old) = self.finished_order.pop_front() {
+                        self.finished.remove(&old);
+                    }
+                }
+            }
+            return;
+        }
+    }
+
+    fn on_request(&mut self, peer: PeerId, request: Request, channel: ResponseChannel<Reply>) {
+        Counters::bump(&mut self.counters.messages_in, request.kind());
+        let reply = match request.validate() {
+            Err(r) => Reply::Rejected(r),
+            Ok(()) => match request {
+                Request::Replica { msg, .. } if msg.ts().client != peer => {
+                    Reply::Rejected(Rejection::ForeignAcquisition)
+                }
+                Request::Replica { resource, index, msg, .. } => {
+                    if let Some(closer) = self.closer_live_peer(&resource, index) {
+                        self.counters.redirects_sent += 1;
+                        let mut addrs: Vec<Multiaddr> = Vec::new();
+                        for b in self.inner.kad.kbuckets() {
+                            for e in b.iter() {
+                                if *e.node.key.preimage() == closer {
+                                    addrs.extend(e.node.value.iter().cloned());
+                                }
+                            }
+                        }
+                        addrs.truncate(wire::MAX_REDIRECT_ADDRS);
+                        Reply::Redirect { peer: closer, addrs }
+                    } else {
+                        match self.handle_replica(peer, &resource, index, msg) {
+                            Ok(responses) => Reply::Responses(responses),
+                            Err(r) => Reply::Rejected(r),
+                        }
+                    }
+                }
+                Request::Notify { resource, index, resp } => {
+                    if resp.ts.client != self.local {
+                        Reply::Rejected(Rejection::NotForMe)
+                    } else {
+                        self.deliver(&resource, index, resp);
+                        Reply::Ack
+                    }
+                }
+            },
+        };
+        if let Reply::Rejected(r) = &reply {
+            Counters::bump(&mut self.counters.rejected, r.as_str());
+            tracing::debug!(%peer, reason = r.as_str(), "rejected a sigma request");
+        }
+        let _ = self.inner.rr.send_response(channel, reply);
+    }
+
+    fn on_reply(&mut self, peer: PeerId, id: OutboundRequestId, reply: Reply) {
+        let Some(p) = self.pending.remove(&id) else { return };
+        match reply {
+            Reply::Responses(responses) => {
+                for r in responses {
+                    if r.ts.client == self.local {
+                        self.deliver(&p.resource, p.index, r);
+                    }
+                }
+            }
+            Reply::Redirect { peer: closer, addrs } => {
+                self.counters.redirects_followed += 1;
+                for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
+                    self.add_address(&closer, a);
+                }
+                self.hosts.insert((p.resource.clone(), p.index), closer);
+                if p.hops < self.config.max_redirects && closer != peer {
+                    Counters::bump(&mut self.counters.messages_out, "redirected");
+                    self.send_to_replica(p.resource, p.n, p.index, p.msg, p.hops + 1);
+                } else {
+                    self.lookup(&p.resource, p.index);
+                }
+            }
+            Reply::Rejected(r) => {
+                tracing::debug!(%peer, reason = r.as_str(), "sigma request rejected by peer");
+            }
+            Reply::Ack => {}
+        }
+    }
+
+    fn on_outbound_failure(&mut self, id: OutboundRequestId, error: &request_response::OutboundFailure) {
+        use request_response::OutboundFailure as F;
+        let kind = match error {
+            F::DialFailure => "dial_failure",
+            F::Timeout => "timeout",
+            F::ConnectionClosed => "connection_closed",
+            F::UnsupportedProtocols => "unsupported_protocols",
+            F::Io(_) => "io",
+        };
+        Counters::bump(&mut self.counters.outbound_failures, kind);
+        let Some(p) = self.pending.remove(&id) else { return };
+        // Timeout and ConnectionClosed mean "maybe delivered": the core's timers retry,
+        // and every handler is idempotent. A host that cannot be reached is looked up.
+        if matches!(error, F::DialFailure | F::UnsupportedProtocols) {
+            self.hosts.remove(&(p.resource.clone(), p.index));
+            self.routable.remove(&p.peer);
+            self.lookup(&p.resource, p.index);
+        }
+    }
+
+    fn on_inner(&mut self, event: InnerEvent) {
+        match event {
+            InnerEvent::Rr(request_response::Event::Message { peer, message, .. }) => match message {
+                request_response::Message::Request { request, channel, .. } => self.on_request(peer, request, channel),
+                request_response::Message::Response { request_id, response } => {
+                    self.on_reply(peer, request_id, response)
+                }
+            },
+            InnerEvent::Rr(request_response::Event::OutboundFailure { request_id, error, .. }) => {
+                self.on_outbound_failure(request_id, &error)
+            }
+            InnerEvent::Rr(request_response::Event::InboundFailure { peer, error, .. }) => {
+                use request_response::InboundFailure as F;
+                let kind = match &error {
+                    F::Timeout => "timeout",
+                    F::ConnectionClosed => "connection_closed",
+                    F::UnsupportedProtocols => "unsupported_protocols",
+                    F::ResponseOmission => "response_omission",
+                    F::Io(_) => "malformed",
+                };
+                Counters::bump(&mut self.counters.inbound_failures, kind);
+                tracing::debug!(%peer, %error, "inbound sigma request failed");
+            }
+            InnerEvent::Rr(request_response::Event::ResponseSent { .. }) => {}
+            InnerEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
+                self.routable.insert(peer);
+            }
+            InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
+                id,
+                result: kad::QueryResult::GetClosestPeers(result),
+                step,
+                ..
+            }) => {
+                if !step.last {
+                    return;
+                }
+                let Some((resource, index)) = self.lookups.remove(&id) else { return };
+                let peers = match result {
+                    Ok(ok) => ok.peers,
+                    Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
+                };
+                for info in &peers {
+                    for a in &info.addrs {
+                        self.add_address(&info.peer_id, a.clone());
+                    }
+                }
+                let key = Self::key(&resource, index);
+                let best = peers
+                    .iter()
+                    .map(|i| i.peer_id)
+                    .chain(std::iter::once(self.local))
+                    .map(|p| (KBucketKey::from(p).distance(&key), p))
+                    .min()
+                    .map_or(self.local, |(_, p)| p);
+                self.hosts.insert((resource, index), best);
+            }
+            InnerEvent::Kad(_) => {}
+        }
+    }
+
+    /// Runs the core's due timers.
+    fn handle_timeouts(&mut self, now: Time) {
+        let due: Vec<(String, u16)> = self
+            .replicas
+            .iter()
+            .filter(|(_, r)| r.poll_timeout().is_some_and(|t| t <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (resource, index) in due {
+            let mut outputs = Vec::new();
+            if let Some(r) = self.replicas.get_mut(&(resource.clone(), index)) {
+                r.handle_timeout(now);
+                while let Some(out) = r.poll_transmit() {
+                    outputs.push(out);
+                }
+            }
+            for (to, resp) in outputs {
+                self.notify(to, &resource, index, resp);
+            }
+        }
+        let due: Vec<AcquisitionId> = self
+            .acquisitions
+            .iter()
+            .filter(|(_, a)| a.client.poll_timeout().is_some_and(|t| t <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            if let Some(a) = self.acquisitions.get_mut(&id) {
+                a.client.handle_timeout(now);
+            }
+            self.drain_acquisition(id);
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Time> {
+        let replicas = self.replicas.values().filter_map(|r| r.poll_timeout());
+        let clients = self.acquisitions.values().filter_map(|a| a.client.poll_timeout());
+        replicas.chain(clients).min()
+    }
+}
+
+/// Upper bound used when a replica index arrives without its `n` (a late grant).
+const MAX_INDEX_BOUND: usize = proto::MAX_REPLICAS;
+
+impl NetworkBehaviour for Behaviour {
+    type ConnectionHandler = <Inner as NetworkBehaviour>::ConnectionHandler;
+    type ToSwarm = Event;
+
+    fn handle_pending_inbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        local_addr: &Multiaddr,
+        remote_addr: &Multiaddr,
+    ) -> Result<(), ConnectionDenied> {
+        self.inner.handle_pending_inbound_connection(connection_id, local_addr, remote_addr)
+    }
+
+    fn handle_established_inbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        peer: PeerId,
+        local_addr: &Multiaddr,
+        remote_addr: &Multiaddr,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.inner.handle_established_inbound_connection(connection_id, peer, local_addr, remote_addr)
+    }
+
+    fn handle_pending_outbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        maybe_peer: Option<PeerId>,
+        addresses: &[Multiaddr],
+        effective_role: Endpoint,
+    ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
+        self.inner.handle_pending_outbound_connection(connection_id, maybe_peer, addresses, effective_role)
+    }
+
+    fn handle_established_outbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        peer: PeerId,
+        addr: &Multiaddr,
+        role_override: Endpoint,
+        port_use: PortUse,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.inner.handle_established_outbound_connection(connection_id, peer, addr, role_override, port_use)
+    }
+
+    fn on_swarm_event(&mut self, event: FromSwarm) {
+        match &event {
+            FromSwarm::ConnectionEstablished(e) => {
+                *self.connected.entry(e.peer_id).or_default() += 1;
+            }
+            FromSwarm::ConnectionClosed(e) => {
+                if let Some(c) = self.connected.get_mut(&e.peer_id) {
+                    *c = c.saturating_sub(1);
+                    if *c == 0 {
+                        self.connected.remove(&e.peer_id);
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.inner.on_swarm_event(event);
+    }
+
+    fn on_connection_handler_event(
+        &mut self,
+        peer_id: PeerId,
+        connection_id: ConnectionId,
+        event: THandlerOutEvent<Self>,
+    ) {
+        self.inner.on_connection_handler_event(peer_id, connection_id, event)
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
+        loop {
+            if let Some(e) = self.events.pop_front() {
+                return Poll::Ready(ToSwarm::GenerateEvent(e));
+            }
+            match self.inner.poll(cx) {
+                Poll::Ready(ToSwarm::GenerateEvent(e)) => {
+                    self.on_inner(e);
+                    continue;
+                }
+                Poll::Ready(other) => {
+                    return Poll::Ready(other.map_out(|_: InnerEvent| unreachable!("GenerateEvent is handled above")))
+                }
+                Poll::Pending => {}
+            }
+            // One timer, reset only when the core's next deadline changes.
+            match self.next_deadline() {
+                None => self.timer = None,
+                Some(at) => {
+                    if self.timer.as_ref().is_none_or(|(t, _)| *t != at) {
+                        let deadline = tokio::time::Instant::from_std(self.clock.instant(at));
+                        self.timer = Some((at, Box::pin(tokio::time::sleep_until(deadline))));
+                    }
+                }
+            }
+            if let Some((_, sleep)) = self.timer.as_mut() {
+                if sleep.as_mut().poll(cx).is_ready() {
+                    self.timer = None;
+                    let now = self.clock.now();
+                    self.handle_timeouts(now);
+                    continue;
+                }
+            }
+            self.waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! The wire protocol: request-response over `/sigma/1.0.0`, CBOR-encoded (libp2p's
+//! `request_response::cbor`, which uses cbor4ii).
+//!
+//! Two requests travel in both directions between any two peers:
+//! - [`Request::Replica`]: a client's REQUEST, RELEASE or YIELD for replica `index` of
+//!   `resource`; the reply carries the replica's RESPONSE for the sender, a redirect to
+//!   a closer peer, or a rejection;
+//! - [`Request::Notify`]: a replica's unsolicited RESPONSE (a promoted queue head, or the
+//!   answer to a YIELD about another owner); the reply is an acknowledgement.
+//!
+//! Everything here comes from remote peers and is untrusted: [`validate_resource`] and
+//! [`Request::validate`] are applied before anything reaches the core. Size limits are
+//! deliberately small: a lock message is a few dozen bytes.
+
+use libp2p::{Multiaddr, PeerId, StreamProtocol};
+use serde::{Deserialize, Serialize};
+
+use crate::proto::{Response, ToReplica, MAX_REPLICAS};
+
+/// Protocol name; the version is part of it. A peer speaking another version is not
+/// offered this protocol and the exchange fails with `UnsupportedProtocols`.
+pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/1.0.0");
+
+/// Largest request accepted, in bytes.
+pub const MAX_REQUEST_BYTES: u64 = 1024;
+/// Largest reply accepted, in bytes (a redirect carries a few addresses).
+pub const MAX_REPLY_BYTES: u64 = 4096;
+/// Longest resource name, in bytes.
+pub const MAX_RESOURCE_LEN: usize = 200;
+/// Most addresses sent with a redirect.
+pub const MAX_REDIRECT_ADDRS: usize = 8;
+
+/// A request between two sigma peers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Client → host of replica `index` of `resource`.
+    Replica {
+        /// Resource (lock) name.
+        resource: String,
+        /// Replica index, `0..n`.
+        index: u16,
+        /// Number of replicas the client uses for this resource.
+        n: u16,
+        /// The protocol message.
+        msg: ToReplica<PeerId>,
+    },
+    /// Replica host → client: an unsolicited RESPONSE.
+    Notify {
+        /// Resource name.
+        resource: String,
+        /// Replica index.
+        index: u16,
+        /// The RESPONSE.
+        resp: Response<PeerId>,
+    },
+}
+
+/// The reply to a [`Request`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// The replica's RESPONSE(s) for the sender (none, e.g. for a RELEASE).
+    Responses(Vec<Response<PeerId>>),
+    /// This peer does not host the replica: `peer` is closer to its key.
+    Redirect {
+        /// The closer peer.
+        peer: PeerId,
+        /// Some of its addresses.
+        addrs: Vec<Multiaddr>,
+    },
+    /// The request was refused; nothing changed.
+    Rejected(Rejection),
+    /// Acknowledges a [`Request::Notify`].
+    Ack,
+}
+
+/// Why a request was refused. Counted per kind in the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Rejection {
+    /// Resource name empty, too long, or with characters outside `[A-Za-z0-9._/-]`.
+    BadResource,
+    /// `index >= n`, `n == 0` or `n` above the maximum.
+    BadIndex,
+    /// The message names an acquisition of another peer than its sender.
+    ForeignAcquisition,
+    /// RELEASE or YIELD from a peer that neither owns nor waits on the replica.
+    NotHolder,
+    /// The acquisition was already released here.
+    Finished,
+    /// The replica's queue is full.
+    QueueFull,
+    /// A NOTIFY addressed to another peer.
+    NotForMe,
+}
+
+impl Rejection {
+    /// Stable label (metrics).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Rejection::BadResource => "bad_resource",
+            Rejection::BadIndex => "bad_index",
+            Rejection::ForeignAcquisition => "foreign_acquisition",
+            Rejection::NotHolder => "not_holder",
+            Rejection::Finished => "finished",
+            Rejection::QueueFull => "queue_full",
+            Rejection::NotForMe => "not_for_me",
+        }
+    }
+}
+
+/// Checks a resource name: 1 to [`MAX_RESOURCE_LEN`] bytes of `[A-Za-z0-9._/-]`.
+pub fn validate_resource(name: &str) -> Result<(), Rejection> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_RESOURCE_LEN
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'/' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Rejection::BadResource)
+    }
+}
+
+/// Checks `index < n <= MAX_REPLICAS`.
+pub fn validate_index(index: u16, n: u16) -> Result<(), Rejection> {
+    if n == 0 || usize::from(n) > MAX_REPLICAS || index >= n {
+        Err(Rejection::BadIndex)
+    } else {
+        Ok(())
+    }
+}
+
+/// The name of replica `index` of `resource` in the DHT keyspace (paper §2: "R:i").
+/// Replicas are numbered from 1 in the name, as in the paper.
+pub fn replica_name(resource: &str, index: u16) -> String {
+    format!("{resource}:{}", u32::from(index) + 1)
+}
+
+impl Request {
+    /// Validates what can be checked without state.
+    pub fn validate(&self) -> Result<(), Rejection> {
+        match self {
+            Request::Replica { resource, index, n, .. } => {
+                validate_resource(resource)?;
+                validate_index(*index, *n)
+            }
+            Request::Notify { resource, index, .. } => {
+                validate_resource(resource)?;
+                validate_index(*index, u16::try_from(MAX_REPLICAS).unwrap_or(u16::MAX))
+            }
+        }
+    }
+
+    /// Short name of the message kind (metrics).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Request::Replica { msg, .. } => msg.kind(),
+            Request::Notify { .. } => "notify",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_names() {
+        assert!(validate_resource("orders/42").is_ok());
+        assert!(validate_resource("a.b_c-d").is_ok());
+        assert_eq!(validate_resource(""), Err(Rejection::BadResource));
+        assert_eq!(validate_resource("has space"), Err(Rejection::BadResource));
+        assert_eq!(validate_resource("colon:1"), Err(Rejection::BadResource));
+        assert_eq!(validate_resource(&"x".repeat(MAX_RESOURCE_LEN + 1)), Err(Rejection::BadResource));
+        assert_eq!(validate_resource("é"), Err(Rejection::BadResource));
+    }
+
+    #[test]
+    fn indices() {
+        assert!(validate_index(0, 1).is_ok());
+        assert!(validate_index(31, 32).is_ok());
+        assert_eq!(validate_index(32, 32), Err(Rejection::BadIndex));
+        assert_eq!(validate_index(0, 0), Err(Rejection::BadIndex));
+        assert_eq!(validate_index(0, 256), Err(Rejection::BadIndex));
+    }
+
+    #[test]
+    fn replica_names_follow_the_paper() {
+        assert_eq!(replica_name("R", 0), "R:1");
+        assert_eq!(replica_name("foo/bar", 31), "foo/bar:32");
+    }
+}

@@ -19,6 +19,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -160,7 +162,8 @@ pub struct Counters {
     pub messages_out: BTreeMap<&'static str, u64>,
     /// Inbound requests refused, by reason.
     pub rejected: BTreeMap<&'static str, u64>,
-    /// Inbound streams that failed: malformed CBOR, oversized frames, timeouts.
+    /// Inbound requests that failed: malformed (not a valid CBOR request, unknown kind),
+    /// oversized, timeouts, closed connections.
     pub inbound_failures: BTreeMap<&'static str, u64>,
     /// Outbound requests that failed, by kind of failure.
     pub outbound_failures: BTreeMap<&'static str, u64>,
@@ -208,7 +211,7 @@ pub struct Inner {
     /// Replica placement.
     pub kad: kad::Behaviour<MemoryStore>,
     /// The sigma wire.
-    pub rr: request_response::cbor::Behaviour<Request, Reply>,
+    pub rr: request_response::Behaviour<wire::Codec>,
 }
 
 /// Events of [`Inner`].
@@ -295,6 +298,8 @@ pub struct Behaviour {
     timer: Option<(Time, Pin<Box<Sleep>>)>,
     waker: Option<Waker>,
     counters: Counters,
+    /// Frames the codec refused (shared with every connection's codec).
+    codec_stats: Arc<wire::CodecStats>,
     next_id: u64,
 }
 
@@ -305,11 +310,9 @@ impl Behaviour {
     pub fn new(local: PeerId, config: Config) -> Self {
         let mut kad = kad::Behaviour::new(local, MemoryStore::new(local));
         kad.set_mode(Some(kad::Mode::Server));
-        let codec = request_response::cbor::codec::Codec::default()
-            .set_request_size_maximum(wire::MAX_REQUEST_BYTES)
-            .set_response_size_maximum(wire::MAX_REPLY_BYTES);
+        let codec_stats = Arc::new(wire::CodecStats::default());
         let rr = request_response::Behaviour::with_codec(
-            codec,
+            wire::Codec::new(codec_stats.clone()),
             [(wire::PROTOCOL, ProtocolSupport::Full)],
             request_response::Config::default().with_request_timeout(config.request_timeout),
         );
@@ -334,6 +337,7 @@ impl Behaviour {
             timer: None,
             waker: None,
             counters: Counters::default(),
+            codec_stats,
             next_id: 0,
         }
     }
@@ -368,9 +372,16 @@ impl Behaviour {
         self.connected.keys()
     }
 
-    /// Counters for metrics.
-    pub fn counters(&self) -> &Counters {
-        &self.counters
+    /// Counters for metrics (a snapshot).
+    pub fn counters(&self) -> Counters {
+        let mut c = self.counters.clone();
+        for (kind, n) in [("malformed", &self.codec_stats.malformed), ("oversized", &self.codec_stats.oversized)] {
+            let n = n.load(Ordering::Relaxed);
+            if n > 0 {
+                *c.inbound_failures.entry(kind).or_default() += n;
+            }
+        }
+        c
     }
 
     /// Sums of the hosted replicas' counters.
@@ -770,7 +781,7 @@ impl Behaviour {
                     F::ConnectionClosed => "connection_closed",
                     F::UnsupportedProtocols => "unsupported_protocols",
                     F::ResponseOmission => "response_omission",
-                    F::Io(_) => "malformed",
+                    F::Io(_) => "io",
                 };
                 Counters::bump(&mut self.counters.inbound_failures, kind);
                 tracing::debug!(%peer, %error, "inbound sigma request failed");

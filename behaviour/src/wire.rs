@@ -12,6 +12,12 @@
 //! [`Request::validate`] are applied before anything reaches the core. Size limits are
 //! deliberately small: a lock message is a few dozen bytes.
 
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite};
+use libp2p::request_response;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use serde::{Deserialize, Serialize};
 
@@ -155,6 +161,78 @@ impl Request {
             Request::Replica { msg, .. } => msg.kind(),
             Request::Notify { .. } => "notify",
         }
+    }
+}
+
+/// Inbound frames refused by the codec, before any message exists. request-response
+/// does not report a stream whose request fails to decode, so the codec counts them.
+#[derive(Debug, Default)]
+pub struct CodecStats {
+    /// Frames that are not a valid CBOR [`Request`] (garbage, unknown message kinds).
+    pub malformed: AtomicU64,
+    /// Frames over [`MAX_REQUEST_BYTES`].
+    pub oversized: AtomicU64,
+}
+
+/// The `/sigma/1.0.0` codec: libp2p's CBOR codec (cbor4ii) with our size limits, counting
+/// what it refuses.
+#[derive(Clone, Default)]
+pub struct Codec {
+    inner: request_response::cbor::codec::Codec<Request, Reply>,
+    stats: Arc<CodecStats>,
+}
+
+impl Codec {
+    /// A codec sharing `stats`.
+    pub fn new(stats: Arc<CodecStats>) -> Self {
+        let inner = request_response::cbor::codec::Codec::default()
+            .set_request_size_maximum(MAX_REQUEST_BYTES)
+            .set_response_size_maximum(MAX_REPLY_BYTES);
+        Codec { inner, stats }
+    }
+}
+
+impl request_response::Codec for Codec {
+    type Protocol = StreamProtocol;
+    type Request = Request;
+    type Response = Reply;
+
+    async fn read_request<T>(&mut self, protocol: &StreamProtocol, io: &mut T) -> io::Result<Request>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        let mut frame = Vec::new();
+        io.take(MAX_REQUEST_BYTES + 1).read_to_end(&mut frame).await?;
+        if frame.len() as u64 > MAX_REQUEST_BYTES {
+            self.stats.oversized.fetch_add(1, Ordering::Relaxed);
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "sigma request over the size limit"));
+        }
+        let decoded = self.inner.read_request(protocol, &mut futures::io::Cursor::new(frame)).await;
+        if decoded.is_err() {
+            self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+        }
+        decoded
+    }
+
+    async fn read_response<T>(&mut self, protocol: &StreamProtocol, io: &mut T) -> io::Result<Reply>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        self.inner.read_response(protocol, io).await
+    }
+
+    async fn write_request<T>(&mut self, protocol: &StreamProtocol, io: &mut T, req: Request) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        self.inner.write_request(protocol, io, req).await
+    }
+
+    async fn write_response<T>(&mut self, protocol: &StreamProtocol, io: &mut T, res: Reply) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        self.inner.write_response(protocol, io, res).await
     }
 }
 

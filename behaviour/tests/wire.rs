@@ -1,0 +1,140 @@
+//! Bad input on the wire, sent by a probe peer with a raw codec: malformed CBOR,
+//! oversized frames, unknown message kinds and an unknown protocol version are refused,
+//! counted, and the node keeps serving everyone else. (Reference: DESIGN "Wire".)
+
+use std::io;
+use std::time::Duration;
+
+use futures::prelude::*;
+use libp2p::request_response::{self, Codec, OutboundFailure, ProtocolSupport};
+use libp2p::swarm::{Swarm, SwarmEvent};
+use libp2p::StreamProtocol;
+use libp2p_swarm_test::SwarmExt;
+use sigma_behaviour::proto;
+use sigma_behaviour::{Behaviour, Config, Event};
+
+/// Sends arbitrary bytes as a request and reads whatever comes back.
+#[derive(Clone, Default)]
+struct Raw;
+
+impl Codec for Raw {
+    type Protocol = StreamProtocol;
+    type Request = Vec<u8>;
+    type Response = Vec<u8>;
+
+    async fn read_request<T: AsyncRead + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+    ) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        io.take(1 << 16).read_to_end(&mut v).await?;
+        Ok(v)
+    }
+    async fn read_response<T: AsyncRead + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+    ) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        io.take(1 << 16).read_to_end(&mut v).await?;
+        Ok(v)
+    }
+    async fn write_request<T: AsyncWrite + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        req: Vec<u8>,
+    ) -> io::Result<()> {
+        io.write_all(&req).await
+    }
+    async fn write_response<T: AsyncWrite + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        res: Vec<u8>,
+    ) -> io::Result<()> {
+        io.write_all(&res).await
+    }
+}
+
+fn node() -> Swarm<Behaviour> {
+    let config = Config::default().with_protocol(proto::Config::default().with_quorum(3, 2));
+    Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config))
+}
+
+fn probe(protocol: &'static str) -> Swarm<request_response::Behaviour<Raw>> {
+    Swarm::new_ephemeral_tokio(|_| {
+        request_response::Behaviour::with_codec(
+            Raw,
+            [(StreamProtocol::new(protocol), ProtocolSupport::Outbound)],
+            request_response::Config::default().with_request_timeout(Duration::from_secs(5)),
+        )
+    })
+}
+
+/// Sends `bytes` and drives both swarms until the probe's exchange ends.
+async fn exchange(
+    node: &mut Swarm<Behaviour>,
+    probe: &mut Swarm<request_response::Behaviour<Raw>>,
+    bytes: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    let target = *node.local_peer_id();
+    probe.behaviour_mut().send_request(&target, bytes);
+    let outcome = async {
+        loop {
+            tokio::select! {
+                e = probe.select_next_some() => match e {
+                    SwarmEvent::Behaviour(request_response::Event::Message {
+                        message: request_response::Message::Response { response, .. }, ..
+                    }) => return Ok(response),
+                    SwarmEvent::Behaviour(request_response::Event::OutboundFailure { error, .. }) => {
+                        return Err(match error {
+                            OutboundFailure::UnsupportedProtocols => "unsupported".to_string(),
+                            other => other.to_string(),
+                        })
+                    }
+                    _ => {}
+                },
+                _ = node.select_next_some() => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), outcome).await.expect("exchange timed out")
+}
+
+#[tokio::test]
+async fn malformed_oversized_and_unknown_are_counted_and_harmless() {
+    let mut n = node();
+    n.listen().with_memory_addr_external().await;
+    let mut p = probe("/sigma/1.0.0");
+    p.connect(&mut n).await;
+
+    // Not CBOR at all; a CBOR map naming an unknown message kind; a frame over the
+    // 1 KiB request limit.
+    let unknown_kind = vec![0xa1, 0x65, b'B', b'o', b'g', b'u', b's', 0x01];
+    for bytes in [b"\xff\xfe garbage".to_vec(), unknown_kind, vec![0x42; 64 * 1024]] {
+        // The node drops the stream: the probe reads nothing back (or an error).
+        let r = exchange(&mut n, &mut p, bytes).await;
+        assert!(r.as_ref().map_or(true, |b| b.is_empty()), "the node answered garbage: {r:?}");
+    }
+    // The codec counts what it refused, by kind.
+    let counters = n.behaviour().counters();
+    let kind = |k: &str| counters.inbound_failures.get(k).copied().unwrap_or(0);
+    assert_eq!((kind("malformed"), kind("oversized")), (2, 1), "{:?}", counters.inbound_failures);
+
+    // Still serving: a lock on the lone node (n = 3 replicas, all local).
+    let id = n.behaviour_mut().acquire("still-serving", None).expect("valid");
+    let event = tokio::time::timeout(Duration::from_secs(20), n.next_behaviour_event()).await.expect("no grant");
+    assert!(matches!(event, Event::Acquired { id: got, .. } if got == id), "{event:?}");
+}
+
+#[tokio::test]
+async fn unknown_protocol_version_is_not_spoken() {
+    let mut n = node();
+    n.listen().with_memory_addr_external().await;
+    let mut p = probe("/sigma/2.0.0");
+    p.connect(&mut n).await;
+    let r = exchange(&mut n, &mut p, vec![0xa0]).await;
+    assert_eq!(r, Err("unsupported".to_string()));
+}

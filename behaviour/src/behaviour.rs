@@ -518,7 +518,14 @@ impl Behaviour {
 
     /// Sends a client message to the host of replica `index` (locally if that is us).
     fn send_to_replica(&mut self, resource: String, n: u16, index: u16, msg: ToReplica<PeerId>, hops: u8) {
-        let host = self.host(&resource, index);
+        let mut host = self.host(&resource, index);
+        if host == self.local {
+            // The local estimate may predate a closer peer's connection.
+            if let Some(closer) = self.closer_live_peer(&resource, index) {
+                self.hosts.insert((resource.clone(), index), closer);
+                host = closer;
+            }
+        }
         Counters::bump(&mut self.counters.messages_out, msg.kind());
         if host == self.local {
             let local = self.local;

@@ -160,3 +160,34 @@ async fn bad_input_is_refused_counted_and_harmless() {
 fn request(client: PeerId) -> ToReplica<PeerId> {
     ToReplica::Request { ts: Timestamp::new(1, client), sent: 1, floor: 0 }
 }
+
+// Reference: §2 system model, DESIGN "Replicas in the DHT": replica i of R lives on the
+// XOR-closest peer to key("R:i"), and on no other.
+#[tokio::test]
+async fn each_replica_lives_on_the_closest_peer_only() {
+    let mut s = swarms(5).await;
+    let peers: Vec<PeerId> = s.iter().map(|x| *x.local_peer_id()).collect();
+    for (k, name) in ["alpha", "beta/1", "gamma.2"].iter().enumerate() {
+        let id = s[k].behaviour_mut().acquire(name, None).expect("valid");
+        let (who, event) = with_timeout(next_event(&mut s)).await;
+        assert_eq!(who, k, "{event:?}");
+        s[k].behaviour_mut().release(id);
+    }
+    // Let the releases land.
+    for _ in 0..50 {
+        let futs = s.iter_mut().map(|x| Box::pin(x.select_next_some()));
+        let _ = tokio::time::timeout(Duration::from_millis(20), select_all(futs)).await;
+    }
+    for name in ["alpha", "beta/1", "gamma.2"] {
+        for index in 0..5u16 {
+            let hosts: Vec<PeerId> = s
+                .iter()
+                .filter(|x| x.behaviour().replicas(Some(name)).iter().any(|r| r.index == index))
+                .map(|x| *x.local_peer_id())
+                .collect();
+            let key = KBucketKey::new(wire::replica_name(name, index).into_bytes());
+            let closest = peers.iter().min_by_key(|p| KBucketKey::from(**p).distance(&key)).copied();
+            assert_eq!(hosts, closest.into_iter().collect::<Vec<_>>(), "replica {name}:{index}");
+        }
+    }
+}

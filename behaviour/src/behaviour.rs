@@ -181,6 +181,12 @@ pub struct Counters {
     pub acquired: u64,
     /// Acquisitions that lost the lock while holding it.
     pub lost: u64,
+    /// Acquisitions finished (released or abandoned) that had won.
+    pub completed: u64,
+    /// Protocol messages of those acquisitions, in the paper's sense (REQUEST, YIELD,
+    /// RELEASE sent and RESPONSEs received, wherever the replica was): the numerator of
+    /// "messages per CS entry".
+    pub completed_messages: u64,
 }
 
 impl Counters {
@@ -659,6 +665,11 @@ impl Behaviour {
                 continue;
             }
             if a.client.phase() == Phase::Released {
+                if a.client.token() > 0 {
+                    let st = a.client.stats();
+                    self.counters.completed += 1;
+                    self.counters.completed_messages += st.requests + st.yields + st.releases + st.responses + st.stale;
+                }
                 let ts = *a.client.ts();
                 let resource = a.resource.clone();
                 self.acquisitions.remove(&id);

@@ -123,6 +123,24 @@ pub enum Event {
         /// Why.
         reason: proto::LostReason,
     },
+    /// A [`Behaviour::probe`] finished.
+    Probed {
+        /// The probe.
+        id: ProbeId,
+        /// Round trip to each replica's host, by replica index (`None`: no answer).
+        /// Replicas hosted locally answer in zero time.
+        rtts: Vec<Option<Duration>>,
+    },
+}
+
+/// Identifies a [`Behaviour::probe`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProbeId(u64);
+
+struct Probe {
+    started: Instant,
+    rtts: Vec<Option<Duration>>,
+    outstanding: usize,
 }
 
 /// What the application can ask about one acquisition.
@@ -253,7 +271,9 @@ struct Pending {
     resource: String,
     index: u16,
     n: u16,
-    msg: ToReplica<PeerId>,
+    /// The client message, or `None` for a probe.
+    msg: Option<ToReplica<PeerId>>,
+    probe: Option<ProbeId>,
     hops: u8,
 }
 
@@ -300,6 +320,7 @@ pub struct Behaviour {
     hosts: HashMap<(String, u16), PeerId>,
     pending: HashMap<OutboundRequestId, Pending>,
     lookups: HashMap<kad::QueryId, (String, u16)>,
+    probes: HashMap<ProbeId, Probe>,
     events: VecDeque<Event>,
     timer: Option<(Time, Pin<Box<Sleep>>)>,
     waker: Option<Waker>,
@@ -314,7 +335,10 @@ impl Behaviour {
     /// loopback there is no confirmed external address, and in client mode the routing
     /// tables of a local swarm stay empty).
     pub fn new(local: PeerId, config: Config) -> Self {
-        let mut kad = kad::Behaviour::new(local, MemoryStore::new(local));
+        // Our own Kademlia protocol: sigma peers form their own DHT and never join another
+        // network's by accident.
+        let kad_config = kad::Config::new(KAD_PROTOCOL);
+        let mut kad = kad::Behaviour::with_config(local, MemoryStore::new(local), kad_config);
         kad.set_mode(Some(kad::Mode::Server));
         let codec_stats = Arc::new(wire::CodecStats::default());
         let rr = request_response::Behaviour::with_codec(
@@ -339,6 +363,7 @@ impl Behaviour {
             hosts: HashMap::new(),
             pending: HashMap::new(),
             lookups: HashMap::new(),
+            probes: HashMap::new(),
             events: VecDeque::new(),
             timer: None,
             waker: None,
@@ -483,12 +508,15 @@ impl Behaviour {
         KBucketKey::new(wire::replica_name(resource, index).into_bytes())
     }
 
-    /// The connected peer closest to the replica's key, if closer than this peer.
+    /// The live sigma peer closest to the replica's key, if closer than this peer. Live:
+    /// connected; sigma: in the routing table (peers that merely connect, such as
+    /// light clients or other protocols' peers, host nothing).
     fn closer_live_peer(&self, resource: &str, index: u16) -> Option<PeerId> {
         let key = Self::key(resource, index);
         let mine = self.local_key.distance(&key);
         self.connected
             .keys()
+            .filter(|p| self.routable.contains(*p))
             .map(|p| (KBucketKey::from(*p).distance(&key), *p))
             .filter(|(d, _)| *d < mine)
             .min()
@@ -504,7 +532,6 @@ impl Behaviour {
         let best = self
             .routable
             .iter()
-            .chain(self.connected.keys())
             .chain(std::iter::once(&self.local))
             .map(|p| (KBucketKey::from(*p).distance(&key), *p))
             .min()
@@ -544,7 +571,57 @@ impl Behaviour {
         }
         let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
         let id = self.inner.rr.send_request(&host, request);
-        self.pending.insert(id, Pending { peer: host, resource, index, n, msg, hops });
+        self.pending.insert(id, Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops });
+    }
+
+    /// Measures the round trip to the host of every replica of `resource` (`n`
+    /// replicas, default the configured n) along the path a REQUEST takes, redirects
+    /// included, without protocol work. The result comes as [`Event::Probed`].
+    pub fn probe(&mut self, resource: &str, n: Option<usize>) -> Result<ProbeId, AcquireError> {
+        wire::validate_resource(resource).map_err(|_| AcquireError::BadName)?;
+        let n = n.unwrap_or(self.config.proto.n());
+        let n16 = u16::try_from(n).ok().filter(|x| (1..=proto::MAX_REPLICAS).contains(&usize::from(*x)));
+        let n16 = n16.ok_or(proto::ConfigError::TooManyReplicas(n))?;
+        let id = ProbeId(self.next_id);
+        self.next_id += 1;
+        self.probes.insert(id, Probe { started: Instant::now(), rtts: vec![None; n], outstanding: n });
+        for index in 0..n16 {
+            self.send_ping(resource.to_owned(), n16, index, id, 0);
+        }
+        self.wake();
+        Ok(id)
+    }
+
+    fn send_ping(&mut self, resource: String, n: u16, index: u16, probe: ProbeId, hops: u8) {
+        let mut host = self.host(&resource, index);
+        if host == self.local {
+            if let Some(closer) = self.closer_live_peer(&resource, index) {
+                self.hosts.insert((resource.clone(), index), closer);
+                host = closer;
+            }
+        }
+        if host == self.local {
+            self.probe_answered(probe, index, true);
+            return;
+        }
+        let request = Request::Ping { resource: resource.clone(), index, n };
+        let id = self.inner.rr.send_request(&host, request);
+        self.pending.insert(id, Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops });
+    }
+
+    fn probe_answered(&mut self, id: ProbeId, index: u16, ok: bool) {
+        let Some(p) = self.probes.get_mut(&id) else { return };
+        if let Some(slot) = p.rtts.get_mut(usize::from(index)) {
+            if ok {
+                *slot = Some(p.started.elapsed());
+            }
+        }
+        p.outstanding = p.outstanding.saturating_sub(1);
+        if p.outstanding == 0 {
+            if let Some(p) = self.probes.remove(&id) {
+                self.events.push_back(Event::Probed { id, rtts: p.rtts });
+            }
+        }
     }
 
     /// Applies a client message to a hosted replica (creating it with empty memory if
@@ -714,6 +791,13 @@ impl Behaviour {
                         }
                     }
                 }
+                Request::Ping { resource, index, .. } => match self.closer_live_peer(&resource, index) {
+                    Some(closer) => {
+                        self.counters.redirects_sent += 1;
+                        Reply::Redirect { peer: closer, addrs: Vec::new() }
+                    }
+                    None => Reply::Ack,
+                },
                 Request::Notify { resource, index, resp } => {
                     if resp.ts.client != self.local {
                         Reply::Rejected(Rejection::NotForMe)
@@ -733,6 +817,18 @@ impl Behaviour {
 
     fn on_reply(&mut self, peer: PeerId, id: OutboundRequestId, reply: Reply) {
         let Some(p) = self.pending.remove(&id) else { return };
+        if let Some(probe) = p.probe {
+            match reply {
+                Reply::Redirect { peer: closer, .. } if p.hops < self.config.max_redirects && closer != peer => {
+                    self.hosts.insert((p.resource.clone(), p.index), closer);
+                    self.send_ping(p.resource, p.n, p.index, probe, p.hops + 1);
+                }
+                Reply::Ack => self.probe_answered(probe, p.index, true),
+                _ => self.probe_answered(probe, p.index, false),
+            }
+            return;
+        }
+        let Some(msg) = p.msg else { return };
         match reply {
             Reply::Responses(responses) => {
                 for r in responses {
@@ -749,7 +845,7 @@ impl Behaviour {
                 self.hosts.insert((p.resource.clone(), p.index), closer);
                 if p.hops < self.config.max_redirects && closer != peer {
                     Counters::bump(&mut self.counters.messages_out, "redirected");
-                    self.send_to_replica(p.resource, p.n, p.index, p.msg, p.hops + 1);
+                    self.send_to_replica(p.resource, p.n, p.index, msg, p.hops + 1);
                 } else {
                     self.lookup(&p.resource, p.index);
                 }
@@ -772,6 +868,9 @@ impl Behaviour {
         };
         Counters::bump(&mut self.counters.outbound_failures, kind);
         let Some(p) = self.pending.remove(&id) else { return };
+        if let Some(probe) = p.probe {
+            self.probe_answered(probe, p.index, false);
+        }
         // Timeout and ConnectionClosed mean "maybe delivered": the core's timers retry,
         // and every handler is idempotent. A host that cannot be reached is looked up.
         if matches!(error, F::DialFailure | F::UnsupportedProtocols) {
@@ -881,6 +980,9 @@ impl Behaviour {
         replicas.chain(clients).min()
     }
 }
+
+/// The Kademlia protocol of sigma's DHT.
+pub const KAD_PROTOCOL: libp2p::StreamProtocol = libp2p::StreamProtocol::new("/sigma/kad/1.0.0");
 
 /// Upper bound used when a replica index arrives without its `n` (a late grant).
 const MAX_INDEX_BOUND: usize = proto::MAX_REPLICAS;

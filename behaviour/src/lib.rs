@@ -13,6 +13,6 @@ pub mod proto;
 pub mod wire;
 
 pub use behaviour::{
-    AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Config, Counters, Event, Inner, InnerEvent, ReplicaInfo,
-    ReplicaTotals,
+    AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Config, Counters, Event, Inner, InnerEvent, ProbeId,
+    ReplicaInfo, ReplicaTotals, KAD_PROTOCOL,
 };

@@ -50,6 +50,17 @@ pub enum Request {
         /// The protocol message.
         msg: ToReplica<PeerId>,
     },
+    /// Round-trip probe along the path a REQUEST takes (the host of replica `index`),
+    /// without protocol work: the baseline of the acquire-latency benchmark. Answered
+    /// with `Ack`, or a redirect like any replica message.
+    Ping {
+        /// Resource name.
+        resource: String,
+        /// Replica index.
+        index: u16,
+        /// Number of replicas.
+        n: u16,
+    },
     /// Replica host → client: an unsolicited RESPONSE.
     Notify {
         /// Resource name.
@@ -75,7 +86,7 @@ pub enum Reply {
     },
     /// The request was refused; nothing changed.
     Rejected(Rejection),
-    /// Acknowledges a [`Request::Notify`].
+    /// Acknowledges a [`Request::Notify`] or [`Request::Ping`].
     Ack,
 }
 
@@ -144,7 +155,7 @@ impl Request {
     /// Validates what can be checked without state.
     pub fn validate(&self) -> Result<(), Rejection> {
         match self {
-            Request::Replica { resource, index, n, .. } => {
+            Request::Replica { resource, index, n, .. } | Request::Ping { resource, index, n } => {
                 validate_resource(resource)?;
                 validate_index(*index, *n)
             }
@@ -159,6 +170,7 @@ impl Request {
     pub fn kind(&self) -> &'static str {
         match self {
             Request::Replica { msg, .. } => msg.kind(),
+            Request::Ping { .. } => "ping",
             Request::Notify { .. } => "notify",
         }
     }

@@ -107,10 +107,13 @@ impl Config {
         self.m = m;
         self
     }
-    /// Lease length; the renewal interval becomes a third of it.
+    /// Lease length; the renewal interval becomes a third of it and the request
+    /// timeout at most a quarter (a promotion notice is assumed to spend at most the
+    /// request timeout in flight, so it must be well below the lease).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.renew_interval = lease / 3;
+        self.request_timeout = self.request_timeout.min(lease / 4);
         self
     }
     /// Renewal interval (must be below the lease).
@@ -183,6 +186,9 @@ impl Config {
         if self.renew_interval >= self.lease {
             return Err(ConfigError::RenewNotBelowLease);
         }
+        if self.request_timeout * 2 > self.lease {
+            return Err(ConfigError::RequestTimeoutNotBelowLease);
+        }
         Ok(())
     }
 }
@@ -212,6 +218,15 @@ mod tests {
     fn renewals_must_come_before_the_lease_ends() {
         let c = Config::default().with_lease(Duration::from_secs(3)).with_renew_interval(Duration::from_secs(3));
         assert_eq!(c.validate(), Err(ConfigError::RenewNotBelowLease));
+    }
+
+    #[test]
+    fn request_timeout_must_be_well_below_the_lease() {
+        // A promoted vote is counted valid until `now + lease - request_timeout`: with a
+        // request timeout as long as the lease it would never count (a livelock).
+        let c = Config::default().with_lease(Duration::from_secs(2)).with_request_timeout(Duration::from_secs(2));
+        assert_eq!(c.validate(), Err(ConfigError::RequestTimeoutNotBelowLease));
+        assert!(Config::default().with_lease(Duration::from_secs(2)).validate().is_ok());
     }
 
     #[test]

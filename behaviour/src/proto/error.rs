@@ -58,6 +58,10 @@ pub enum ConfigError {
     /// Renewals must come before the lease runs out.
     #[error("renew interval must be shorter than the lease")]
     RenewNotBelowLease,
+    /// The request timeout bounds a promotion notice's time in flight; it must be at
+    /// most half the lease.
+    #[error("request timeout must be at most half the lease")]
+    RequestTimeoutNotBelowLease,
     /// A duration that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),

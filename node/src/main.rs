@@ -1,10 +1,703 @@
-//! `sigma`: the peer daemon and lock command line. The network node is not part of
-//! this version; the protocol core and the simulator are (see README.md).
+//! `sigma`: the peer daemon (`run`), a lock around a command (`lock`), and `status`.
+//!
+//! `lock` and `status` talk to a local daemon through its HTTP control API
+//! (`sigma_node::http`), `127.0.0.1:7700` unless `--api` or `$SIGMA_API` says otherwise.
 
-fn main() {
-    eprintln!(
-        "sigma {}: the peer (run, lock, status) is not available yet; try `sigma-testnet sim paper`",
-        env!("CARGO_PKG_VERSION")
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Parser, Subcommand};
+use libp2p::multiaddr::Protocol;
+use libp2p::Multiaddr;
+use prometheus_client::registry::Registry;
+use sigma_node::http::{self, Acquired, Api, ErrorBody, LockView, ReleaseBody, DEFAULT_API};
+use sigma_node::metrics::Metrics;
+use sigma_node::{Node, NodeConfig};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Exit code of `sigma lock` when the lock was not acquired within `--timeout`.
+const EXIT_TIMEOUT: u8 = 75;
+/// Exit code of `sigma lock` when the lock was lost while the command ran.
+const EXIT_LOST: u8 = 76;
+/// Exit code when the daemon cannot be reached or fails.
+const EXIT_UNAVAILABLE: u8 = 69;
+/// Exit code for a request the daemon refused (bad lock name or quorum).
+const EXIT_USAGE: u8 = 64;
+
+#[derive(Parser, Debug)]
+#[command(name = "sigma", version, about = "A Sigma distributed lock peer and its command line")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a peer: join the swarm, host replicas, serve the local control API and
+    /// metrics, until SIGINT or SIGTERM.
+    ///
+    /// Prints parseable lines on stdout once up: `SIGMA_PEER_ID=…`, one
+    /// `SIGMA_LISTEN=…/p2p/…` per address (usable as another peer's --bootstrap),
+    /// `SIGMA_API=IP:PORT`, then `SIGMA_READY`. Logs go to stderr (RUST_LOG, default info).
+    Run(RunArgs),
+    /// Hold a lock while a command runs (the etcdctl/consul `lock` convention).
+    ///
+    /// The command gets SIGMA_LOCK_NAME, SIGMA_FENCING_TOKEN and
+    /// SIGMA_LOCK_VALID_UNTIL_MS in its environment and runs in its own process group.
+    /// The lock is watched while it runs; if it is lost, the command gets SIGTERM, then
+    /// SIGKILL after --grace. SIGINT, SIGTERM and SIGHUP are forwarded to it.
+    ///
+    /// Exit status: the command's (128+N if killed by signal N); 75 if the lock was not
+    /// acquired within --timeout; 76 if the lock was lost while the command ran; 69 if
+    /// the daemon cannot be reached; 64 for a bad lock name or quorum; 126/127 if the
+    /// command cannot be started.
+    Lock(LockArgs),
+    /// Show the local peer: id, addresses, peers, replicas, locks held and waited for.
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Address to listen on for peers (repeatable).
+    #[arg(long, value_name = "MULTIADDR", num_args = 1.., default_value = "/ip4/0.0.0.0/tcp/4001")]
+    listen: Vec<Multiaddr>,
+    /// A peer to join through, ending with /p2p/PEER_ID (repeatable).
+    #[arg(long, value_name = "MULTIADDR", num_args = 1..)]
+    bootstrap: Vec<Multiaddr>,
+    /// Persistent identity, created on first start (default: a new identity each run).
+    #[arg(long, value_name = "PATH")]
+    key_file: Option<PathBuf>,
+    /// Control API address, loopback only; port 0 picks a free port (see SIGMA_API=).
+    #[arg(long, value_name = "IP:PORT", default_value = DEFAULT_API)]
+    api: String,
+    /// Logical replicas per lock (default 32). Every peer of a swarm must agree.
+    #[arg(long, requires = "m")]
+    n: Option<usize>,
+    /// Votes needed to win, a strict majority of n (default 24).
+    #[arg(long, requires = "n")]
+    m: Option<usize>,
+    /// Lease of a vote in milliseconds (default 10000); renewals every third of it.
+    #[arg(long, value_name = "MS")]
+    lease_ms: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct LockArgs {
+    /// Lock name: 1 to 255 bytes of [A-Za-z0-9._/-].
+    name: String,
+    /// Give up after this long (e.g. 500ms, 10s, 2m); default: wait as long as it takes.
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// Control API of the local daemon [default: $SIGMA_API or 127.0.0.1:7700].
+    #[arg(long, value_name = "IP:PORT")]
+    api: Option<String>,
+    /// Quorum for this lock: replicas (with --m); default: the daemon's.
+    #[arg(long, requires = "m")]
+    n: Option<usize>,
+    /// Quorum for this lock: votes needed (with --n).
+    #[arg(long, requires = "n")]
+    m: Option<usize>,
+    /// After SIGTERM to a command whose lock was lost, wait this long before SIGKILL.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// Control API of the local daemon [default: $SIGMA_API or 127.0.0.1:7700].
+    #[arg(long, value_name = "IP:PORT")]
+    api: Option<String>,
+    /// Print the daemon's JSON answer.
+    #[arg(long)]
+    json: bool,
+}
+
+/// An error with a chosen exit code.
+#[derive(Debug)]
+struct Fail {
+    code: u8,
+    msg: String,
+}
+
+impl std::fmt::Display for Fail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Fail {}
+
+fn fail(code: u8, msg: impl Into<String>) -> anyhow::Error {
+    Fail { code, msg: msg.into() }.into()
+}
+
+/// Parses "500ms", "10s", "2m", "1h", "1m30s", "1.5s"; a bare number is seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".to_owned());
+    }
+    let bad = || format!("bad duration {s:?}: expected e.g. 500ms, 10s, 2m, 1h, 1m30s");
+    if let Ok(secs) = s.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|_| bad());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        if num_len == 0 {
+            return Err(bad());
+        }
+        let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" | "sec" => 1.0,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        let part = Duration::try_from_secs_f64(value * scale).map_err(|_| bad())?;
+        total = total.checked_add(part).ok_or_else(bad)?;
+    }
+    Ok(total)
+}
+
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sigma: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Cmd::Run(args) => run(args).await,
+            Cmd::Lock(args) => lock(args).await,
+            Cmd::Status(args) => status(args).await,
+        }
+    });
+    // Do not wait for tasks still blocked (e.g. an HTTP request waiting for a lock).
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => match e.downcast_ref::<Fail>() {
+            Some(f) => {
+                eprintln!("sigma: {}", f.msg);
+                ExitCode::from(f.code)
+            }
+            None => {
+                eprintln!("sigma: error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// sigma run
+
+async fn run(args: RunArgs) -> anyhow::Result<u8> {
+    init_tracing("info");
+    let api_addr = http::parse_loopback_addr(&args.api)?;
+    let mut proto = sigma_behaviour::proto::Config::default();
+    if let (Some(n), Some(m)) = (args.n, args.m) {
+        proto = proto.with_quorum(n, m);
+    }
+    if let Some(ms) = args.lease_ms {
+        proto = proto.with_lease(Duration::from_millis(ms));
+    }
+    proto.validate().context("bad protocol parameters")?;
+    let behaviour = sigma_behaviour::Config::default().with_protocol(proto);
+
+    // One registry for /metrics: libp2p's metrics (prefix libp2p_) and ours (sigma_).
+    // The libp2p families are recorded from the swarm's events by whoever owns the
+    // event loop; sigma_node::Node does not take a recorder yet, so they stay empty
+    // until it does (then hand `libp2p_metrics` to it).
+    let mut registry = Registry::default();
+    let _libp2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
+    let metrics = Metrics::register(&mut registry);
+    let config = NodeConfig {
+        listen: args.listen,
+        bootstrap: args.bootstrap,
+        key_file: args.key_file,
+        behaviour,
+        ..NodeConfig::default()
+    };
+    let node = Node::start(config).await.context("cannot start the node")?;
+    let handle = node.handle();
+    let api = match Api::bind(api_addr, handle.clone(), metrics, Arc::new(registry)).await {
+        Ok(api) => api,
+        Err(e) => {
+            let _ = node.shutdown().await;
+            return Err(e.into());
+        }
+    };
+
+    let peer = node.peer_id();
+    let listen: Vec<Multiaddr> = node.listen_addrs().to_vec();
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "SIGMA_PEER_ID={peer}")?;
+        for a in &listen {
+            let full = if matches!(a.iter().last(), Some(Protocol::P2p(_))) {
+                a.clone()
+            } else {
+                a.clone().with(Protocol::P2p(peer))
+            };
+            writeln!(out, "SIGMA_LISTEN={full}")?;
+        }
+        writeln!(out, "SIGMA_API={}", api.local_addr())?;
+        writeln!(out, "SIGMA_READY")?;
+        out.flush()?;
+    }
+    tracing::info!(%peer, api = %api.local_addr(), "sigma daemon ready");
+
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let which = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!(signal = which, "shutting down");
+    api.shutdown().await;
+    node.shutdown().await.context("stopping the node")?;
+    tracing::info!("stopped");
+    Ok(0)
+}
+
+// ---------------------------------------------------------------------------------
+// the client side of the control API
+
+fn api_addr(arg: Option<String>) -> anyhow::Result<std::net::SocketAddr> {
+    let s = arg.or_else(|| std::env::var("SIGMA_API").ok()).unwrap_or_else(|| DEFAULT_API.to_owned());
+    Ok(http::parse_loopback_addr(&s)?)
+}
+
+fn client() -> anyhow::Result<reqwest::Client> {
+    // Loopback only: never through a proxy from the environment.
+    reqwest::Client::builder().no_proxy().build().context("building the HTTP client")
+}
+
+/// The lock name as one path segment ('/' included), so no URL normalisation applies.
+fn encode_name(name: &str) -> String {
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.');
+    percent_encoding::utf8_percent_encode(name, SET).to_string()
+}
+
+fn unreachable(api: std::net::SocketAddr, e: reqwest::Error) -> anyhow::Error {
+    fail(EXIT_UNAVAILABLE, format!("cannot reach the sigma daemon at {api} (is `sigma run` running?): {e}"))
+}
+
+async fn error_text(resp: reqwest::Response) -> String {
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    match serde_json::from_str::<ErrorBody>(&body) {
+        Ok(e) => e.error,
+        Err(_) if body.trim().is_empty() => status.to_string(),
+        Err(_) => format!("{status}: {}", body.trim()),
+    }
+}
+
+async fn get_lock_view(client: &reqwest::Client, api: std::net::SocketAddr, name: &str) -> anyhow::Result<LockView> {
+    let url = format!("http://{api}/v1/locks/{}", encode_name(name));
+    let resp = client.get(&url).timeout(Duration::from_secs(2)).send().await?;
+    if !resp.status().is_success() {
+        bail!("{}", error_text(resp).await);
+    }
+    Ok(resp.json().await?)
+}
+
+// ---------------------------------------------------------------------------------
+// sigma status
+
+async fn status(args: StatusArgs) -> anyhow::Result<u8> {
+    init_tracing("warn");
+    let api = api_addr(args.api)?;
+    let resp = client()?
+        .get(format!("http://{api}/v1/status"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| unreachable(api, e))?;
+    if !resp.status().is_success() {
+        return Err(fail(EXIT_UNAVAILABLE, format!("status: {}", error_text(resp).await)));
+    }
+    let v: serde_json::Value = resp.json().await.context("status: bad JSON from the daemon")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    print!("{}", render_status(&v));
+    Ok(0)
+}
+
+fn render_status(v: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let str_list = |key: &str| -> Vec<String> {
+        match v.get(key) {
+            Some(serde_json::Value::Array(a)) => {
+                a.iter().map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_owned)).collect()
+            }
+            _ => Vec::new(),
+        }
+    };
+    let num = |key: &str| v.get(key).map_or_else(|| "?".to_owned(), |x| x.to_string());
+    let mut out = String::new();
+    let _ = writeln!(out, "peer id:          {}", v.get("peer_id").and_then(|x| x.as_str()).unwrap_or("?"));
+    let listen = str_list("listen_addrs");
+    let _ = writeln!(
+        out,
+        "listening on:     {}",
+        if listen.is_empty() { "-".to_owned() } else { listen.join("\n                  ") }
     );
-    std::process::exit(2);
+    let connected = str_list("connected_peers");
+    let _ = writeln!(out, "connected peers:  {}", connected.len());
+    for p in &connected {
+        let _ = writeln!(out, "                  {p}");
+    }
+    let _ = writeln!(out, "routable peers:   {}", num("routable_peers"));
+    let _ = writeln!(out, "replicas hosted:  {}", num("replicas_hosted"));
+    let held: Vec<String> = match v.get("locks_held") {
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|x| match x {
+                serde_json::Value::Array(p) if p.len() == 2 => {
+                    format!("{} (token {})", p[0].as_str().unwrap_or("?"), p[1])
+                }
+                other => other.to_string(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let _ = writeln!(out, "locks held:       {}", if held.is_empty() { "-".to_owned() } else { held.join(", ") });
+    let waiting = str_list("locks_waiting");
+    let _ = writeln!(out, "locks waited for: {}", if waiting.is_empty() { "-".to_owned() } else { waiting.join(", ") });
+    out
+}
+
+// ---------------------------------------------------------------------------------
+// sigma lock
+
+async fn lock(args: LockArgs) -> anyhow::Result<u8> {
+    init_tracing("warn");
+    let name = args.name.clone();
+    if sigma_behaviour::wire::validate_resource(&name).is_err() || name == "." || name == ".." {
+        return Err(fail(EXIT_USAGE, format!("invalid lock name {name:?}: 1 to 255 bytes of [A-Za-z0-9._/-]")));
+    }
+    let api = api_addr(args.api.clone())?;
+    let client = client()?;
+    let mut signals = Signals::new()?;
+
+    // Acquire.
+    let mut url = format!("http://{api}/v1/locks/{}/acquire", encode_name(&name));
+    let mut query = Vec::new();
+    if let Some(t) = args.timeout {
+        query.push(format!("timeout_ms={}", t.as_millis()));
+    }
+    if let (Some(n), Some(m)) = (args.n, args.m) {
+        query.push(format!("n={n}&m={m}"));
+    }
+    if !query.is_empty() {
+        url = format!("{url}?{}", query.join("&"));
+    }
+    let request = client.post(&url).send();
+    let resp = tokio::select! {
+        r = request => r.map_err(|e| unreachable(api, e))?,
+        sig = signals.recv() => {
+            // Dropping the request closes the connection: the daemon abandons the wait.
+            return Err(fail(128 + sig as u8, format!("interrupted while waiting for lock {name}")));
+        }
+    };
+    let acquired: Acquired = match resp.status().as_u16() {
+        200 => resp.json().await.context("acquire: bad JSON from the daemon")?,
+        408 => {
+            let waited = args.timeout.map_or_else(String::new, |t| format!(" after {t:?}"));
+            return Err(fail(EXIT_TIMEOUT, format!("timed out{waited} waiting for lock {name}")));
+        }
+        400 => return Err(fail(EXIT_USAGE, format!("lock {name}: {}", error_text(resp).await))),
+        _ => return Err(fail(EXIT_UNAVAILABLE, format!("lock {name}: {}", error_text(resp).await))),
+    };
+    let token = acquired.token;
+    tracing::info!(%name, token, "lock acquired");
+
+    // Run the command.
+    let mut cmd = tokio::process::Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
+        .env("SIGMA_LOCK_NAME", &name)
+        .env("SIGMA_FENCING_TOKEN", token.to_string())
+        .env("SIGMA_LOCK_VALID_UNTIL_MS", acquired.valid_until_ms.to_string())
+        .process_group(0);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+            let _ = release(&client, api, &name, token).await;
+            return Err(fail(code, format!("cannot run {:?}: {e}", args.command[0])));
+        }
+    };
+    let pgid = child.id().and_then(|p| i32::try_from(p).ok());
+    let terminal = Terminal::give_to(pgid);
+
+    let mut valid_until = Instant::now() + Duration::from_millis(acquired.valid_for_ms);
+    let mut lost: Option<String> = None;
+    let mut warned_unreachable = false;
+    let status = loop {
+        let poll = valid_until
+            .saturating_duration_since(Instant::now())
+            .div_f64(3.0)
+            .clamp(Duration::from_millis(100), Duration::from_secs(5));
+        tokio::select! {
+            st = child.wait() => break st.context("waiting for the command")?,
+            sig = signals.recv() => {
+                if let Some(pg) = pgid {
+                    kill_group(pg, sig);
+                }
+            }
+            _ = tokio::time::sleep(poll) => {
+                match get_lock_view(&client, api, &name).await {
+                    Ok(view) => match view.held.iter().find(|h| h.token == token) {
+                        Some(h) => {
+                            valid_until = Instant::now() + Duration::from_millis(h.valid_for_ms);
+                            warned_unreachable = false;
+                        }
+                        None => lost = Some("the daemon no longer holds it".to_owned()),
+                    },
+                    Err(e) if Instant::now() >= valid_until => {
+                        lost = Some(format!("the daemon cannot confirm it ({e:#}) and its lease has run out"));
+                    }
+                    Err(e) => {
+                        if !warned_unreachable {
+                            eprintln!("sigma: warning: cannot check lock {name}: {e:#}");
+                            warned_unreachable = true;
+                        }
+                    }
+                }
+                if let Some(why) = &lost {
+                    eprintln!("sigma: lock {name} (token {token}) was lost: {why}; stopping the command");
+                    break stop_child(&mut child, pgid, args.grace).await?;
+                }
+            }
+        }
+    };
+    drop(terminal);
+
+    let code = exit_code(&status);
+    if lost.is_some() {
+        let _ = release(&client, api, &name, token).await;
+        return Err(fail(
+            EXIT_LOST,
+            format!("lock {name} was lost while the command ran (command exit status {code})"),
+        ));
+    }
+    match release(&client, api, &name, token).await {
+        Ok(true) => Ok(code),
+        Ok(false) => Err(fail(
+            EXIT_LOST,
+            format!("lock {name} (token {token}) was no longer held when the command ended (exit status {code})"),
+        )),
+        Err(e) => {
+            eprintln!("sigma: warning: could not release lock {name} (it runs out with its lease): {e:#}");
+            Ok(code)
+        }
+    }
+}
+
+/// `Ok(true)` released, `Ok(false)` the daemon does not hold it (lost).
+async fn release(client: &reqwest::Client, api: std::net::SocketAddr, name: &str, token: u64) -> anyhow::Result<bool> {
+    let url = format!("http://{api}/v1/locks/{}/release", encode_name(name));
+    let resp = client.post(&url).json(&ReleaseBody { token }).timeout(Duration::from_secs(10)).send().await?;
+    match resp.status().as_u16() {
+        200 => Ok(true),
+        404 => Ok(false),
+        _ => bail!("{}", error_text(resp).await),
+    }
+}
+
+fn exit_code(status: &std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => u8::try_from(c & 0xff).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
+        (None, None) => 1,
+    }
+}
+
+fn kill_group(pgid: i32, sig: i32) {
+    // SAFETY: kill(2) with a negative pid signals a process group; no memory involved.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+/// SIGTERM to the command's process group, SIGKILL after `grace`.
+async fn stop_child(
+    child: &mut tokio::process::Child,
+    pgid: Option<i32>,
+    grace: Duration,
+) -> anyhow::Result<std::process::ExitStatus> {
+    match pgid {
+        Some(pg) => kill_group(pg, libc::SIGTERM),
+        None => return child.wait().await.context("waiting for the command"),
+    }
+    if let Ok(st) = tokio::time::timeout(grace, child.wait()).await {
+        return st.context("waiting for the command");
+    }
+    eprintln!("sigma: the command did not stop within {grace:?}; sending SIGKILL");
+    if let Some(pg) = pgid {
+        kill_group(pg, libc::SIGKILL);
+    }
+    child.wait().await.context("waiting for the command")
+}
+
+/// SIGINT, SIGTERM, SIGHUP as they arrive.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
+            term: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
+            hup: signal(SignalKind::hangup()).context("installing a SIGHUP handler")?,
+        })
+    }
+
+    async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hup.recv() => libc::SIGHUP,
+        }
+    }
+}
+
+/// While the command runs in its own process group, it owns the terminal (if stdin is
+/// one), so it can read it and gets the terminal's Ctrl-C itself. Given back on drop.
+struct Terminal {
+    ours: Option<libc::pid_t>,
+}
+
+impl Terminal {
+    fn give_to(pgid: Option<i32>) -> Terminal {
+        let Some(pg) = pgid else { return Terminal { ours: None } };
+        // SAFETY: plain syscalls on fd 0 and our own process; no memory involved.
+        unsafe {
+            if libc::isatty(0) != 1 || libc::tcgetpgrp(0) != libc::getpgrp() {
+                return Terminal { ours: None };
+            }
+            // A background process group calling tcsetpgrp gets SIGTTOU: ignore it.
+            libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            let ours = libc::getpgrp();
+            if libc::tcsetpgrp(0, pg) != 0 {
+                return Terminal { ours: None };
+            }
+            // The command may have tried to read before it owned the terminal.
+            libc::kill(-pg, libc::SIGCONT);
+            Terminal { ours: Some(ours) }
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        if let Some(ours) = self.ours {
+            // SAFETY: as above.
+            unsafe {
+                libc::tcsetpgrp(0, ours);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_duration("500ms"), Ok(ms(500)));
+        assert_eq!(parse_duration("10s"), Ok(ms(10_000)));
+        assert_eq!(parse_duration("2m"), Ok(ms(120_000)));
+        assert_eq!(parse_duration("1h"), Ok(ms(3_600_000)));
+        assert_eq!(parse_duration("1m30s"), Ok(ms(90_000)));
+        assert_eq!(parse_duration("1.5s"), Ok(ms(1_500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration(" 3 "), Ok(ms(3_000)));
+        assert_eq!(parse_duration("0.25"), Ok(ms(250)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn bad_durations() {
+        for s in ["", "ms", "10x", "-1s", "s10", "1.2.3s", "10 s", "1e999", "-5", "NaN", "inf", "99999999999999999999h"]
+        {
+            assert!(parse_duration(s).is_err(), "{s:?} parsed as {:?}", parse_duration(s));
+        }
+    }
+
+    #[test]
+    fn names_are_one_path_segment() {
+        assert_eq!(encode_name("orders/42"), "orders%2F42");
+        assert_eq!(encode_name("a.b_c-d"), "a.b_c-d");
+    }
+
+    #[test]
+    fn status_renders() {
+        let v = serde_json::json!({
+            "peer_id": "12D3KooW",
+            "listen_addrs": ["/ip4/127.0.0.1/tcp/1"],
+            "connected_peers": ["A", "B"],
+            "routable_peers": 2,
+            "replicas_hosted": 5,
+            "locks_held": [["orders/42", 7]],
+            "locks_waiting": [],
+        });
+        let s = render_status(&v);
+        assert!(s.contains("peer id:          12D3KooW"), "{s}");
+        assert!(s.contains("connected peers:  2"), "{s}");
+        assert!(s.contains("orders/42 (token 7)"), "{s}");
+        assert!(s.contains("locks waited for: -"), "{s}");
+    }
+
+    #[test]
+    fn cli_parses() {
+        let cli = Cli::try_parse_from(["sigma", "lock", "x", "--timeout", "2s", "--", "sh", "-c", "true"]).unwrap();
+        match cli.command {
+            Cmd::Lock(a) => {
+                assert_eq!(a.timeout, Some(Duration::from_secs(2)));
+                assert_eq!(a.command, ["sh", "-c", "true"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["sigma", "lock", "x"]).is_err(), "a command is required");
+        assert!(Cli::try_parse_from(["sigma", "run", "--n", "5"]).is_err(), "--n needs --m");
+        let cli =
+            Cli::try_parse_from(["sigma", "run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0"]).unwrap();
+        assert!(matches!(cli.command, Cmd::Run(_)));
+    }
 }

@@ -1,0 +1,89 @@
+//! Errors of the node and of its lock API.
+
+use std::io;
+use std::path::PathBuf;
+
+use libp2p::Multiaddr;
+use sigma_behaviour::proto::ConfigError;
+
+/// Why the persistent identity could not be loaded or created.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// The key file exists but could not be read.
+    #[error("cannot read key file {path}: {source}")]
+    Read {
+        /// The key file.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The key file exists but does not hold a libp2p private key. It is left untouched.
+    #[error(
+        "key file {path} is not a libp2p private key (protobuf encoding): {reason}; \
+         it was left untouched: restore it, or move it away to start with a new identity"
+    )]
+    Corrupt {
+        /// The key file.
+        path: PathBuf,
+        /// What the decoder said.
+        reason: String,
+    },
+    /// The key file did not exist and could not be created.
+    #[error("cannot create key file {path}: {source}")]
+    Create {
+        /// The key file.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+}
+
+/// Errors of [`crate::Node`] and of the non-lock methods of [`crate::NodeHandle`].
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The persistent identity could not be loaded or created.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// The transport (TCP + noise + yamux, QUIC) could not be built.
+    #[error("cannot build the transport: {0}")]
+    Transport(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A listen address was refused or its listener failed before it was up.
+    #[error("cannot listen on {addr}: {reason}")]
+    Listen {
+        /// The listen address.
+        addr: Multiaddr,
+        /// Why.
+        reason: String,
+    },
+    /// A bootstrap address is not usable.
+    #[error("bad bootstrap address {addr}: {reason}")]
+    Bootstrap {
+        /// The bootstrap address.
+        addr: Multiaddr,
+        /// Why.
+        reason: String,
+    },
+    /// The node's event loop is not running (shut down, or dropped).
+    #[error("the node is stopped")]
+    Stopped,
+}
+
+/// Errors of the lock methods of [`crate::NodeHandle`] and of [`crate::LockGuard`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// The lock name is not valid on the wire.
+    #[error("invalid lock name (1 to {max} bytes of [A-Za-z0-9._/-])", max = sigma_behaviour::wire::MAX_RESOURCE_LEN)]
+    BadName,
+    /// The requested quorum is not usable.
+    #[error("invalid quorum: {0}")]
+    Quorum(#[from] ConfigError),
+    /// The lock was not won in time; the attempt has been abandoned.
+    #[error("timed out waiting for the lock")]
+    Timeout,
+    /// The node's event loop is not running.
+    #[error("the node is stopped")]
+    NodeStopped,
+    /// The lock was lost while held: exclusion was not guaranteed until the release.
+    #[error("the lock was lost before it was released")]
+    Lost,
+}

@@ -1,0 +1,402 @@
+//! The event loop: owns the swarm, serves the commands of [`crate::NodeHandle`] and
+//! [`crate::LockGuard`], and turns the behaviour's events into replies.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use futures::StreamExt;
+use libp2p::swarm::SwarmEvent;
+use libp2p::{identify, Swarm};
+use sigma_behaviour::{AcquireError, AcquisitionId, Event, ReplicaInfo};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::error::LockError;
+use crate::guard::{GuardState, LockGuard};
+use crate::node::Status;
+use crate::swarm::{NodeBehaviour, NodeBehaviourEvent};
+
+/// Lock names whose last token this node remembers (to count regressions).
+const TOKEN_MEMORY: usize = 4096;
+/// First delay between the node's own Kademlia bootstraps; doubles up to
+/// [`BOOTSTRAP_MAX_INTERVAL`]. Peers that joined through the same bootstrap node at
+/// about the same time learn of each other at the next round (Kademlia's own automatic
+/// bootstrap only runs when its routing table gains a peer, and then every 5 minutes).
+const BOOTSTRAP_FIRST_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest delay between the node's own bootstraps.
+const BOOTSTRAP_MAX_INTERVAL: Duration = Duration::from_secs(300);
+
+/// Where a probe's round trips go (by replica index; `None`: no answer).
+pub(crate) type ProbeReply = oneshot::Sender<Result<Vec<Option<Duration>>, LockError>>;
+
+/// A request to the event loop, with the channel for its answer.
+pub(crate) enum Command {
+    Lock {
+        name: String,
+        quorum: Option<(usize, usize)>,
+        timeout: Option<Duration>,
+        reply: oneshot::Sender<Result<LockGuard, LockError>>,
+    },
+    Release {
+        id: AcquisitionId,
+        reply: Option<oneshot::Sender<()>>,
+    },
+    ReleaseByToken {
+        name: String,
+        token: u64,
+        reply: oneshot::Sender<bool>,
+    },
+    Status {
+        reply: oneshot::Sender<Status>,
+    },
+    Inspect {
+        name: String,
+        reply: oneshot::Sender<Vec<ReplicaInfo>>,
+    },
+    Counters {
+        reply: oneshot::Sender<(sigma_behaviour::Counters, sigma_behaviour::ReplicaTotals)>,
+    },
+    Probe {
+        name: String,
+        n: Option<usize>,
+        reply: ProbeReply,
+    },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// A caller waiting for a lock.
+struct Waiter {
+    name: String,
+    reply: oneshot::Sender<Result<LockGuard, LockError>>,
+    deadline: Option<Instant>,
+}
+
+/// A lock held through this node (by a guard, or detached).
+struct Held {
+    name: String,
+    token: u64,
+    state: watch::Sender<GuardState>,
+}
+
+pub(crate) struct EventLoop {
+    swarm: Swarm<NodeBehaviour>,
+    commands: mpsc::Receiver<Command>,
+    /// Given to guards, so that they can release.
+    sender: mpsc::Sender<Command>,
+    waiting: HashMap<AcquisitionId, Waiter>,
+    /// Round-trip probes in flight.
+    probes: HashMap<sigma_behaviour::ProbeId, ProbeReply>,
+    deadlines: BTreeSet<(Instant, AcquisitionId)>,
+    held: HashMap<AcquisitionId, Held>,
+    last_tokens: HashMap<String, u64>,
+    token_regressions: u64,
+    refresh: Duration,
+    shutdown_grace: Duration,
+    next_bootstrap: Instant,
+    bootstrap_interval: Duration,
+}
+
+impl EventLoop {
+    pub(crate) fn new(
+        swarm: Swarm<NodeBehaviour>,
+        commands: mpsc::Receiver<Command>,
+        sender: mpsc::Sender<Command>,
+        refresh: Duration,
+        shutdown_grace: Duration,
+    ) -> Self {
+        EventLoop {
+            swarm,
+            commands,
+            sender,
+            waiting: HashMap::new(),
+            probes: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            held: HashMap::new(),
+            last_tokens: HashMap::new(),
+            token_regressions: 0,
+            refresh,
+            shutdown_grace,
+            next_bootstrap: Instant::now() + BOOTSTRAP_FIRST_INTERVAL,
+            bootstrap_interval: BOOTSTRAP_FIRST_INTERVAL,
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let mut tick = tokio::time::interval(self.refresh);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            let next_deadline = self.deadlines.first().map(|(t, _)| *t);
+            tokio::select! {
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                command = self.commands.recv() => match command {
+                    Some(Command::Shutdown { reply }) => {
+                        self.shutdown().await;
+                        let _ = reply.send(());
+                        return;
+                    }
+                    Some(command) => self.on_command(command),
+                    None => return,
+                },
+                _ = tick.tick() => self.on_tick(),
+                () = tokio::time::sleep_until(next_deadline.unwrap_or_else(Instant::now)), if next_deadline.is_some() => {
+                    self.on_deadlines()
+                }
+            }
+        }
+    }
+
+    fn sigma(&mut self) -> &mut sigma_behaviour::Behaviour {
+        &mut self.swarm.behaviour_mut().sigma
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Lock { name, quorum, timeout, reply } => match self.sigma().acquire(&name, quorum) {
+                Err(AcquireError::BadName) => {
+                    let _ = reply.send(Err(LockError::BadName));
+                }
+                Err(AcquireError::Quorum(e)) => {
+                    let _ = reply.send(Err(LockError::Quorum(e)));
+                }
+                Ok(id) => {
+                    tracing::debug!(lock = %name, %id, "acquiring");
+                    let deadline = timeout.and_then(|d| Instant::now().checked_add(d)); // too far: none
+                    if let Some(at) = deadline {
+                        self.deadlines.insert((at, id));
+                    }
+                    self.waiting.insert(id, Waiter { name, reply, deadline });
+                }
+            },
+            Command::Release { id, reply } => {
+                self.release(id);
+                if let Some(reply) = reply {
+                    let _ = reply.send(());
+                }
+            }
+            Command::ReleaseByToken { name, token, reply } => {
+                let id = self.held.iter().find(|(_, h)| h.name == name && h.token == token).map(|(id, _)| *id);
+                if let Some(id) = id {
+                    self.release(id);
+                }
+                let _ = reply.send(id.is_some());
+            }
+            Command::Status { reply } => {
+                let _ = reply.send(self.status());
+            }
+            Command::Inspect { name, reply } => {
+                let _ = reply.send(self.sigma().replicas(Some(&name)));
+            }
+            Command::Counters { reply } => {
+                let sigma = &self.swarm.behaviour().sigma;
+                let _ = reply.send((sigma.counters().clone(), sigma.replica_totals()));
+            }
+            Command::Probe { name, n, reply } => match self.sigma().probe(&name, n) {
+                Ok(id) => {
+                    self.probes.insert(id, reply);
+                }
+                Err(AcquireError::BadName) => {
+                    let _ = reply.send(Err(LockError::BadName));
+                }
+                Err(AcquireError::Quorum(e)) => {
+                    let _ = reply.send(Err(LockError::Quorum(e)));
+                }
+            },
+            Command::Shutdown { reply } => {
+                // Handled in `run`.
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    /// Releases (or abandons) an acquisition of this node; unknown ids are ignored.
+    fn release(&mut self, id: AcquisitionId) {
+        if let Some(h) = self.held.remove(&id) {
+            tracing::debug!(lock = %h.name, token = h.token, %id, "releasing");
+        }
+        if let Some(w) = self.waiting.remove(&id) {
+            if let Some(at) = w.deadline {
+                self.deadlines.remove(&(at, id));
+            }
+        }
+        self.sigma().release(id);
+    }
+
+    fn status(&self) -> Status {
+        let sigma = &self.swarm.behaviour().sigma;
+        let mut locks_held: Vec<(String, u64)> = self.held.values().map(|h| (h.name.clone(), h.token)).collect();
+        locks_held.sort();
+        let mut locks_waiting: Vec<String> = self.waiting.values().map(|w| w.name.clone()).collect();
+        locks_waiting.sort();
+        let mut connected_peers: Vec<_> = self.swarm.connected_peers().copied().collect();
+        connected_peers.sort();
+        Status {
+            peer_id: *self.swarm.local_peer_id(),
+            listen_addrs: self.swarm.listeners().cloned().collect(),
+            connected_peers,
+            routable_peers: sigma.routable_peers(),
+            replicas_hosted: sigma.replica_totals().hosted,
+            locks_held,
+            locks_waiting,
+            token_regressions: self.token_regressions,
+        }
+    }
+
+    fn on_swarm_event(&mut self, event: SwarmEvent<NodeBehaviourEvent>) {
+        match event {
+            SwarmEvent::Behaviour(NodeBehaviourEvent::Sigma(event)) => self.on_sigma_event(event),
+            SwarmEvent::Behaviour(NodeBehaviourEvent::Identify(identify::Event::Received {
+                peer_id, info, ..
+            })) => {
+                if info.protocols.contains(&sigma_behaviour::wire::PROTOCOL) {
+                    tracing::debug!(peer = %peer_id, addrs = ?info.listen_addrs, "identified a sigma peer");
+                    for addr in info.listen_addrs {
+                        self.sigma().add_address(&peer_id, addr);
+                    }
+                } else {
+                    tracing::debug!(peer = %peer_id, agent = %info.agent_version, "peer does not speak sigma");
+                }
+            }
+            SwarmEvent::Behaviour(NodeBehaviourEvent::Identify(_)) => {}
+            SwarmEvent::ConnectionEstablished { peer_id, endpoint, num_established, .. } => {
+                tracing::debug!(peer = %peer_id, addr = %endpoint.get_remote_address(), num_established, "connected");
+            }
+            SwarmEvent::ConnectionClosed { peer_id, num_established, cause, .. } => {
+                tracing::debug!(peer = %peer_id, num_established, cause = ?cause, "connection closed");
+            }
+            SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                tracing::debug!(peer = ?peer_id, %error, "dial failed");
+            }
+            SwarmEvent::NewListenAddr { address, .. } => tracing::info!(%address, "listening"),
+            SwarmEvent::ExpiredListenAddr { address, .. } => tracing::info!(%address, "no longer listening"),
+            SwarmEvent::ListenerError { error, .. } => tracing::warn!(%error, "listener error"),
+            _ => {}
+        }
+    }
+
+    fn on_sigma_event(&mut self, event: Event) {
+        match event {
+            Event::Acquired { id, resource, token, valid_until, votes, distinct_peers } => {
+                let Some(waiter) = self.waiting.remove(&id) else {
+                    // Abandoned (timeout, caller gone) after the win was decided.
+                    self.sigma().release(id);
+                    return;
+                };
+                if let Some(at) = waiter.deadline {
+                    self.deadlines.remove(&(at, id));
+                }
+                self.check_token(&resource, token);
+                let (state, rx) = watch::channel(GuardState { valid_until, lost: false });
+                let guard = LockGuard::new(resource.clone(), token, id, self.sender.clone(), rx);
+                self.held.insert(id, Held { name: resource.clone(), token, state });
+                match waiter.reply.send(Ok(guard)) {
+                    Ok(()) => tracing::info!(lock = %resource, token, votes, distinct_peers, %id, "lock acquired"),
+                    Err(unsent) => {
+                        tracing::debug!(lock = %resource, %id, "lock won for a caller that has gone: releasing");
+                        if let Ok(guard) = unsent {
+                            let _ = guard.into_detached();
+                        }
+                        self.release(id);
+                    }
+                }
+            }
+            Event::Probed { id, rtts } => {
+                if let Some(reply) = self.probes.remove(&id) {
+                    let _ = reply.send(Ok(rtts));
+                }
+            }
+            Event::Lost { id, reason } => {
+                if let Some(h) = self.held.get(&id) {
+                    tracing::warn!(lock = %h.name, token = h.token, %id, ?reason, "lock lost");
+                    h.state.send_modify(|s| s.lost = true);
+                }
+                // Whatever is left of it is released at once: it no longer protects
+                // anything, and its votes are better spent on the next holder.
+                self.release(id);
+            }
+        }
+    }
+
+    /// Counts a token that is not above the last one this node saw for the lock.
+    fn check_token(&mut self, name: &str, token: u64) {
+        if let Some(last) = self.last_tokens.get(name) {
+            if token <= *last {
+                self.token_regressions += 1;
+                tracing::warn!(lock = %name, token, last = *last, "fencing token did not increase");
+            }
+        }
+        if self.last_tokens.len() >= TOKEN_MEMORY && !self.last_tokens.contains_key(name) {
+            self.last_tokens.clear();
+        }
+        let last = self.last_tokens.entry(name.to_owned()).or_default();
+        *last = token.max(*last);
+    }
+
+    /// Publishes renewed deadlines; abandons waits whose caller has gone; bootstraps
+    /// Kademlia on its schedule.
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        if now >= self.next_bootstrap {
+            self.bootstrap_interval = (self.bootstrap_interval * 2).min(BOOTSTRAP_MAX_INTERVAL);
+            self.next_bootstrap = now + self.bootstrap_interval;
+            // Fails only with an empty routing table: nothing to do then.
+            if let Ok(query) = self.sigma().kad_mut().bootstrap() {
+                tracing::debug!(?query, next_in = ?self.bootstrap_interval, "Kademlia bootstrap");
+            }
+        }
+        let sigma = &self.swarm.behaviour().sigma;
+        for (id, h) in &self.held {
+            if let Some(until) = sigma.acquisition(*id).and_then(|a| a.valid_until) {
+                h.state.send_if_modified(|s| {
+                    let changed = s.valid_until != until;
+                    s.valid_until = until;
+                    changed
+                });
+            }
+        }
+        let gone: Vec<AcquisitionId> =
+            self.waiting.iter().filter(|(_, w)| w.reply.is_closed()).map(|(id, _)| *id).collect();
+        for id in gone {
+            tracing::debug!(%id, "caller stopped waiting: abandoning the acquisition");
+            self.release(id);
+        }
+    }
+
+    fn on_deadlines(&mut self) {
+        let now = Instant::now();
+        while let Some(&(at, id)) = self.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.deadlines.remove(&(at, id));
+            if let Some(w) = self.waiting.remove(&id) {
+                tracing::debug!(lock = %w.name, %id, "timed out waiting for the lock");
+                self.sigma().release(id);
+                let _ = w.reply.send(Err(LockError::Timeout));
+            }
+        }
+    }
+
+    /// Releases everything, lets the RELEASE messages go out, returns.
+    async fn shutdown(&mut self) {
+        let ids: Vec<AcquisitionId> = self.held.keys().chain(self.waiting.keys()).copied().collect();
+        let released = !self.held.is_empty();
+        for h in self.held.values() {
+            h.state.send_modify(|s| s.lost = true);
+        }
+        for id in ids {
+            self.release(id);
+        }
+        tracing::info!(released_locks = released, "shutting down");
+        if released {
+            let deadline = Instant::now() + self.shutdown_grace;
+            while self.swarm.connected_peers().next().is_some() {
+                tokio::select! {
+                    event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! [`LockGuard`]: a held lock.
+
+use std::fmt;
+use std::time::Instant;
+
+use sigma_behaviour::AcquisitionId;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::error::LockError;
+use crate::event_loop::Command;
+
+/// What the event loop publishes about a held lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GuardState {
+    /// Exclusion guaranteed until then (moves forward as the core renews the lease).
+    pub(crate) valid_until: Instant,
+    /// The core reported the lock lost (or the node released it at shutdown).
+    pub(crate) lost: bool,
+}
+
+/// A held lock.
+///
+/// The lease is renewed in the background by the node while the guard exists. The lock
+/// is released by [`LockGuard::release`] or, without waiting, when the guard is dropped.
+/// Exclusion is guaranteed until [`LockGuard::valid_until`]; [`LockGuard::lost`]
+/// resolves when it no longer is (the lock was lost, its lease ran out, or the node
+/// stopped). Work protected by the lock should stop then, and writes to external
+/// systems should carry the [`LockGuard::token`].
+///
+/// # Fencing token
+///
+/// The token is the largest grant stamp among the replica votes held at the win. Grant
+/// stamps are hybrid logical clocks: `max(wall clock in µs, last stamp + 1, any token
+/// the replica was told about)`, and the holder tells its replicas its token with every
+/// renewal and with its RELEASE. Guarantee as built: a later holder of the same lock
+/// gets a larger token than an earlier one, unless all of the replicas the two quorums
+/// share (at least 2m − n) lost their memory in between (the same event that can break
+/// exclusion), and even then as long as the peers' clocks differ by less than the time
+/// between the two acquisitions. Tokens are not consecutive, and tokens of different
+/// locks are unrelated. A protected resource should remember the largest token it has
+/// seen per lock and refuse writes carrying a smaller one.
+#[must_use = "dropping a LockGuard releases the lock at once"]
+pub struct LockGuard {
+    name: String,
+    token: u64,
+    id: AcquisitionId,
+    commands: mpsc::Sender<Command>,
+    state: watch::Receiver<GuardState>,
+    /// Release already sent (or detached): nothing to do on drop.
+    done: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        name: String,
+        token: u64,
+        id: AcquisitionId,
+        commands: mpsc::Sender<Command>,
+        state: watch::Receiver<GuardState>,
+    ) -> Self {
+        LockGuard { name, token, id, commands, state, done: false }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The fencing token (see the type's documentation for the guarantee).
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Exclusion is guaranteed until then. Moves forward as the lease is renewed
+    /// (refreshed by the node at least every 200 ms).
+    pub fn valid_until(&self) -> Instant {
+        self.state.borrow().valid_until
+    }
+
+    /// True once exclusion is no longer guaranteed: the lock was lost, its lease ran
+    /// out, or the node stopped.
+    pub fn is_lost(&self) -> bool {
+        let s = *self.state.borrow();
+        s.lost || Instant::now() >= s.valid_until || self.state.has_changed().is_err()
+    }
+
+    /// Resolves when exclusion is no longer guaranteed (see [`LockGuard::is_lost`]).
+    /// Cancel-safe; may be awaited from several places through `&self`.
+    pub async fn lost(&self) {
+        let mut state = self.state.clone();
+        loop {
+            let s = *state.borrow_and_update();
+            if s.lost {
+                return;
+            }
+            let until = tokio::time::Instant::from_std(s.valid_until);
+            tokio::select! {
+                changed = state.changed() => {
+                    if changed.is_err() {
+                        return; // the node stopped
+                    }
+                }
+                () = tokio::time::sleep_until(until) => {
+                    // Renewals may have published a later deadline in the meantime.
+                    if state.borrow().valid_until <= s.valid_until {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Releases the lock and waits until the node has taken the release in hand (the
+    /// RELEASE messages are then on their way to the replicas).
+    ///
+    /// Returns `Err(LockError::Lost)` if the lock had been lost before (exclusion was
+    /// not guaranteed for the whole time it was held; whatever was left of it has been
+    /// released), `Err(LockError::NodeStopped)` if the node is gone.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        let was_lost = self.is_lost();
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Release { id: self.id, reply: Some(tx) })
+            .await
+            .map_err(|_| LockError::NodeStopped)?;
+        self.done = true;
+        rx.await.map_err(|_| LockError::NodeStopped)?;
+        if was_lost {
+            Err(LockError::Lost)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Forgets the guard without releasing the lock: the node keeps renewing it until
+    /// [`crate::NodeHandle::release_by_token`] is called with the returned name and
+    /// token (or the node stops). Returns `(name, token)`.
+    pub fn into_detached(mut self) -> (String, u64) {
+        self.done = true;
+        (std::mem::take(&mut self.name), self.token)
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let command = Command::Release { id: self.id, reply: None };
+        match self.commands.try_send(command) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Closed(_)) => {} // the node is gone, and the lock with it
+            Err(mpsc::error::TrySendError::Full(command)) => {
+                let commands = self.commands.clone();
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => {
+                        runtime.spawn(async move {
+                            let _ = commands.send(command).await;
+                        });
+                    }
+                    // Outside a runtime: a thread may block until there is room.
+                    Err(_) => {
+                        let _ = std::thread::Builder::new()
+                            .name("sigma-release".into())
+                            .spawn(move || commands.blocking_send(command));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("id", &self.id)
+            .field("valid_until", &self.valid_until())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}

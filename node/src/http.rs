@@ -1,0 +1,545 @@
+//! The local HTTP control API of a sigma daemon: for `sigma lock`, `sigma status`, the
+//! testnet driver and programs in other languages. It binds to a loopback address only
+//! ([`Api::bind`] refuses anything else): there is no authentication, so anyone who can
+//! reach the port can take and release locks.
+//!
+//! | method and path | body | answer |
+//! | --- | --- | --- |
+//! | `POST /v1/locks/{name}/acquire?timeout_ms=T&n=N&m=M` | | blocks until held: 200 [`Acquired`]; 408 on timeout; 400 bad name or quorum; 503 node stopped |
+//! | `POST /v1/locks/{name}/release` | [`ReleaseBody`] `{"token": …}` | 200 [`Released`]; 404 not held under that token |
+//! | `GET /v1/locks/{name}` | | 200 [`LockView`]: locks held here for HTTP clients, this peer's replicas of the lock |
+//! | `GET /v1/status` | | 200 the node's [`crate::Status`] |
+//! | `GET /metrics` | | Prometheus / OpenMetrics text ([`crate::metrics`]) |
+//!
+//! Errors are JSON [`ErrorBody`] `{"error": "…"}`. A lock name may contain `/`; it can
+//! be sent as is (`/v1/locks/orders/42/acquire`) or percent-encoded (`orders%2F42`):
+//! the last segment of a POST path is the action, a GET path has none.
+//!
+//! `timeout_ms` is optional (absent: wait as long as it takes); `n` and `m` come
+//! together or not at all (absent: the daemon's quorum).
+//!
+//! **Who holds a lock taken over HTTP.** The daemon does, on behalf of the client, keyed
+//! by (name, fencing token), renewing its lease in the background, until
+//! `POST …/release` with that token. The lock is *not* released when the client's
+//! connection goes away — an HTTP client is not a session — so a client that dies
+//! without releasing holds the lock until the daemon stops. A client that goes away
+//! while still *waiting* cancels its acquisition (the request's future is dropped). A
+//! held lock that is lost (quorum gone, lease lapsed) is dropped from the table at
+//! once: a poller of `GET /v1/locks/{name}` sees its token disappear, which is how
+//! `sigma lock` notices. When the daemon stops, it releases the locks it still holds.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::metrics::{self, Metrics, Outcome};
+use crate::{LockError, LockGuard, LockOptions, NodeHandle};
+
+/// Why the API could not start.
+#[derive(Debug)]
+pub enum ApiError {
+    /// The address does not parse as `IP:PORT` or `localhost:PORT`.
+    BadAddress(String),
+    /// The address is not a loopback address.
+    NotLoopback(SocketAddr),
+    /// Binding failed.
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiError::BadAddress(s) => write!(f, "bad API address {s:?}: expected IP:PORT, e.g. 127.0.0.1:7700"),
+            ApiError::NotLoopback(a) => write!(
+                f,
+                "refusing API address {a}: the control API has no authentication and binds to loopback only \
+                 (127.0.0.0/8 or [::1])"
+            ),
+            ApiError::Io(e) => write!(f, "cannot bind the control API: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ApiError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ApiError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Default API address of `sigma run` and of the client commands.
+pub const DEFAULT_API: &str = "127.0.0.1:7700";
+
+/// Parses `IP:PORT` (or `localhost:PORT`) and checks that it is a loopback address.
+pub fn parse_loopback_addr(s: &str) -> Result<SocketAddr, ApiError> {
+    let s = s.trim();
+    let addr = match s.strip_prefix("localhost:") {
+        Some(port) => SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port.parse().map_err(|_| ApiError::BadAddress(s.to_owned()))?,
+        ),
+        None => s.parse::<SocketAddr>().map_err(|_| ApiError::BadAddress(s.to_owned()))?,
+    };
+    check_loopback(addr)
+}
+
+/// Accepts loopback addresses only (IPv4-mapped IPv6 loopback included).
+pub fn check_loopback(addr: SocketAddr) -> Result<SocketAddr, ApiError> {
+    if addr.ip().to_canonical().is_loopback() {
+        Ok(addr)
+    } else {
+        Err(ApiError::NotLoopback(addr))
+    }
+}
+
+/// Answer of a successful acquire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acquired {
+    /// Lock name.
+    pub name: String,
+    /// Fencing token; pass it to release.
+    pub token: u64,
+    /// Exclusion is guaranteed until then (ms since the Unix epoch, daemon's clock);
+    /// extended by renewals.
+    pub valid_until_ms: u64,
+    /// The same deadline as a duration from the moment of the answer.
+    pub valid_for_ms: u64,
+}
+
+/// Body of a release.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseBody {
+    /// The token the acquire returned.
+    pub token: u64,
+}
+
+/// Answer of a successful release.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Released {
+    /// Lock name.
+    pub name: String,
+    /// The released token.
+    pub token: u64,
+}
+
+/// Any error answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: String,
+}
+
+/// A lock held by the daemon for an HTTP client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldView {
+    /// Fencing token.
+    pub token: u64,
+    /// See [`Acquired::valid_until_ms`].
+    pub valid_until_ms: u64,
+    /// See [`Acquired::valid_for_ms`].
+    pub valid_for_ms: u64,
+}
+
+/// Current owner of a replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerView {
+    /// Owner's peer id.
+    pub peer: String,
+    /// Lamport counter of its acquisition.
+    pub counter: u64,
+    /// Grant stamp (fencing token material).
+    pub stamp: u64,
+}
+
+/// A waiter in a replica's queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaiterView {
+    /// Waiter's peer id.
+    pub peer: String,
+    /// Lamport counter of its acquisition.
+    pub counter: u64,
+}
+
+/// One replica of the lock hosted by this peer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaView {
+    /// Replica index (0-based; the DHT name is `NAME:index+1`).
+    pub index: u16,
+    /// Owner, if any.
+    pub owner: Option<OwnerView>,
+    /// Waiters in service order.
+    pub queue: Vec<WaiterView>,
+}
+
+/// Answer of `GET /v1/locks/{name}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockView {
+    /// Lock name.
+    pub name: String,
+    /// Whether this node holds the lock (for an HTTP client or an embedded caller).
+    pub held_by_this_node: bool,
+    /// Whether an acquisition of this node waits for it.
+    pub waiting_on_this_node: bool,
+    /// Locks held by the daemon for HTTP clients under this name (normally 0 or 1).
+    pub held: Vec<HeldView>,
+    /// This peer's replicas of the lock.
+    pub replicas: Vec<ReplicaView>,
+}
+
+/// `(valid_until_ms since the epoch, valid_for_ms from now)` of a deadline.
+fn deadline_ms(at: Instant) -> (u64, u64) {
+    let left = at.saturating_duration_since(Instant::now());
+    let abs = SystemTime::now() + left;
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    (ms(abs.duration_since(UNIX_EPOCH).unwrap_or_default()), ms(left))
+}
+
+enum HolderCmd {
+    Info(oneshot::Sender<Instant>),
+    Release(oneshot::Sender<Result<(), LockError>>),
+}
+
+type Key = (String, u64);
+type Table = Arc<Mutex<HashMap<Key, mpsc::Sender<HolderCmd>>>>;
+
+fn lock_table(t: &Table) -> std::sync::MutexGuard<'_, HashMap<Key, mpsc::Sender<HolderCmd>>> {
+    t.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Keeps a guard for an HTTP client: one task per held lock owns the guard, answers
+/// queries, releases on command, and drops the entry when the lock is lost.
+fn hold(table: &Table, metrics: &Metrics, guard: LockGuard) {
+    let key: Key = (guard.name().to_owned(), guard.token());
+    let (tx, mut rx) = mpsc::channel(8);
+    {
+        let mut t = lock_table(table);
+        t.insert(key.clone(), tx);
+        metrics.set_http_locks_held(t.len());
+    }
+    let table = table.clone();
+    let metrics = metrics.clone();
+    tokio::spawn(async move {
+        let remove = |table: &Table| {
+            let mut t = lock_table(table);
+            t.remove(&key);
+            metrics.set_http_locks_held(t.len());
+        };
+        loop {
+            tokio::select! {
+                _ = guard.lost() => {
+                    remove(&table);
+                    tracing::warn!(name = %key.0, token = key.1, "a lock held for an HTTP client was lost");
+                    return;
+                }
+                cmd = rx.recv() => match cmd {
+                    Some(HolderCmd::Info(reply)) => {
+                        let _ = reply.send(guard.valid_until());
+                    }
+                    Some(HolderCmd::Release(reply)) => {
+                        remove(&table);
+                        let _ = reply.send(guard.release().await);
+                        return;
+                    }
+                    None => {
+                        // The table was dropped (the API stopped): release.
+                        let _ = guard.release().await;
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[derive(Clone)]
+struct AppState {
+    handle: NodeHandle,
+    metrics: Metrics,
+    registry: Arc<Registry>,
+    held: Table,
+}
+
+fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, Json(ErrorBody { error: msg.into() })).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct AcquireQuery {
+    timeout_ms: Option<u64>,
+    n: Option<usize>,
+    m: Option<usize>,
+}
+
+/// Splits a POST path `NAME/ACTION`.
+fn split_action(path: &str) -> Option<(&str, &str)> {
+    path.rsplit_once('/')
+}
+
+async fn post_lock(
+    State(s): State<AppState>,
+    Path(path): Path<String>,
+    query: Result<Query<AcquireQuery>, QueryRejection>,
+    body: axum::body::Bytes,
+) -> Response {
+    match split_action(&path) {
+        Some((name, "acquire")) => match query {
+            Ok(Query(q)) => acquire(s, name, q).await,
+            Err(e) => error(StatusCode::BAD_REQUEST, format!("bad query (timeout_ms, n, m are integers): {e}")),
+        },
+        Some((name, "release")) => match serde_json::from_slice::<ReleaseBody>(&body) {
+            Ok(b) => release(s, name, b.token).await,
+            Err(e) => error(StatusCode::BAD_REQUEST, format!("bad release body (expected {{\"token\": N}}): {e}")),
+        },
+        _ => error(StatusCode::NOT_FOUND, "expected POST /v1/locks/{name}/acquire or /v1/locks/{name}/release"),
+    }
+}
+
+async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
+    let quorum = match (q.n, q.m) {
+        (Some(n), Some(m)) => Some((n, m)),
+        (None, None) => None,
+        _ => return error(StatusCode::BAD_REQUEST, "n and m go together"),
+    };
+    let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis) };
+    let start = Instant::now();
+    let result = s.handle.lock_with(name, opts).await;
+    let elapsed = start.elapsed();
+    match result {
+        Ok(guard) => {
+            s.metrics.observe_acquire(Outcome::Acquired, elapsed);
+            let (valid_until_ms, valid_for_ms) = deadline_ms(guard.valid_until());
+            let body = Acquired { name: guard.name().to_owned(), token: guard.token(), valid_until_ms, valid_for_ms };
+            tracing::info!(name = %body.name, token = body.token, ?elapsed, "lock acquired for an HTTP client");
+            hold(&s.held, &s.metrics, guard);
+            (StatusCode::OK, Json(body)).into_response()
+        }
+        Err(e) => {
+            let (outcome, status) = match &e {
+                LockError::Timeout => (Outcome::Timeout, StatusCode::REQUEST_TIMEOUT),
+                LockError::BadName | LockError::Quorum(_) => (Outcome::Error, StatusCode::BAD_REQUEST),
+                LockError::NodeStopped => (Outcome::Error, StatusCode::SERVICE_UNAVAILABLE),
+                LockError::Lost => (Outcome::Error, StatusCode::CONFLICT),
+            };
+            s.metrics.observe_acquire(outcome, elapsed);
+            error(status, e.to_string())
+        }
+    }
+}
+
+async fn release(s: AppState, name: &str, token: u64) -> Response {
+    let tx = lock_table(&s.held).get(&(name.to_owned(), token)).cloned();
+    if let Some(tx) = tx {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        if tx.send(HolderCmd::Release(reply_tx)).await.is_ok() {
+            match reply_rx.await {
+                Ok(Ok(())) => {
+                    tracing::info!(name, token, "lock released by an HTTP client");
+                    return (StatusCode::OK, Json(Released { name: name.to_owned(), token })).into_response();
+                }
+                Ok(Err(e)) => return error(StatusCode::NOT_FOUND, format!("lock {name} token {token}: {e}")),
+                Err(_) => {}
+            }
+        }
+        // The holder task ended in between: the lock was lost.
+        return error(StatusCode::NOT_FOUND, format!("lock {name} token {token} was lost"));
+    }
+    match s.handle.release_by_token(name, token).await {
+        Ok(true) => (StatusCode::OK, Json(Released { name: name.to_owned(), token })).into_response(),
+        Ok(false) => error(StatusCode::NOT_FOUND, format!("lock {name} is not held under token {token}")),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn get_lock(State(s): State<AppState>, Path(name): Path<String>) -> Response {
+    if sigma_behaviour::wire::validate_resource(&name).is_err() {
+        return error(StatusCode::BAD_REQUEST, format!("invalid lock name {name:?}"));
+    }
+    let senders: Vec<(u64, mpsc::Sender<HolderCmd>)> =
+        lock_table(&s.held).iter().filter(|((n, _), _)| *n == name).map(|((_, t), tx)| (*t, tx.clone())).collect();
+    let mut held = Vec::new();
+    for (token, tx) in senders {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        if tx.send(HolderCmd::Info(reply_tx)).await.is_err() {
+            continue;
+        }
+        if let Ok(Ok(until)) = tokio::time::timeout(Duration::from_secs(2), reply_rx).await {
+            let (valid_until_ms, valid_for_ms) = deadline_ms(until);
+            held.push(HeldView { token, valid_until_ms, valid_for_ms });
+        }
+    }
+    held.sort_by_key(|h| h.token);
+    let status = match s.handle.status().await {
+        Ok(st) => st,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    let replicas = match s.handle.inspect(&name).await {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    let view = LockView {
+        held_by_this_node: status.locks_held.iter().any(|(n, _)| *n == name),
+        waiting_on_this_node: status.locks_waiting.contains(&name),
+        name,
+        held,
+        replicas: replicas
+            .into_iter()
+            .map(|r| ReplicaView {
+                index: r.index,
+                owner: r.owner.map(|(peer, counter, stamp)| OwnerView { peer: peer.to_string(), counter, stamp }),
+                queue: r
+                    .queue
+                    .into_iter()
+                    .map(|(peer, counter)| WaiterView { peer: peer.to_string(), counter })
+                    .collect(),
+            })
+            .collect(),
+    };
+    (StatusCode::OK, Json(view)).into_response()
+}
+
+async fn get_status(State(s): State<AppState>) -> Response {
+    match s.handle.status().await {
+        Ok(st) => (StatusCode::OK, Json(st)).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn get_metrics(State(s): State<AppState>) -> Response {
+    match s.handle.counters().await {
+        Ok((c, t)) => s.metrics.set_snapshot(c, t),
+        Err(e) => tracing::debug!(%e, "metrics: counters unavailable"),
+    }
+    s.metrics.set_http_locks_held(lock_table(&s.held).len());
+    match metrics::encode(&s.registry) {
+        Ok(text) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed"),
+    }
+}
+
+/// The API's routes over a node.
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/locks/{*path}", get(get_lock).post(post_lock))
+        .route("/v1/status", get(get_status))
+        .route("/metrics", get(get_metrics))
+        .with_state(state)
+}
+
+/// A running control API.
+pub struct Api {
+    addr: SocketAddr,
+    held: Table,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Api {
+    /// Binds `addr` (loopback only; port 0 picks a free port) and serves the API
+    /// for `handle`. `registry` must already contain `metrics` (and libp2p's).
+    pub async fn bind(
+        addr: SocketAddr,
+        handle: NodeHandle,
+        metrics: Metrics,
+        registry: Arc<Registry>,
+    ) -> Result<Api, ApiError> {
+        let addr = check_loopback(addr)?;
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(ApiError::Io)?;
+        let addr = listener.local_addr().map_err(ApiError::Io)?;
+        let held: Table = Arc::default();
+        let state = AppState { handle, metrics, registry, held: held.clone() };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serve = axum::serve(listener, router(state)).with_graceful_shutdown(async {
+            let _ = stopped.await;
+        });
+        let task = tokio::spawn(async move { serve.await });
+        Ok(Api { addr, held, stop, task })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting connections and releases the locks held for HTTP clients. Call
+    /// before stopping the node; acquires still waiting end with 503 when it stops.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(());
+        let holders: Vec<(Key, mpsc::Sender<HolderCmd>)> = lock_table(&self.held).drain().collect();
+        let releases = holders.into_iter().map(|((name, token), tx)| async move {
+            let (reply_tx, reply_rx) = oneshot::channel();
+            if tx.send(HolderCmd::Release(reply_tx)).await.is_ok() {
+                match reply_rx.await {
+                    Ok(Ok(())) => tracing::info!(%name, token, "released a lock held for an HTTP client"),
+                    Ok(Err(e)) => tracing::warn!(%name, token, %e, "releasing a lock held for an HTTP client"),
+                    Err(_) => {}
+                }
+            }
+        });
+        if tokio::time::timeout(Duration::from_secs(5), futures::future::join_all(releases)).await.is_err() {
+            tracing::warn!("gave up releasing HTTP-held locks after 5 s");
+        }
+        // Requests still waiting for a lock end when the node stops; do not wait for them.
+        let _ = tokio::time::timeout(Duration::from_millis(500), self.task).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_addresses_are_accepted() {
+        for s in ["127.0.0.1:7700", "127.0.0.2:0", "[::1]:80", "localhost:9", " 127.0.0.1:1 ", "[::ffff:127.0.0.1]:5"] {
+            assert!(parse_loopback_addr(s).is_ok(), "{s}");
+        }
+    }
+
+    #[test]
+    fn other_addresses_are_refused() {
+        for s in ["0.0.0.0:7700", "192.168.1.2:80", "[::]:80", "10.0.0.1:1", "[::ffff:10.0.0.1]:5"] {
+            match parse_loopback_addr(s) {
+                Err(ApiError::NotLoopback(_)) => {}
+                other => panic!("{s}: {other:?}"),
+            }
+        }
+        for s in ["", "127.0.0.1", "localhost", "localhost:x", "example.com:80", "127.0.0.1:99999"] {
+            match parse_loopback_addr(s) {
+                Err(ApiError::BadAddress(_)) => {}
+                other => panic!("{s}: {other:?}"),
+            }
+        }
+        let msg = parse_loopback_addr("0.0.0.0:1").unwrap_err().to_string();
+        assert!(msg.contains("loopback"), "{msg}");
+    }
+
+    #[test]
+    fn post_paths_split_on_the_last_segment() {
+        assert_eq!(split_action("a/acquire"), Some(("a", "acquire")));
+        assert_eq!(split_action("orders/42/release"), Some(("orders/42", "release")));
+        assert_eq!(split_action("a/acquire/acquire"), Some(("a/acquire", "acquire")));
+        assert_eq!(split_action("acquire"), None);
+    }
+
+    #[test]
+    fn deadlines_in_the_past_are_zero_from_now() {
+        let (abs, left) = deadline_ms(Instant::now() - Duration::from_secs(1));
+        assert_eq!(left, 0);
+        assert!(abs > 1_600_000_000_000);
+        let (_, left) = deadline_ms(Instant::now() + Duration::from_secs(10));
+        assert!((9_000..=10_000).contains(&left), "{left}");
+    }
+}

@@ -1,0 +1,253 @@
+//! Prometheus metrics of a sigma daemon.
+//!
+//! One [`Registry`] holds everything `/metrics` serves: libp2p's own metrics
+//! (`libp2p::metrics::Metrics::new(&mut registry)`, prefix `libp2p_`) and ours (prefix
+//! `sigma_`). The protocol counters live in the node's event loop
+//! ([`sigma_behaviour::Counters`], [`sigma_behaviour::ReplicaTotals`]); they are read
+//! once per scrape ([`Metrics::set_snapshot`]) and encoded by a [`Collector`], so the
+//! event loop does no metrics work of its own. Acquire latency is observed by the
+//! callers that wait for locks (the HTTP acquire path, which `sigma lock` uses).
+//!
+//! | metric | type | labels |
+//! | --- | --- | --- |
+//! | `sigma_replica_grants_total`, `_releases_total`, `_yields_total`, `_lease_expiries_total` | counter | |
+//! | `sigma_replicas_hosted` | gauge | |
+//! | `sigma_replicas_created_total` (replica resets seen from inside) | counter | |
+//! | `sigma_redirects_sent_total`, `sigma_redirects_followed_total`, `sigma_lookups_total` | counter | |
+//! | `sigma_messages_in_total`, `sigma_messages_out_total` | counter | `kind` |
+//! | `sigma_messages_rejected_total` | counter | `reason` |
+//! | `sigma_inbound_failures_total`, `sigma_outbound_failures_total` | counter | `kind` |
+//! | `sigma_acquisitions_total`, `sigma_acquired_total`, `sigma_lost_total` | counter | |
+//! | `sigma_acquire_duration_seconds` | histogram | `outcome` |
+//! | `sigma_http_locks_held` | gauge | |
+//!
+//! The replica totals are sums over the replicas hosted *now*: a replica that moves
+//! away takes its counts with it, which Prometheus reads as a counter reset.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabel as _, EncodeLabelSet, EncodeMetric, LabelSetEncoder};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use sigma_behaviour::{Counters, ReplicaTotals};
+
+/// How an acquisition ended, for the latency histogram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The lock was granted.
+    Acquired,
+    /// The caller's timeout ran out first.
+    Timeout,
+    /// Any other failure (bad name, node stopped, …).
+    Error,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Acquired => "acquired",
+            Outcome::Timeout => "timeout",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+impl EncodeLabelSet for OutcomeLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("outcome", self.outcome).encode(encoder.encode_label())
+    }
+}
+
+type Snapshot = Arc<Mutex<Option<(Counters, ReplicaTotals)>>>;
+
+/// Our metrics: cheap to clone, shared by the HTTP handlers.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    snapshot: Snapshot,
+    acquire_latency: Family<OutcomeLabel, Histogram, fn() -> Histogram>,
+    http_locks_held: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms … ~131 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+impl Metrics {
+    /// Registers the sigma metrics in `registry` under the prefix `sigma`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            snapshot: Arc::new(Mutex::new(None)),
+            acquire_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            http_locks_held: Gauge::default(),
+        };
+        let sub = registry.sub_registry_with_prefix("sigma");
+        sub.register_with_unit(
+            "acquire_duration",
+            "Time from an acquire request to its outcome (HTTP acquire path, used by `sigma lock`)",
+            prometheus_client::registry::Unit::Seconds,
+            m.acquire_latency.clone(),
+        );
+        sub.register(
+            "http_locks_held",
+            "Locks held by the daemon on behalf of HTTP clients",
+            m.http_locks_held.clone(),
+        );
+        sub.register_collector(Box::new(CounterCollector { snapshot: m.snapshot.clone() }));
+        m
+    }
+
+    /// Stores the node's counters for the next encoding of the registry.
+    pub fn set_snapshot(&self, counters: Counters, totals: ReplicaTotals) {
+        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some((counters, totals));
+    }
+
+    /// Records how long an acquisition took and how it ended.
+    pub fn observe_acquire(&self, outcome: Outcome, elapsed: Duration) {
+        self.acquire_latency.get_or_create(&OutcomeLabel { outcome: outcome.as_str() }).observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets the number of locks held for HTTP clients.
+    pub fn set_http_locks_held(&self, n: usize) {
+        self.http_locks_held.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+/// Encodes the last counter snapshot at scrape time.
+#[derive(Debug)]
+struct CounterCollector {
+    snapshot: Snapshot,
+}
+
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(v);
+    let me = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+    c.encode(me)
+}
+
+fn labelled(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: &BTreeMap<&'static str, u64>,
+) -> Result<(), std::fmt::Error> {
+    let mut me = encoder.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+    for (k, v) in values {
+        let labels = [(label, *k)];
+        let fe = me.encode_family(&labels)?;
+        ConstCounter::new(*v).encode(fe)?;
+    }
+    Ok(())
+}
+
+impl Collector for CounterCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let guard = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((c, t)) = guard.as_ref() else { return Ok(()) };
+        counter(&mut e, "replica_grants", "Votes granted by the replicas hosted here", t.grants)?;
+        counter(&mut e, "replica_releases", "RELEASEs applied by the replicas hosted here", t.releases)?;
+        counter(&mut e, "replica_yields", "YIELDs applied by the replicas hosted here", t.yields)?;
+        counter(
+            &mut e,
+            "replica_lease_expiries",
+            "Owner leases that ran out on the replicas hosted here",
+            t.lease_expiries,
+        )?;
+        let g = ConstGauge::new(i64::try_from(t.hosted).unwrap_or(i64::MAX));
+        let me =
+            e.encode_descriptor("replicas_hosted", "Logical replicas hosted by this peer", None, g.metric_type())?;
+        g.encode(me)?;
+        counter(
+            &mut e,
+            "replicas_created",
+            "Replicas this peer started hosting with empty memory (resets seen from inside)",
+            c.replicas_created,
+        )?;
+        counter(&mut e, "redirects_sent", "Redirects sent (not the closest live peer for a key)", c.redirects_sent)?;
+        counter(&mut e, "redirects_followed", "Redirects followed", c.redirects_followed)?;
+        counter(&mut e, "lookups", "Kademlia lookups started to find a replica's host", c.lookups)?;
+        labelled(&mut e, "messages_in", "Sigma requests received, by kind", "kind", &c.messages_in)?;
+        labelled(&mut e, "messages_out", "Sigma requests sent, by kind", "kind", &c.messages_out)?;
+        labelled(&mut e, "messages_rejected", "Inbound sigma requests rejected, by reason", "reason", &c.rejected)?;
+        labelled(
+            &mut e,
+            "inbound_failures",
+            "Inbound sigma streams that failed, by kind",
+            "kind",
+            &c.inbound_failures,
+        )?;
+        labelled(
+            &mut e,
+            "outbound_failures",
+            "Outbound sigma requests that failed, by kind",
+            "kind",
+            &c.outbound_failures,
+        )?;
+        counter(&mut e, "acquisitions", "Acquisitions started on this peer", c.acquisitions)?;
+        counter(&mut e, "acquired", "Acquisitions that won the lock", c.acquired)?;
+        counter(&mut e, "lost", "Acquisitions that lost the lock while holding it", c.lost)?;
+        Ok(())
+    }
+}
+
+/// The registry encoded in the OpenMetrics text format.
+pub fn encode(registry: &Registry) -> Result<String, std::fmt::Error> {
+    let mut s = String::new();
+    prometheus_client::encoding::text::encode(&mut s, registry)?;
+    Ok(s)
+}
+
+/// Content type of [`encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_encoded_with_prefix_and_labels() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let mut c = Counters::default();
+        c.messages_in.insert("request", 7);
+        c.rejected.insert("bad_resource", 2);
+        c.acquired = 3;
+        let t = ReplicaTotals { hosted: 4, grants: 5, ..ReplicaTotals::default() };
+        m.set_snapshot(c, t);
+        m.observe_acquire(Outcome::Acquired, Duration::from_millis(3));
+        m.set_http_locks_held(1);
+        let text = encode(&registry).unwrap();
+        for needle in [
+            "sigma_messages_in_total{kind=\"request\"} 7",
+            "sigma_messages_rejected_total{reason=\"bad_resource\"} 2",
+            "sigma_acquired_total 3",
+            "sigma_replicas_hosted 4",
+            "sigma_replica_grants_total 5",
+            "sigma_acquire_duration_seconds_count{outcome=\"acquired\"} 1",
+            "sigma_http_locks_held 1",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn no_snapshot_no_counters() {
+        let mut registry = Registry::default();
+        let _m = Metrics::register(&mut registry);
+        let text = encode(&registry).unwrap();
+        assert!(!text.contains("sigma_acquired_total"));
+    }
+}

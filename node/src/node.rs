@@ -1,0 +1,333 @@
+//! [`Node`] (owns the event loop) and [`NodeHandle`] (the cloneable embedded API).
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use libp2p::identity::Keypair;
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::SwarmEvent;
+use libp2p::{Multiaddr, PeerId};
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::error::{LockError, NodeError};
+use crate::event_loop::{Command, EventLoop};
+use crate::guard::LockGuard;
+use crate::{identity, swarm};
+
+/// Capacity of the command queue between handles and the event loop.
+const COMMAND_QUEUE: usize = 1024;
+/// How long [`Node::start`] waits for its listeners to come up.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Configuration of a [`Node`]. Public fields; [`Default`] gives a node listening on
+/// all interfaces (TCP and QUIC, ports chosen by the system) with a random identity and
+/// the paper's quorum (n = 32, m = 24).
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// Addresses to listen on, e.g. `/ip4/0.0.0.0/tcp/4001`, `/ip4/0.0.0.0/udp/4001/quic-v1`.
+    pub listen: Vec<Multiaddr>,
+    /// Peers to join through; each address ends with `/p2p/<peer id>`. An entry naming
+    /// this node itself is skipped (one list can serve every node).
+    pub bootstrap: Vec<Multiaddr>,
+    /// Persistent identity (created on first start); `None` for a random one.
+    pub key_file: Option<PathBuf>,
+    /// Protocol and behaviour parameters (quorum, lease, timeouts).
+    pub behaviour: sigma_behaviour::Config,
+    /// How long [`NodeHandle::try_lock`] tries.
+    pub try_lock_timeout: Duration,
+    /// A connection no protocol uses is closed after this long. Replica ownership is
+    /// decided among connected peers, so keep it above [`swarm::IDENTIFY_INTERVAL`]
+    /// (identify's periodic exchange then keeps connections to live peers open).
+    pub idle_connection_timeout: Duration,
+    /// On [`Node::shutdown`], how long the node keeps running after releasing its
+    /// locks so that the RELEASE messages reach the replicas.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            listen: vec![
+                "/ip4/0.0.0.0/tcp/0".parse().expect("valid multiaddr"),
+                "/ip4/0.0.0.0/udp/0/quic-v1".parse().expect("valid multiaddr"),
+            ],
+            bootstrap: Vec::new(),
+            key_file: None,
+            behaviour: sigma_behaviour::Config::default(),
+            try_lock_timeout: Duration::from_secs(1),
+            idle_connection_timeout: Duration::from_secs(600),
+            shutdown_grace: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Options of [`NodeHandle::lock_with`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockOptions {
+    /// `(n, m)`: replicas and votes needed; `None` for the node's configured quorum.
+    /// Every user of one lock must use the same quorum.
+    pub quorum: Option<(usize, usize)>,
+    /// Give up (and abandon the attempt) after this long; `None` waits indefinitely.
+    pub timeout: Option<Duration>,
+}
+
+/// A snapshot of the node.
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    /// This node.
+    pub peer_id: PeerId,
+    /// Addresses it listens on.
+    pub listen_addrs: Vec<Multiaddr>,
+    /// Peers with an open connection.
+    pub connected_peers: Vec<PeerId>,
+    /// Peers known to the Sigma behaviour's routing view.
+    pub routable_peers: usize,
+    /// Logical replicas hosted here (all locks).
+    pub replicas_hosted: usize,
+    /// Locks held through this node: (name, fencing token).
+    pub locks_held: Vec<(String, u64)>,
+    /// Locks being waited for through this node (one entry per waiting caller).
+    pub locks_waiting: Vec<String>,
+    /// Acquisitions through this node whose fencing token was not above the previous
+    /// token this node saw for the same lock (should stay 0; see [`LockGuard::token`]).
+    pub token_regressions: u64,
+}
+
+/// A running sigma peer: the swarm and its event loop (a tokio task). Dropping the
+/// `Node` aborts the loop at once (locks are not released: they run out with their
+/// lease); [`Node::shutdown`] stops it cleanly.
+#[derive(Debug)]
+pub struct Node {
+    handle: NodeHandle,
+    listen_addrs: Vec<Multiaddr>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Node {
+    /// Builds the swarm, binds the listeners, dials the bootstrap peers and starts a
+    /// Kademlia bootstrap. Returns once every listener is up (joining the swarm goes on
+    /// in the background: poll [`NodeHandle::status`] to see it).
+    pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
+        let keypair = match &config.key_file {
+            Some(path) => identity::load_or_create(path)?,
+            None => Keypair::generate_ed25519(),
+        };
+        let local = keypair.public().to_peer_id();
+        let bootstrap = parse_bootstrap(&config.bootstrap)?;
+        let mut swarm = swarm::build(keypair, config.behaviour.clone(), config.idle_connection_timeout)?;
+
+        let mut listeners = HashMap::new();
+        for addr in &config.listen {
+            let id = swarm
+                .listen_on(addr.clone())
+                .map_err(|e| NodeError::Listen { addr: addr.clone(), reason: e.to_string() })?;
+            listeners.insert(id, addr.clone());
+        }
+        let mut up = HashSet::new();
+        let mut listen_addrs = Vec::new();
+        let wait = async {
+            while up.len() < listeners.len() {
+                match futures::StreamExt::select_next_some(&mut swarm).await {
+                    SwarmEvent::NewListenAddr { listener_id, address } => {
+                        tracing::info!(%address, "listening");
+                        up.insert(listener_id);
+                        listen_addrs.push(address);
+                    }
+                    SwarmEvent::ListenerClosed { listener_id, reason, .. } => {
+                        let addr = listeners.get(&listener_id).cloned().unwrap_or_else(Multiaddr::empty);
+                        let reason = match reason {
+                            Ok(()) => "listener closed".to_owned(),
+                            Err(e) => e.to_string(),
+                        };
+                        return Err(NodeError::Listen { addr, reason });
+                    }
+                    SwarmEvent::ListenerError { listener_id, error } => {
+                        let addr = listeners.get(&listener_id).cloned().unwrap_or_else(Multiaddr::empty);
+                        return Err(NodeError::Listen { addr, reason: error.to_string() });
+                    }
+                    other => tracing::trace!(event = ?other, "swarm event while starting"),
+                }
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(LISTEN_TIMEOUT, wait).await {
+            Ok(result) => result?,
+            Err(_) => {
+                let pending = listeners.iter().find(|(id, _)| !up.contains(*id)).map(|(_, a)| a.clone());
+                return Err(NodeError::Listen {
+                    addr: pending.unwrap_or_else(Multiaddr::empty),
+                    reason: "no listen address reported in time".to_owned(),
+                });
+            }
+        }
+
+        let mut joined = 0;
+        for (peer, addr) in bootstrap {
+            if peer == local {
+                tracing::debug!(%addr, "skipping a bootstrap address naming this node");
+                continue;
+            }
+            let mut plain = addr.clone();
+            plain.pop();
+            swarm.behaviour_mut().sigma.add_address(&peer, plain);
+            match swarm.dial(addr.clone()) {
+                Ok(()) => joined += 1,
+                Err(e) => tracing::warn!(%addr, error = %e, "cannot dial a bootstrap peer"),
+            }
+        }
+        if joined > 0 {
+            if let Err(e) = swarm.behaviour_mut().sigma.kad_mut().bootstrap() {
+                tracing::warn!(error = %e, "Kademlia bootstrap not started");
+            }
+        }
+
+        let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
+        let refresh =
+            (config.behaviour.protocol().lease() / 10).clamp(Duration::from_millis(10), Duration::from_millis(200));
+        let event_loop = EventLoop::new(swarm, receiver, commands.clone(), refresh, config.shutdown_grace);
+        let task = tokio::spawn(event_loop.run());
+        tracing::info!(peer = %local, "sigma node started");
+        let handle = NodeHandle { commands, peer_id: local, try_lock_timeout: config.try_lock_timeout };
+        Ok(Node { handle, listen_addrs, task: Some(task) })
+    }
+
+    /// A handle to the node's API (cheap to clone).
+    pub fn handle(&self) -> NodeHandle {
+        self.handle.clone()
+    }
+
+    /// This node's peer id.
+    pub fn peer_id(&self) -> PeerId {
+        self.handle.peer_id
+    }
+
+    /// The addresses the listeners reported at start (more may come later, see
+    /// [`Status::listen_addrs`]).
+    pub fn listen_addrs(&self) -> &[Multiaddr] {
+        &self.listen_addrs
+    }
+
+    /// Stops the node: releases the locks held and abandons the waits (waiting callers
+    /// get [`LockError::NodeStopped`], guards report lost), keeps the swarm running for
+    /// [`NodeConfig::shutdown_grace`] so the releases go out, then stops the event loop
+    /// and waits for it.
+    pub async fn shutdown(mut self) -> Result<(), NodeError> {
+        let Some(task) = self.task.take() else { return Err(NodeError::Stopped) };
+        let (tx, rx) = oneshot::channel();
+        if self.handle.commands.send(Command::Shutdown { reply: tx }).await.is_err() {
+            return Err(NodeError::Stopped);
+        }
+        let _ = rx.await;
+        task.await.map_err(|_| NodeError::Stopped)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+fn parse_bootstrap(addrs: &[Multiaddr]) -> Result<Vec<(PeerId, Multiaddr)>, NodeError> {
+    addrs
+        .iter()
+        .map(|addr| match addr.iter().last() {
+            Some(Protocol::P2p(peer)) if addr.len() > 1 => Ok((peer, addr.clone())),
+            _ => Err(NodeError::Bootstrap {
+                addr: addr.clone(),
+                reason: "expected a transport address ending with /p2p/<peer id>".to_owned(),
+            }),
+        })
+        .collect()
+}
+
+/// The node's API; cheap to clone, usable from any task. Every call is a command to the
+/// node's event loop, answered on a oneshot channel.
+#[derive(Clone, Debug)]
+pub struct NodeHandle {
+    commands: mpsc::Sender<Command>,
+    peer_id: PeerId,
+    try_lock_timeout: Duration,
+}
+
+impl NodeHandle {
+    /// The node's peer id.
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// Waits until the lock is held. Cancel-safe: dropping the future abandons the
+    /// attempt (and releases the lock if it was won meanwhile).
+    pub async fn lock(&self, name: &str) -> Result<LockGuard, LockError> {
+        self.lock_with(name, LockOptions::default()).await
+    }
+
+    /// Tries for [`NodeConfig::try_lock_timeout`]; `Ok(None)` if the lock was not won
+    /// by then (the attempt is abandoned).
+    pub async fn try_lock(&self, name: &str) -> Result<Option<LockGuard>, LockError> {
+        match self.lock_timeout(name, self.try_lock_timeout).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Timeout) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits at most `timeout`; `Err(LockError::Timeout)` then (the attempt is abandoned).
+    pub async fn lock_timeout(&self, name: &str, timeout: Duration) -> Result<LockGuard, LockError> {
+        self.lock_with(name, LockOptions { timeout: Some(timeout), ..LockOptions::default() }).await
+    }
+
+    /// Acquires with options (quorum, timeout).
+    pub async fn lock_with(&self, name: &str, options: LockOptions) -> Result<LockGuard, LockError> {
+        let (reply, rx) = oneshot::channel();
+        let command = Command::Lock { name: name.to_owned(), quorum: options.quorum, timeout: options.timeout, reply };
+        self.commands.send(command).await.map_err(|_| LockError::NodeStopped)?;
+        rx.await.map_err(|_| LockError::NodeStopped)?
+    }
+
+    /// A snapshot of the node.
+    pub async fn status(&self) -> Result<Status, NodeError> {
+        self.ask(|reply| Command::Status { reply }).await
+    }
+
+    /// The replicas of lock `name` hosted by this node.
+    pub async fn inspect(&self, name: &str) -> Result<Vec<sigma_behaviour::ReplicaInfo>, NodeError> {
+        let name = name.to_owned();
+        self.ask(|reply| Command::Inspect { name, reply }).await
+    }
+
+    /// The behaviour's counters and the totals of the hosted replicas' counters.
+    pub async fn counters(&self) -> Result<(sigma_behaviour::Counters, sigma_behaviour::ReplicaTotals), NodeError> {
+        self.ask(|reply| Command::Counters { reply }).await
+    }
+
+    /// Releases a lock held through this node, named by lock name and fencing token
+    /// (for callers that keep no [`LockGuard`], see [`LockGuard::into_detached`]).
+    /// `Ok(false)` if no such lock is held (already released, or lost).
+    pub async fn release_by_token(&self, name: &str, token: u64) -> Result<bool, NodeError> {
+        let name = name.to_owned();
+        self.ask(|reply| Command::ReleaseByToken { name, token, reply }).await
+    }
+
+    /// Round trip from this node to the host of each replica of lock `name` (`n`
+    /// replicas, default the configured n), along the path a REQUEST takes but without
+    /// protocol work: the baseline for acquire latency. By replica index; `None` for a
+    /// host that did not answer; zero for replicas hosted here.
+    pub async fn probe(&self, name: &str, n: Option<usize>) -> Result<Vec<Option<Duration>>, LockError> {
+        let (reply, rx) = oneshot::channel();
+        let command = Command::Probe { name: name.to_owned(), n, reply };
+        self.commands.send(command).await.map_err(|_| LockError::NodeStopped)?;
+        rx.await.map_err(|_| LockError::NodeStopped)?
+    }
+
+    async fn ask<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(command(tx)).await.map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)
+    }
+}

@@ -1,0 +1,331 @@
+//! End to end: real `sigma run` daemons on 127.0.0.1 (ephemeral ports), driven by the
+//! real `sigma lock` and `sigma status` and by the HTTP control API.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const SIGMA: &str = env!("CARGO_BIN_EXE_sigma");
+/// Upper bound for anything that should take a second or two.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A `sigma run` process; killed when dropped. Its log is printed if the test fails.
+struct Daemon {
+    child: Child,
+    peer_id: String,
+    listen: Vec<String>,
+    api: String,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- log of daemon {} (last lines) ---", self.peer_id);
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+async fn daemon(dir: &Path, tag: &str, bootstrap: &[String]) -> Daemon {
+    let log = dir.join(format!("{tag}.log"));
+    let mut cmd = Command::new(SIGMA);
+    cmd.args(["run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0", "--lease-ms", "3000"])
+        .arg("--key-file")
+        .arg(dir.join(format!("{tag}.key")))
+        .env("RUST_LOG", "info,sigma_node=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true);
+    for b in bootstrap {
+        cmd.args(["--bootstrap", b]);
+    }
+    let mut child = cmd.spawn().expect("spawn sigma run");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut peer_id, mut listen, mut api) = (String::new(), Vec::new(), String::new());
+    let ready = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(v) = line.strip_prefix("SIGMA_PEER_ID=") {
+                peer_id = v.to_owned();
+            } else if let Some(v) = line.strip_prefix("SIGMA_LISTEN=") {
+                listen.push(v.to_owned());
+            } else if let Some(v) = line.strip_prefix("SIGMA_API=") {
+                api = v.to_owned();
+            } else if line == "SIGMA_READY" {
+                return true;
+            }
+        }
+        false
+    };
+    let ok = tokio::time::timeout(PATIENCE, ready).await.unwrap_or(false);
+    if !ok {
+        panic!("daemon {tag} did not get ready:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    }
+    // Keep draining stdout so the daemon never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    assert!(!peer_id.is_empty() && !listen.is_empty() && !api.is_empty());
+    assert!(listen.iter().all(|a| a.ends_with(&format!("/p2p/{peer_id}"))), "{listen:?}");
+    Daemon { child, peer_id, listen, api, log }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+async fn get_json(url: &str) -> Value {
+    let resp = http().get(url).timeout(Duration::from_secs(10)).send().await.unwrap();
+    assert!(resp.status().is_success(), "{url}: {}", resp.status());
+    resp.json().await.unwrap()
+}
+
+/// Polls `check` every 50 ms until it holds; panics after [`PATIENCE`].
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Three daemons; returns once each is connected to the other two.
+async fn swarm(dir: &Path) -> Vec<Daemon> {
+    let a = daemon(dir, "a", &[]).await;
+    let boot = vec![a.listen[0].clone()];
+    let b = daemon(dir, "b", &boot).await;
+    let c = daemon(dir, "c", &boot).await;
+    let nodes = vec![a, b, c];
+    for d in &nodes {
+        let url = format!("http://{}/v1/status", d.api);
+        eventually(&format!("{} to connect to two peers", d.peer_id), || {
+            let url = url.clone();
+            async move {
+                let st = get_json(&url).await;
+                st["connected_peers"].as_array().map_or(0, Vec::len) >= 2
+            }
+        })
+        .await;
+    }
+    nodes
+}
+
+fn lock_cmd(api: &str, name: &str, script: &str) -> Command {
+    let mut cmd = Command::new(SIGMA);
+    cmd.args(["lock", name, "--api", api, "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sigma_lock_never_interleaves_then_status_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = swarm(dir.path()).await;
+    let file = dir.path().join("cs.log");
+    let script = format!(
+        "echo \"start $$ $SIGMA_LOCK_NAME $SIGMA_FENCING_TOKEN\" >> {f}; sleep 0.3; echo \"end $$\" >> {f}",
+        f = file.display()
+    );
+    // One contender per daemon, all at once.
+    let runs: Vec<_> = nodes.iter().map(|d| lock_cmd(&d.api, "jobs/nightly", &script).output()).collect();
+    let outputs = tokio::time::timeout(PATIENCE, futures::future::join_all(runs)).await.expect("sigma lock hung");
+    for o in &outputs {
+        let o = o.as_ref().unwrap();
+        assert!(o.status.success(), "sigma lock failed: {:?}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    }
+
+    // The critical sections follow each other: start X, end X, start Y, end Y, ...
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2 * nodes.len(), "{text}");
+    let mut pids = Vec::new();
+    let mut tokens = Vec::new();
+    for pair in lines.chunks(2) {
+        let start: Vec<&str> = pair[0].split(' ').collect();
+        let end: Vec<&str> = pair[1].split(' ').collect();
+        assert_eq!(start[0], "start", "interleaved critical sections:\n{text}");
+        assert_eq!(end[0], "end", "interleaved critical sections:\n{text}");
+        assert_eq!(start[1], end[1], "interleaved critical sections:\n{text}");
+        assert_eq!(start[2], "jobs/nightly", "SIGMA_LOCK_NAME");
+        pids.push(start[1].to_owned());
+        tokens.push(start[3].parse::<u64>().expect("SIGMA_FENCING_TOKEN is a number"));
+    }
+    pids.sort();
+    pids.dedup();
+    assert_eq!(pids.len(), nodes.len(), "every contender ran once:\n{text}");
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "fencing tokens increase with each holder: {tokens:?}");
+
+    // Released: nobody holds it any more.
+    for d in &nodes {
+        let v = get_json(&format!("http://{}/v1/locks/jobs%2Fnightly", d.api)).await;
+        assert_eq!(v["held"], Value::Array(vec![]), "{v}");
+    }
+
+    // sigma status --json parses and describes the daemon; the human form too.
+    let out = Command::new(SIGMA).args(["status", "--json", "--api", &nodes[0].api]).output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let st: Value = serde_json::from_slice(&out.stdout).expect("status --json is JSON");
+    assert_eq!(st["peer_id"], nodes[0].peer_id.as_str());
+    assert!(st["connected_peers"].as_array().unwrap().len() >= 2, "{st}");
+    assert!(st["listen_addrs"].as_array().is_some_and(|a| !a.is_empty()), "{st}");
+    let out = Command::new(SIGMA).args(["status", "--api", &nodes[1].api]).output().await.unwrap();
+    let human = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && human.contains(&nodes[1].peer_id), "{human}");
+    assert!(human.contains("replicas hosted:"), "{human}");
+
+    // Metrics: ours, with the acquisitions just made.
+    let mut acquired = 0;
+    let mut grants = 0;
+    for d in &nodes {
+        let text = http().get(format!("http://{}/metrics", d.api)).send().await.unwrap().text().await.unwrap();
+        for needle in [
+            "sigma_messages_in_total",
+            "sigma_messages_out_total{kind=\"request\"}",
+            "sigma_replicas_created_total",
+            "sigma_redirects_sent_total",
+            "sigma_acquire_duration_seconds_count{outcome=\"acquired\"} 1",
+            "# EOF",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from /metrics of {}:\n{text}", d.peer_id);
+        }
+        acquired += value(&text, "sigma_acquired_total");
+        grants += value(&text, "sigma_replica_grants_total");
+    }
+    assert_eq!(acquired, nodes.len() as u64);
+    assert!(grants >= acquired, "grants {grants}");
+}
+
+fn value(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_holder_timeout_errors_and_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = swarm(dir.path()).await;
+    let client = http();
+    let a = nodes[0].api.clone();
+
+    // Held over HTTP by daemon A (the name contains '/', sent as is).
+    let resp = client.post(format!("http://{a}/v1/locks/held/x/acquire?timeout_ms=20000")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let acq: Value = resp.json().await.unwrap();
+    assert_eq!(acq["name"], "held/x");
+    let token = acq["token"].as_u64().unwrap();
+    assert!(acq["valid_for_ms"].as_u64().unwrap() > 0, "{acq}");
+    let view = get_json(&format!("http://{a}/v1/locks/held%2Fx")).await;
+    assert_eq!(view["held"][0]["token"].as_u64(), Some(token), "{view}");
+    assert_eq!(view["held_by_this_node"], true, "{view}");
+
+    // Another daemon's client times out: distinct exit code and message.
+    let start = Instant::now();
+    let out = Command::new(SIGMA)
+        .args(["lock", "held/x", "--timeout", "300ms", "--api", &nodes[1].api, "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"));
+    assert!(start.elapsed() < Duration::from_secs(20));
+
+    // Bad requests.
+    let r = client.post(format!("http://{a}/v1/locks/bad%20name/acquire")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let r = client.post(format!("http://{a}/v1/locks/q/acquire?n=5")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let r = client.post(format!("http://{a}/v1/locks/q/acquire?n=4&m=2")).send().await.unwrap();
+    assert_eq!(r.status(), 400, "m must be a strict majority");
+    let out = Command::new(SIGMA).args(["lock", "bad name", "--api", &a, "--", "true"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(64));
+
+    // A waiting `sigma lock` that dies abandons its wait: the daemon does not go on to
+    // take the lock for nobody.
+    let b_status = format!("http://{}/v1/status", nodes[1].api);
+    let waiting = |st: Value| st["locks_waiting"].as_array().is_some_and(|w| w.iter().any(|n| n == "held/x"));
+    let mut waiter = lock_cmd(&nodes[1].api, "held/x", "true").spawn().unwrap();
+    eventually("the waiter to queue", || async { waiting(get_json(&b_status).await) }).await;
+    waiter.start_kill().unwrap();
+    waiter.wait().await.unwrap();
+    eventually("the wait to be abandoned", || async { !waiting(get_json(&b_status).await) }).await;
+
+    // Release: wrong token 404, right token 200, twice 404.
+    let release = |token: u64| {
+        client.post(format!("http://{a}/v1/locks/held/x/release")).json(&serde_json::json!({ "token": token })).send()
+    };
+    assert_eq!(release(token + 1).await.unwrap().status(), 404);
+    assert_eq!(release(token).await.unwrap().status(), 200);
+    assert_eq!(release(token).await.unwrap().status(), 404);
+    let out = Command::new(SIGMA)
+        .args(["lock", "held/x", "--timeout", "20s", "--api", &nodes[1].api, "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "free again: {}", String::from_utf8_lossy(&out.stderr));
+    let st = get_json(&b_status).await;
+    assert_eq!(st["locks_held"], Value::Array(vec![]), "{st}");
+
+    // A command whose lock is lost is stopped: its daemon dies under it.
+    let started = dir.path().join("started");
+    let script = format!("echo $$ > {}; sleep 60", started.display());
+    let lock = lock_cmd(&nodes[2].api, "lost/x", &script).spawn().unwrap();
+    let s = started.clone();
+    eventually("the command to start", || {
+        let s = s.clone();
+        async move { std::fs::read_to_string(&s).is_ok_and(|t| t.ends_with('\n')) }
+    })
+    .await;
+    let child_pid: i32 = std::fs::read_to_string(&started).unwrap().trim().parse().unwrap();
+    nodes[2].child.start_kill().unwrap();
+    let start = Instant::now();
+    let out = tokio::time::timeout(PATIENCE, lock.wait_with_output()).await.expect("sigma lock hung").unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("lost"), "{stderr}");
+    assert!(start.elapsed() < Duration::from_secs(30), "stopped within a few leases: {:?}", start.elapsed());
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    let alive = unsafe { libc::kill(child_pid, 0) } == 0;
+    assert!(!alive, "the command (pid {child_pid}) was stopped");
+}
+
+#[tokio::test]
+async fn run_refuses_a_non_loopback_api() {
+    let out = Command::new(SIGMA)
+        .args(["run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "0.0.0.0:0"])
+        .stdin(Stdio::null())
+        .output();
+    let out = tokio::time::timeout(PATIENCE, out).await.unwrap().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("loopback"), "{stderr}");
+}
+
+#[tokio::test]
+async fn lock_without_a_daemon_says_so() {
+    // A port nobody listens on: bind one, then close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = Command::new(SIGMA)
+        .args(["lock", "x", "--api", &format!("127.0.0.1:{port}"), "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the sigma daemon"));
+}

@@ -1,0 +1,294 @@
+//! leader-election: nodes campaign for the lock "leader"; the holder leads until its
+//! lock is lost, then steps down and campaigns again. The demo kills the leader's node
+//! and watches another node take over once the dead leader's lease has run out.
+//!
+//! Run: `cargo run -p sigma-examples --bin leader-election -- --nodes 4`
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use clap::Parser;
+use sigma_node::libp2p::multiaddr::{Multiaddr, Protocol};
+use sigma_node::{LockError, Node, NodeConfig, NodeHandle};
+use tokio::sync::watch;
+use tracing_subscriber::EnvFilter;
+
+/// The lock whose holder is the leader.
+const LOCK: &str = "examples/leader";
+
+/// Leader election with a sigma lock: kill the leader, watch another node take over.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Nodes in the local swarm; every one campaigns.
+    #[arg(long, default_value_t = 4)]
+    nodes: usize,
+    /// Lease of the lock, in ms: how long a dead leader keeps the lock.
+    #[arg(long, default_value_t = 2000)]
+    lease_ms: u64,
+    /// How long each leader leads before the demo kills its node, in ms.
+    #[arg(long, default_value_t = 3000)]
+    kill_after_ms: u64,
+    /// Leaders to kill, one after the other (fewer than --nodes).
+    #[arg(long, default_value_t = 1)]
+    kills: usize,
+    /// Interval of the leader's heartbeat, in ms.
+    #[arg(long, default_value_t = 500)]
+    heartbeat_ms: u64,
+    /// Fail if no new leader is in office this long after a kill, in ms (default: 3 leases).
+    #[arg(long)]
+    takeover_bound_ms: Option<u64>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Who leads: a shared record, which is how the demo checks that two leaders never overlap.
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+struct Term {
+    node: usize,
+    token: u64,
+    since: Instant,
+    until: Option<Instant>,
+}
+
+struct Office {
+    start: Instant,
+    /// The leader in office, if any.
+    current: watch::Sender<Option<Term>>,
+    /// Every term, in order.
+    terms: Mutex<Vec<(Term, &'static str)>>,
+    overlaps: Mutex<Vec<String>>,
+}
+
+impl Office {
+    fn new() -> Self {
+        Office {
+            start: Instant::now(),
+            current: watch::Sender::new(None),
+            terms: Mutex::new(Vec::new()),
+            overlaps: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn ms(&self, t: Instant) -> u128 {
+        t.duration_since(self.start).as_millis()
+    }
+
+    fn log(&self, line: &str) {
+        println!("[{:>6} ms] {line}", self.ms(Instant::now()));
+    }
+
+    fn take_office(&self, node: usize, token: u64) {
+        self.log(&format!("node {node}: leader (token {token})"));
+        let term = Term { node, token, since: Instant::now(), until: None };
+        self.current.send_modify(|current| {
+            if let Some(other) = current {
+                let msg = format!("node {node} became leader while node {} still was", other.node);
+                self.log(&format!("OVERLAP: {msg}"));
+                self.overlaps.lock().unwrap().push(msg);
+            }
+            *current = Some(term);
+        });
+    }
+
+    /// Ends `node`'s term, if it is in office.
+    fn leave_office(&self, node: usize, why: &'static str) {
+        let mut ended = None;
+        self.current.send_if_modified(|current| match current {
+            Some(t) if t.node == node => {
+                ended = current.take();
+                true
+            }
+            _ => false,
+        });
+        if let Some(mut term) = ended {
+            term.until = Some(Instant::now());
+            self.terms.lock().unwrap().push((term, why));
+            self.log(&format!("node {node}: out of office ({why})"));
+        }
+    }
+
+    /// The leader's periodic work; nothing once out of office.
+    fn heartbeat(&self, node: usize, beats: u64) {
+        if self.current.borrow().is_some_and(|t| t.node == node) {
+            self.log(&format!("node {node}: leader heartbeat {beats}"));
+        }
+    }
+
+    /// Waits until a node other than `not` leads (up to `bound`).
+    async fn next_leader(&self, not: Option<usize>, bound: Duration) -> Option<Term> {
+        let mut rx = self.current.subscribe();
+        let leader = rx.wait_for(|c| c.is_some_and(|t| Some(t.node) != not));
+        let term = *tokio::time::timeout(bound, leader).await.ok()?.ok()?;
+        term
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The campaign each node runs.
+// ---------------------------------------------------------------------------------------
+
+/// Campaigns until `stop`: take the lock, lead (heartbeats) until the lock is lost,
+/// step down, campaign again.
+async fn campaign(
+    node: usize,
+    handle: NodeHandle,
+    office: Arc<Office>,
+    heartbeat: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let guard = tokio::select! {
+            result = handle.lock(LOCK) => match result {
+                Ok(guard) => guard,
+                Err(LockError::NodeStopped) => return, // our node is gone
+                Err(e) => {
+                    eprintln!("node {node}: campaign failed: {e}");
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        office.take_office(node, guard.token());
+
+        let mut beat = tokio::time::interval(heartbeat);
+        let mut beats = 0;
+        let why = loop {
+            tokio::select! {
+                () = guard.lost() => break "lock lost",
+                _ = stop.wait_for(|s| *s) => break "demo over",
+                _ = beat.tick() => {
+                    beats += 1;
+                    office.heartbeat(node, beats);
+                }
+            }
+        };
+        office.leave_office(node, why);
+        let _ = guard.release().await;
+        if *stop.borrow() {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The demo.
+// ---------------------------------------------------------------------------------------
+
+/// Starts `k` nodes on 127.0.0.1, each joining through the ones started before it, and
+/// waits until every node is connected to all the others.
+async fn start_swarm(k: usize, lease: Duration) -> anyhow::Result<Vec<Node>> {
+    let protocol = sigma_node::sigma_behaviour::proto::Config::default().with_lease(lease);
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut addrs: Vec<Multiaddr> = Vec::new();
+    for _ in 0..k {
+        let node = Node::start(NodeConfig {
+            listen: vec!["/ip4/127.0.0.1/tcp/0".parse()?],
+            bootstrap: addrs.clone(),
+            behaviour: sigma_node::sigma_behaviour::Config::default().with_protocol(protocol.clone()),
+            ..NodeConfig::default()
+        })
+        .await?;
+        let addr = node.listen_addrs().first().context("node has no listen address")?.clone();
+        addrs.push(addr.with(Protocol::P2p(node.peer_id())));
+        nodes.push(node);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for node in &nodes {
+        loop {
+            let status = node.handle().status().await?;
+            if status.connected_peers.len() + 1 >= k && status.routable_peers + 1 >= k {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "the swarm did not form: {status:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(nodes)
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let lease = Duration::from_millis(args.lease_ms);
+    let bound = Duration::from_millis(args.takeover_bound_ms.unwrap_or(3 * args.lease_ms));
+    let heartbeat = Duration::from_millis(args.heartbeat_ms);
+    let mut nodes: Vec<Option<Node>> = start_swarm(args.nodes, lease).await?.into_iter().map(Some).collect();
+    let office = Arc::new(Office::new());
+    office.log(&format!("{} nodes on 127.0.0.1 campaign for {LOCK:?} (lease {} ms)", args.nodes, args.lease_ms));
+
+    let (stop, stopped) = watch::channel(false);
+    let mut campaigns: Vec<_> = nodes
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, node)| Some(tokio::spawn(campaign(i, node.handle(), office.clone(), heartbeat, stopped.clone()))))
+        .collect();
+
+    ensure!(office.next_leader(None, bound).await.is_some(), "nobody was elected within {bound:?}");
+    let mut takeovers = Vec::new();
+    for _ in 0..args.kills {
+        tokio::time::sleep(Duration::from_millis(args.kill_after_ms)).await;
+        let Some(leader) = office.next_leader(None, bound).await else { bail!("no leader within {bound:?}") };
+        // Kill the leader as a crash would: its campaign and its node stop at once, no
+        // release is sent, and its lock runs out with the lease.
+        let killed = leader.node;
+        office.leave_office(killed, "node killed");
+        let killed_at = Instant::now();
+        if let Some(task) = campaigns[killed].take() {
+            task.abort();
+        }
+        drop(nodes[killed].take());
+
+        let Some(next) = office.next_leader(Some(killed), bound).await else {
+            bail!("no takeover within {} ms of killing node {killed}", bound.as_millis())
+        };
+        let after = next.since.duration_since(killed_at).as_millis();
+        office.log(&format!("takeover: node {} leads {after} ms after node {killed} was killed", next.node));
+        takeovers.push((killed, next.node, after, next.token > leader.token));
+    }
+    // Let the last leader lead a little, then end the demo.
+    tokio::time::sleep(heartbeat * 2).await;
+    let _ = stop.send(true);
+    for c in campaigns.into_iter().flatten() {
+        c.await?;
+    }
+    for node in nodes.into_iter().flatten() {
+        node.shutdown().await?;
+    }
+
+    println!("leadership timeline:");
+    for (term, why) in office.terms.lock().unwrap().iter() {
+        let until = term.until.map_or(0, |t| office.ms(t));
+        println!(
+            "  node {}: {:>6} ms .. {:>6} ms, token {} ({why})",
+            term.node,
+            office.ms(term.since),
+            until,
+            term.token
+        );
+    }
+    for (killed, next, after, increasing) in &takeovers {
+        println!(
+            "takeover: node {killed} -> node {next} in {after} ms (lease {} ms, bound {} ms), token {}",
+            args.lease_ms,
+            bound.as_millis(),
+            if *increasing { "increased" } else { "DID NOT INCREASE" }
+        );
+    }
+    let overlaps = office.overlaps.lock().unwrap().clone();
+    println!("overlapping leaders: {}", overlaps.len());
+    ensure!(overlaps.is_empty(), "two leaders at once: {overlaps:?}");
+    ensure!(takeovers.iter().all(|t| t.3), "a new leader's fencing token did not increase");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    ensure!(args.kills < args.nodes, "--kills must be below --nodes (someone has to take over)");
+    run(args).await
+}

@@ -1,4 +1,5 @@
 //! Local testnet and discrete-event simulator for sigma.
 
+pub mod bench;
 pub mod plot;
 pub mod sim;

@@ -19,9 +19,36 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Benchmark real nodes on loopback (latency floor, lock/release, handoffs, messages).
+    Bench(BenchArgs),
     /// Discrete-event simulator running the protocol core in virtual time.
     #[command(subcommand)]
     Sim(SimCommand),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Nodes.
+    #[arg(long, default_value_t = 8)]
+    nodes: usize,
+    /// Replicas per lock.
+    #[arg(long, default_value_t = 32)]
+    n: usize,
+    /// Quorum.
+    #[arg(long, default_value_t = 24)]
+    m: usize,
+    /// Uncontended lock+release rounds.
+    #[arg(long, default_value_t = 200)]
+    rounds: usize,
+    /// Contending tasks on one lock.
+    #[arg(long, default_value_t = 16)]
+    waiters: usize,
+    /// Seconds of contention.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Print the figures as JSON too.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -102,6 +129,22 @@ struct RunArgs {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Bench(a) => {
+            let opts = sigma_testnet::bench::BenchOptions {
+                nodes: a.nodes,
+                n: a.n,
+                m: a.m,
+                rounds: a.rounds,
+                waiters: a.waiters,
+                contended: Duration::from_secs_f64(a.seconds),
+            };
+            let runtime = tokio::runtime::Runtime::new()?;
+            let (report, summary) = runtime.block_on(sigma_testnet::bench::run(&opts))?;
+            print!("{summary}");
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+        }
         Command::Sim(SimCommand::Paper(a)) => {
             let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
             let opts = paper::PaperOptions { out: a.out, quick: a.quick, seed: a.seed, threads };

@@ -1,0 +1,235 @@
+//! `sigma-testnet bench`: real nodes (TCP + noise on 127.0.0.1) in one process, measured
+//! in one run against a baseline taken in the same run:
+//! - the round trip to the m-th fastest replica host (a probe along the REQUEST path,
+//!   no protocol work) — the floor of an uncontended acquire;
+//! - uncontended lock and release latency p50/p99, and the acquire/floor ratio;
+//! - contended handoffs per second on one lock with W waiters spread over the nodes,
+//!   with an exclusion check;
+//! - protocol messages per CS entry (REQUEST, YIELD, RELEASE, RESPONSE), against 4n.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use sigma_behaviour::proto;
+use sigma_node::{Node, NodeConfig, NodeHandle};
+
+/// Parameters of a benchmark run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Nodes in the swarm.
+    pub nodes: usize,
+    /// Replicas per lock.
+    pub n: usize,
+    /// Quorum.
+    pub m: usize,
+    /// Uncontended lock+release rounds.
+    pub rounds: usize,
+    /// Contending tasks.
+    pub waiters: usize,
+    /// Length of the contended phase.
+    pub contended: Duration,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions { nodes: 8, n: 32, m: 24, rounds: 200, waiters: 16, contended: Duration::from_secs(10) }
+    }
+}
+
+/// Figures of a benchmark run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchReport {
+    /// Round trip to the m-th fastest replica host, p50 (ms).
+    pub floor_p50_ms: f64,
+    /// Uncontended acquire p50 (ms).
+    pub acquire_p50_ms: f64,
+    /// Uncontended acquire p99 (ms).
+    pub acquire_p99_ms: f64,
+    /// Uncontended release p50 (ms).
+    pub release_p50_ms: f64,
+    /// Uncontended release p99 (ms).
+    pub release_p99_ms: f64,
+    /// Median of acquire / floor over the rounds.
+    pub acquire_over_floor: f64,
+    /// Contended CS entries per second.
+    pub handoffs_per_s: f64,
+    /// Contended entries.
+    pub contended_entries: u64,
+    /// Overlapping critical sections seen (must be 0).
+    pub overlaps: u64,
+    /// Protocol messages per CS entry over the whole run.
+    pub messages_per_entry: f64,
+    /// 4n.
+    pub four_n: usize,
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+async fn start(opts: &BenchOptions) -> Result<Vec<Node>> {
+    let behaviour = sigma_behaviour::Config::default()
+        .with_protocol(proto::Config::default().with_quorum(opts.n, opts.m).with_lease(Duration::from_secs(4)));
+    let config = |bootstrap| NodeConfig {
+        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("valid multiaddr")],
+        bootstrap,
+        behaviour: behaviour.clone(),
+        ..NodeConfig::default()
+    };
+    let first = Node::start(config(Vec::new())).await.context("starting node 0")?;
+    let mut addr = first.listen_addrs().first().context("node 0 is not listening")?.clone();
+    addr.push(libp2p::multiaddr::Protocol::P2p(first.peer_id()));
+    let mut nodes = vec![first];
+    for k in 1..opts.nodes {
+        nodes.push(Node::start(config(vec![addr.clone()])).await.with_context(|| format!("starting node {k}"))?);
+    }
+    // Every node connected to every other (ownership is decided among connected peers).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut ready = true;
+        for n in &nodes {
+            let s = n.handle().status().await?;
+            ready &= s.connected_peers.len() + 1 >= opts.nodes && s.routable_peers + 1 >= opts.nodes;
+        }
+        if ready {
+            return Ok(nodes);
+        }
+        if Instant::now() > deadline {
+            bail!("the swarm did not form within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn messages(handles: &[NodeHandle]) -> Result<(u64, u64)> {
+    let (mut msgs, mut done) = (0, 0);
+    for h in handles {
+        let (c, _) = h.counters().await?;
+        msgs += c.completed_messages;
+        done += c.completed;
+    }
+    Ok((msgs, done))
+}
+
+/// Runs the benchmark and returns its figures and a printable summary.
+pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
+    let started = Instant::now();
+    let nodes = start(opts).await?;
+    let handles: Vec<NodeHandle> = nodes.iter().map(Node::handle).collect();
+    let formed = started.elapsed();
+
+    // Uncontended: a fresh lock per round, probed first so the floor and the acquire
+    // travel to the same hosts from the same node.
+    let (mut floor, mut acquire, mut release, mut ratio) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for k in 0..opts.rounds {
+        let h = &handles[k % handles.len()];
+        let name = format!("bench-u-{k}");
+        let mut rtts: Vec<Duration> = h.probe(&name, Some(opts.n)).await?.into_iter().flatten().collect();
+        if rtts.len() < opts.m {
+            bail!("probe of {name}: only {} of {} replica hosts answered", rtts.len(), opts.n);
+        }
+        rtts.sort();
+        let f = rtts[opts.m - 1].as_secs_f64() * 1e3;
+        let t0 = Instant::now();
+        let guard = h.lock(&name).await?;
+        let a = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        guard.release().await?;
+        release.push(t1.elapsed().as_secs_f64() * 1e3);
+        floor.push(f);
+        acquire.push(a);
+        ratio.push(a / f.max(1e-3));
+    }
+
+    // Contended: W tasks over the nodes on one lock.
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let entries = Arc::new(AtomicU64::new(0));
+    let stop = Instant::now() + opts.contended;
+    let mut tasks = Vec::new();
+    for w in 0..opts.waiters {
+        let h = handles[w % handles.len()].clone();
+        let (inside, overlaps, entries) = (inside.clone(), overlaps.clone(), entries.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < stop {
+                let Ok(guard) = h.lock_timeout("bench-contended", Duration::from_secs(30)).await else { continue };
+                if inside.swap(true, Ordering::SeqCst) {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                entries.fetch_add(1, Ordering::SeqCst);
+                inside.store(false, Ordering::SeqCst);
+                let _ = guard.release().await;
+            }
+        }));
+    }
+    let contended_started = Instant::now();
+    for t in tasks {
+        t.await?;
+    }
+    let contended_time = contended_started.elapsed().as_secs_f64();
+    let (msgs, done) = messages(&handles).await?;
+    for n in nodes {
+        n.shutdown().await.ok();
+    }
+
+    let contended_entries = entries.load(Ordering::SeqCst);
+    let report = BenchReport {
+        floor_p50_ms: pct(&mut floor.clone(), 0.5),
+        acquire_p50_ms: pct(&mut acquire.clone(), 0.5),
+        acquire_p99_ms: pct(&mut acquire, 0.99),
+        release_p50_ms: pct(&mut release.clone(), 0.5),
+        release_p99_ms: pct(&mut release, 0.99),
+        acquire_over_floor: pct(&mut ratio, 0.5),
+        handoffs_per_s: contended_entries as f64 / contended_time,
+        contended_entries,
+        overlaps: overlaps.load(Ordering::SeqCst),
+        messages_per_entry: msgs as f64 / done.max(1) as f64,
+        four_n: 4 * opts.n,
+    };
+    let r = &report;
+    let mut s = String::new();
+    writeln!(
+        s,
+        "sigma-testnet bench: {} nodes on 127.0.0.1 (TCP + noise + yamux), n={}, m={}; swarm formed in {:.2} s",
+        opts.nodes,
+        opts.n,
+        opts.m,
+        formed.as_secs_f64()
+    )?;
+    writeln!(s, "  floor (round trip to the m-th fastest replica host, same run): p50 {:.2} ms", r.floor_p50_ms)?;
+    writeln!(
+        s,
+        "  uncontended lock ({} rounds): p50 {:.2} ms, p99 {:.2} ms; release p50 {:.2} ms, p99 {:.2} ms",
+        opts.rounds, r.acquire_p50_ms, r.acquire_p99_ms, r.release_p50_ms, r.release_p99_ms
+    )?;
+    writeln!(s, "  acquire / floor: {:.2}x (median over rounds)", r.acquire_over_floor)?;
+    writeln!(
+        s,
+        "  contended: {} waiters on one lock for {:.1} s: {} entries, {:.1} handoffs/s, {} overlaps",
+        opts.waiters, contended_time, r.contended_entries, r.handoffs_per_s, r.overlaps
+    )?;
+    writeln!(s, "  protocol messages per CS entry: {:.1} (4n = {})", r.messages_per_entry, r.four_n)?;
+    let check = |ok: bool| if ok { "PASS" } else { "FAIL" };
+    writeln!(
+        s,
+        "[{}] uncontended acquire within 2x the floor: {:.2}x",
+        check(r.acquire_over_floor <= 2.0),
+        r.acquire_over_floor
+    )?;
+    writeln!(
+        s,
+        "[{}] messages per CS entry <= 4n: {:.1} vs {}",
+        check(r.messages_per_entry <= r.four_n as f64),
+        r.messages_per_entry,
+        r.four_n
+    )?;
+    writeln!(s, "[{}] no overlapping critical sections: {}", check(r.overlaps == 0), r.overlaps)?;
+    Ok((report, s))
+}

@@ -81,6 +81,8 @@ struct Held {
 }
 
 pub(crate) struct EventLoop {
+    /// libp2p's metrics, recorded from every swarm event.
+    pub(crate) metrics: Option<std::sync::Arc<libp2p::metrics::Metrics>>,
     swarm: Swarm<NodeBehaviour>,
     commands: mpsc::Receiver<Command>,
     /// Given to guards, so that they can release.
@@ -120,6 +122,7 @@ impl EventLoop {
             shutdown_grace,
             next_bootstrap: Instant::now() + BOOTSTRAP_FIRST_INTERVAL,
             bootstrap_interval: BOOTSTRAP_FIRST_INTERVAL,
+            metrics: None,
         }
     }
 
@@ -244,6 +247,13 @@ impl EventLoop {
     }
 
     fn on_swarm_event(&mut self, event: SwarmEvent<NodeBehaviourEvent>) {
+        if let Some(m) = &self.metrics {
+            use libp2p::metrics::Recorder;
+            m.record(&event);
+            if let SwarmEvent::Behaviour(NodeBehaviourEvent::Identify(e)) = &event {
+                m.record(e);
+            }
+        }
         match event {
             SwarmEvent::Behaviour(NodeBehaviourEvent::Sigma(event)) => self.on_sigma_event(event),
             SwarmEvent::Behaviour(NodeBehaviourEvent::Identify(identify::Event::Received {

@@ -38,7 +38,7 @@ mod swarm;
 
 pub use error::{IdentityError, LockError, NodeError};
 pub use guard::LockGuard;
-pub use node::{LockOptions, Node, NodeConfig, NodeHandle, Status};
+pub use node::{Libp2pMetrics, LockOptions, Node, NodeConfig, NodeHandle, Status};
 pub use swarm::{NodeBehaviour, NodeBehaviourEvent, IDENTIFY_INTERVAL, IDENTIFY_PROTOCOL};
 
 /// The crates this one is built on, for applications that embed [`NodeBehaviour`].

@@ -230,18 +230,17 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     proto.validate().context("bad protocol parameters")?;
     let behaviour = sigma_behaviour::Config::default().with_protocol(proto);
 
-    // One registry for /metrics: libp2p's metrics (prefix libp2p_) and ours (sigma_).
-    // The libp2p families are recorded from the swarm's events by whoever owns the
-    // event loop; sigma_node::Node does not take a recorder yet, so they stay empty
-    // until it does (then hand `libp2p_metrics` to it).
+    // One registry for /metrics: libp2p's metrics (prefix libp2p_), recorded by the
+    // node's event loop from the swarm's events, and ours (sigma_).
     let mut registry = Registry::default();
-    let _libp2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
+    let libp2p_metrics = sigma_node::Libp2pMetrics(Arc::new(libp2p::metrics::Metrics::new(&mut registry)));
     let metrics = Metrics::register(&mut registry);
     let config = NodeConfig {
         listen: args.listen,
         bootstrap: args.bootstrap,
         key_file: args.key_file,
         behaviour,
+        libp2p_metrics: Some(libp2p_metrics),
         ..NodeConfig::default()
     };
     let node = Node::start(config).await.context("cannot start the node")?;

@@ -45,6 +45,19 @@ pub struct NodeConfig {
     /// On [`Node::shutdown`], how long the node keeps running after releasing its
     /// locks so that the RELEASE messages reach the replicas.
     pub shutdown_grace: Duration,
+    /// libp2p's metrics (connections, identify, …), recorded from the swarm's events
+    /// into the registry they were created in; `None`: not recorded.
+    pub libp2p_metrics: Option<Libp2pMetrics>,
+}
+
+/// libp2p's metrics, shared with the registry that serves them.
+#[derive(Clone)]
+pub struct Libp2pMetrics(pub std::sync::Arc<libp2p::metrics::Metrics>);
+
+impl std::fmt::Debug for Libp2pMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Libp2pMetrics")
+    }
 }
 
 impl Default for NodeConfig {
@@ -60,6 +73,7 @@ impl Default for NodeConfig {
             try_lock_timeout: Duration::from_secs(1),
             idle_connection_timeout: Duration::from_secs(600),
             shutdown_grace: Duration::from_millis(500),
+            libp2p_metrics: None,
         }
     }
 }
@@ -187,7 +201,8 @@ impl Node {
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
         let refresh =
             (config.behaviour.protocol().lease() / 10).clamp(Duration::from_millis(10), Duration::from_millis(200));
-        let event_loop = EventLoop::new(swarm, receiver, commands.clone(), refresh, config.shutdown_grace);
+        let mut event_loop = EventLoop::new(swarm, receiver, commands.clone(), refresh, config.shutdown_grace);
+        event_loop.metrics = config.libp2p_metrics.clone().map(|m| m.0);
         let task = tokio::spawn(event_loop.run());
         tracing::info!(peer = %local, "sigma node started");
         let handle = NodeHandle { commands, peer_id: local, try_lock_timeout: config.try_lock_timeout };

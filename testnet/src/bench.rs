@@ -131,6 +131,8 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
     for k in 0..opts.rounds {
         let h = &handles[k % handles.len()];
         let name = format!("bench-u-{k}");
+        // The first probe warms the path (host lookup, streams); the second is the floor.
+        h.probe(&name, Some(opts.n)).await?;
         let mut rtts: Vec<Duration> = h.probe(&name, Some(opts.n)).await?.into_iter().flatten().collect();
         if rtts.len() < opts.m {
             bail!("probe of {name}: only {} of {} replica hosts answered", rtts.len(), opts.n);

@@ -18,6 +18,7 @@
 //! | `sigma_messages_rejected_total` | counter | `reason` |
 //! | `sigma_inbound_failures_total`, `sigma_outbound_failures_total` | counter | `kind` |
 //! | `sigma_acquisitions_total`, `sigma_acquired_total`, `sigma_lost_total` | counter | |
+//! | `sigma_completed_total`, `sigma_completed_messages_total` | counter | messages per CS entry = their ratio |
 //! | `sigma_acquire_duration_seconds` | histogram | `outcome` |
 //! | `sigma_http_locks_held` | gauge | |
 //!
@@ -198,6 +199,13 @@ impl Collector for CounterCollector {
         counter(&mut e, "acquisitions", "Acquisitions started on this peer", c.acquisitions)?;
         counter(&mut e, "acquired", "Acquisitions that won the lock", c.acquired)?;
         counter(&mut e, "lost", "Acquisitions that lost the lock while holding it", c.lost)?;
+        counter(&mut e, "completed", "Acquisitions that won and finished", c.completed)?;
+        counter(
+            &mut e,
+            "completed_messages",
+            "Protocol messages (REQUEST, YIELD, RELEASE, RESPONSE) of the finished acquisitions",
+            c.completed_messages,
+        )?;
         Ok(())
     }
 }

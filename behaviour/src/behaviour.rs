@@ -562,10 +562,10 @@ impl Behaviour {
         Counters::bump(&mut self.counters.messages_out, msg.kind());
         if host == self.local {
             let local = self.local;
-            match self.handle_replica(local, &resource, index, msg) {
-                Ok(responses) => responses.into_iter().for_each(|r| self.deliver(&resource, index, r)),
-                Err(Rejection::BadIndex | Rejection::BadResource) => {}
-                Err(_) => {}
+            // A local refusal (a duplicate RELEASE, say) needs no answer: the core retries
+            // on its timers like for a lost message.
+            if let Ok(responses) = self.handle_replica(local, &resource, index, msg) {
+                responses.into_iter().for_each(|r| self.deliver(&resource, index, r));
             }
             return;
         }
@@ -685,7 +685,9 @@ impl Behaviour {
         self.lamport.observe(resp.owner.counter);
         let Some(id) = self.by_ts.get(&resp.ts).copied() else {
             if resp.owner == resp.ts && self.finished.contains_key(&resp.ts) {
-                let n = u16::try_from(MAX_INDEX_BOUND).unwrap_or(u16::MAX).max(index + 1);
+                // The replica count is not in a RESPONSE; any n above the index passes
+                // validation, and the replica does not depend on it.
+                let n = MAX_REPLICAS_U16;
                 let msg = ToReplica::Release { ts: resp.ts, token: 0 };
                 self.send_to_replica(resource.to_owned(), n, index, msg, 0);
             }
@@ -984,8 +986,8 @@ impl Behaviour {
 /// The Kademlia protocol of sigma's DHT.
 pub const KAD_PROTOCOL: libp2p::StreamProtocol = libp2p::StreamProtocol::new("/sigma/kad/1.0.0");
 
-/// Upper bound used when a replica index arrives without its `n` (a late grant).
-const MAX_INDEX_BOUND: usize = proto::MAX_REPLICAS;
+/// [`proto::MAX_REPLICAS`] as a wire `n`.
+const MAX_REPLICAS_U16: u16 = proto::MAX_REPLICAS as u16;
 
 impl NetworkBehaviour for Behaviour {
     type ConnectionHandler = <Inner as NetworkBehaviour>::ConnectionHandler;

@@ -1,0 +1,444 @@
+//! Bad input on the wire against real `sigma run` daemons: a client swarm of the test
+//! process (TCP + noise + yamux) sends daemon 0 garbage, an unknown message kind, an
+//! oversized frame, an unknown protocol version and well-formed but invalid requests.
+//! Each is refused (and answered with the right rejection where there is an answer),
+//! counted under its label in `/metrics`, and the daemons keep serving everyone else.
+
+use std::io;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use futures::prelude::*;
+use libp2p::kad::KBucketKey;
+use libp2p::request_response::{self, Codec as _, OutboundFailure, OutboundRequestId, ProtocolSupport};
+use libp2p::swarm::{NetworkBehaviour, Swarm, SwarmEvent};
+use libp2p::{noise, tcp, yamux, Multiaddr, PeerId, StreamProtocol, SwarmBuilder};
+use serde_json::Value;
+use sigma_behaviour::proto::{Timestamp, ToReplica};
+use sigma_behaviour::wire::{self, Rejection, Reply, Request};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const SIGMA: &str = env!("CARGO_BIN_EXE_sigma");
+/// Upper bound for anything that should take a second or two.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// The daemons' number of replicas per lock (their default).
+const N: u16 = 32;
+
+// ---------------------------------------------------------------------------------
+// Daemons (as in cli.rs)
+
+/// A `sigma run` process; killed when dropped. Its log is printed if the test fails.
+struct Daemon {
+    _child: Child,
+    peer_id: PeerId,
+    listen: Vec<Multiaddr>,
+    api: String,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // `kill_on_drop(true)` kills the process when `_child` is dropped.
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- log of daemon {} (last lines) ---", self.peer_id);
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+async fn daemon(dir: &std::path::Path, tag: &str, bootstrap: &[Multiaddr]) -> Daemon {
+    let log = dir.join(format!("{tag}.log"));
+    let mut cmd = Command::new(SIGMA);
+    cmd.args(["run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0", "--lease-ms", "3000"])
+        .arg("--key-file")
+        .arg(dir.join(format!("{tag}.key")))
+        .env("RUST_LOG", "info,sigma_node=debug,sigma_behaviour=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true);
+    for b in bootstrap {
+        cmd.args(["--bootstrap", &b.to_string()]);
+    }
+    let mut child = cmd.spawn().expect("spawn sigma run");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut peer_id, mut listen, mut api) = (String::new(), Vec::new(), String::new());
+    let ready = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(v) = line.strip_prefix("SIGMA_PEER_ID=") {
+                peer_id = v.to_owned();
+            } else if let Some(v) = line.strip_prefix("SIGMA_LISTEN=") {
+                listen.push(v.parse::<Multiaddr>().expect("SIGMA_LISTEN is a multiaddr"));
+            } else if let Some(v) = line.strip_prefix("SIGMA_API=") {
+                api = v.to_owned();
+            } else if line == "SIGMA_READY" {
+                return true;
+            }
+        }
+        false
+    };
+    let ok = tokio::time::timeout(PATIENCE, ready).await.unwrap_or(false);
+    if !ok {
+        panic!("daemon {tag} did not get ready:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    }
+    // Keep draining stdout so the daemon never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let peer_id: PeerId = peer_id.parse().expect("SIGMA_PEER_ID is a peer id");
+    assert!(!listen.is_empty() && !api.is_empty());
+    Daemon { _child: child, peer_id, listen, api, log }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+async fn get_text(url: &str) -> String {
+    let resp = http().get(url).timeout(Duration::from_secs(10)).send().await.unwrap();
+    assert!(resp.status().is_success(), "{url}: {}", resp.status());
+    resp.text().await.unwrap()
+}
+
+async fn get_json(url: &str) -> Value {
+    serde_json::from_str(&get_text(url).await).unwrap()
+}
+
+/// Polls `check` every 20 ms until it holds; panics after [`PATIENCE`].
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of the sample `series` (name and labels, as printed) in a `/metrics` text.
+fn sample(metrics: &str, series: &str) -> Option<u64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+// ---------------------------------------------------------------------------------
+// The client swarm
+
+/// Sends arbitrary bytes as a request and reads whatever comes back (up to 64 KiB).
+#[derive(Clone, Default)]
+struct Raw;
+
+impl request_response::Codec for Raw {
+    type Protocol = StreamProtocol;
+    type Request = Vec<u8>;
+    type Response = Vec<u8>;
+
+    async fn read_request<T: AsyncRead + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+    ) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        io.take(1 << 16).read_to_end(&mut v).await?;
+        Ok(v)
+    }
+    async fn read_response<T: AsyncRead + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+    ) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        io.take(1 << 16).read_to_end(&mut v).await?;
+        Ok(v)
+    }
+    async fn write_request<T: AsyncWrite + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        req: Vec<u8>,
+    ) -> io::Result<()> {
+        io.write_all(&req).await
+    }
+    async fn write_response<T: AsyncWrite + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        res: Vec<u8>,
+    ) -> io::Result<()> {
+        io.write_all(&res).await
+    }
+}
+
+/// One connection, three ways to talk over it: raw bytes on `/sigma/1.0.0`, the real
+/// codec on `/sigma/1.0.0`, raw bytes on `/sigma/2.0.0`. Outbound only: the client
+/// serves nothing.
+#[derive(NetworkBehaviour)]
+struct Client {
+    raw: request_response::Behaviour<Raw>,
+    sigma: request_response::Behaviour<wire::Codec>,
+    v2: request_response::Behaviour<Raw>,
+}
+
+fn client() -> Swarm<Client> {
+    let config = || request_response::Config::default().with_request_timeout(Duration::from_secs(10));
+    SwarmBuilder::with_new_identity()
+        .with_tokio()
+        .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
+        .expect("tcp transport")
+        .with_behaviour(|_| Client {
+            raw: request_response::Behaviour::with_codec(Raw, [(wire::PROTOCOL, ProtocolSupport::Outbound)], config()),
+            sigma: request_response::Behaviour::with_codec(
+                wire::Codec::default(),
+                [(wire::PROTOCOL, ProtocolSupport::Outbound)],
+                config(),
+            ),
+            v2: request_response::Behaviour::with_codec(
+                Raw,
+                [(StreamProtocol::new("/sigma/2.0.0"), ProtocolSupport::Outbound)],
+                config(),
+            ),
+        })
+        .expect("client behaviour")
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(60)))
+        .build()
+}
+
+/// How an exchange of the client ended.
+#[derive(Debug)]
+enum Answer {
+    /// Bytes read back by a raw exchange (empty: the daemon dropped the stream).
+    Bytes(Vec<u8>),
+    /// A decoded sigma reply.
+    Reply(Reply),
+    /// The exchange failed on the client's side.
+    Failed(OutboundFailure),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Via {
+    Raw,
+    Sigma,
+    V2,
+}
+
+/// Sends a request through `via` and drives the client until that exchange ends.
+async fn exchange(swarm: &mut Swarm<Client>, to: PeerId, via: Via, raw: Vec<u8>, req: Option<Request>) -> Answer {
+    let id = match via {
+        Via::Raw => swarm.behaviour_mut().raw.send_request(&to, raw),
+        Via::V2 => swarm.behaviour_mut().v2.send_request(&to, raw),
+        Via::Sigma => swarm.behaviour_mut().sigma.send_request(&to, req.expect("a request")),
+    };
+    let answer = async {
+        loop {
+            let event = swarm.select_next_some().await;
+            let SwarmEvent::Behaviour(event) = event else {
+                if let SwarmEvent::ConnectionClosed { peer_id, cause, .. } = &event {
+                    panic!("the daemon {peer_id} closed the connection: {cause:?}");
+                }
+                continue;
+            };
+            let ended = match event {
+                ClientEvent::Raw(e) => ended(e, Answer::Bytes).map(|(r, a)| (Via::Raw, r, a)),
+                ClientEvent::V2(e) => ended(e, Answer::Bytes).map(|(r, a)| (Via::V2, r, a)),
+                ClientEvent::Sigma(e) => ended(e, Answer::Reply).map(|(r, a)| (Via::Sigma, r, a)),
+            };
+            if let Some((v, r, answer)) = ended {
+                if v == via && r == id {
+                    return answer;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, answer).await.expect("exchange timed out")
+}
+
+/// The end of an outbound exchange, if `event` is one.
+fn ended<Req, Res>(
+    event: request_response::Event<Req, Res>,
+    wrap: fn(Res) -> Answer,
+) -> Option<(OutboundRequestId, Answer)> {
+    match event {
+        request_response::Event::Message {
+            message: request_response::Message::Response { request_id, response },
+            ..
+        } => Some((request_id, wrap(response))),
+        request_response::Event::OutboundFailure { request_id, error, .. } => Some((request_id, Answer::Failed(error))),
+        _ => None,
+    }
+}
+
+/// `request` as the real codec puts it on the wire.
+async fn encode(request: Request) -> Vec<u8> {
+    let mut out = futures::io::Cursor::new(Vec::new());
+    wire::Codec::default().write_request(&wire::PROTOCOL, &mut out, request).await.expect("encodes");
+    out.into_inner()
+}
+
+/// `bytes` read as a sigma reply by the real codec.
+async fn decode(bytes: Vec<u8>) -> io::Result<Reply> {
+    wire::Codec::default().read_response(&wire::PROTOCOL, &mut futures::io::Cursor::new(bytes)).await
+}
+
+// ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_on_the_wire_is_refused_counted_and_harmless() {
+    let started = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let d0 = daemon(dir.path(), "d0", &[]).await;
+    let d1 = daemon(dir.path(), "d1", &d0.listen[..1]).await;
+    for d in [&d0, &d1] {
+        let url = format!("http://{}/v1/status", d.api);
+        eventually("the daemons to route to each other", || {
+            let url = url.clone();
+            async move { get_json(&url).await["routable_peers"].as_u64() >= Some(1) }
+        })
+        .await;
+    }
+
+    // A lock name whose replica 0 daemon 0 hosts (closer to "NAME:1" than daemon 1), so
+    // that the stateful checks are reached instead of a redirect.
+    let owned = (0..)
+        .map(|k| format!("bad-input-{k}"))
+        .find(|name| {
+            let key = KBucketKey::new(wire::replica_name(name, 0).into_bytes());
+            KBucketKey::from(d0.peer_id).distance(&key) < KBucketKey::from(d1.peer_id).distance(&key)
+        })
+        .expect("some name lands on daemon 0");
+
+    let mut swarm = client();
+    let me = *swarm.local_peer_id();
+    let target = d0.peer_id;
+    let addr = d0.listen.iter().find(|a| a.to_string().contains("/tcp/")).expect("a TCP address").clone();
+    swarm.dial(addr).expect("dial daemon 0");
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match swarm.select_next_some().await {
+                SwarmEvent::ConnectionEstablished { peer_id, .. } if peer_id == target => break,
+                SwarmEvent::OutgoingConnectionError { error, .. } => panic!("dialing daemon 0: {error}"),
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("connected to daemon 0");
+
+    // Control: a valid PING sent as raw bytes is answered (Ack): what follows is refused
+    // for its content, not for the way it is sent.
+    let ping = Request::Ping { resource: owned.clone(), index: 0, n: N };
+    let ping_bytes = encode(ping.clone()).await;
+    match exchange(&mut swarm, target, Via::Raw, ping_bytes.clone(), None).await {
+        Answer::Bytes(b) => assert_eq!(decode(b).await.expect("a sigma reply"), Reply::Ack),
+        other => panic!("valid raw PING: {other:?}"),
+    }
+
+    // (a) Not CBOR; a valid frame cut short. (b) Valid CBOR, unknown message kind: the
+    // PING frame with its variant renamed. (c) A well-formed PING over the 1 KiB limit.
+    let tag = [0x64, b'P', b'i', b'n', b'g'];
+    let at = ping_bytes.windows(tag.len()).position(|w| w == tag).expect("the PING frame names its variant");
+    let mut unknown_kind = ping_bytes.clone();
+    unknown_kind[at + 1..at + 5].copy_from_slice(b"Pong");
+    let oversized = encode(Request::Ping { resource: "x".repeat(2000), index: 0, n: N }).await;
+    assert!(oversized.len() as u64 > wire::MAX_REQUEST_BYTES);
+    let truncated = ping_bytes[..ping_bytes.len() / 2].to_vec();
+    for (what, bytes) in [
+        ("garbage", b"\xff\xfe garbage".to_vec()),
+        ("truncated frame", truncated),
+        ("unknown message kind", unknown_kind),
+        ("oversized frame", oversized),
+    ] {
+        // The daemon drops the stream: nothing comes back (or the exchange fails).
+        match exchange(&mut swarm, target, Via::Raw, bytes, None).await {
+            Answer::Bytes(b) => assert!(b.is_empty(), "{what}: the daemon answered {b:?}"),
+            Answer::Failed(e) => assert!(!matches!(e, OutboundFailure::UnsupportedProtocols), "{what}: {e}"),
+            Answer::Reply(r) => unreachable!("{r:?}"),
+        }
+    }
+
+    // (h) Another protocol version is not spoken.
+    match exchange(&mut swarm, target, Via::V2, encode(ping.clone()).await, None).await {
+        Answer::Failed(OutboundFailure::UnsupportedProtocols) => {}
+        other => panic!("/sigma/2.0.0: expected UnsupportedProtocols, got {other:?}"),
+    }
+
+    // (d)-(g) Well-formed but invalid requests, through the real codec.
+    let request = |client: PeerId| ToReplica::Request { ts: Timestamp::new(1, client), sent: 1, floor: 0 };
+    let cases = [
+        (Request::Replica { resource: "bad name!".into(), index: 0, n: N, msg: request(me) }, Rejection::BadResource),
+        (Request::Replica { resource: owned.clone(), index: N, n: N, msg: request(me) }, Rejection::BadIndex),
+        (
+            Request::Replica { resource: owned.clone(), index: 0, n: N, msg: request(d1.peer_id) },
+            Rejection::ForeignAcquisition,
+        ),
+        (
+            Request::Replica {
+                resource: owned.clone(),
+                index: 0,
+                n: N,
+                msg: ToReplica::Release { ts: Timestamp::new(1, me), token: 0 },
+            },
+            Rejection::NotHolder,
+        ),
+    ];
+    for (req, expected) in cases {
+        match exchange(&mut swarm, target, Via::Sigma, Vec::new(), Some(req.clone())).await {
+            Answer::Reply(Reply::Rejected(r)) => assert_eq!(r, expected, "for {req:?}"),
+            other => panic!("for {req:?}: expected Rejected({expected:?}), got {other:?}"),
+        }
+    }
+
+    // The same connection is still open and this client still served.
+    assert!(swarm.is_connected(&target), "daemon 0 dropped the client");
+    match exchange(&mut swarm, target, Via::Sigma, Vec::new(), Some(ping)).await {
+        Answer::Reply(Reply::Ack) => {}
+        other => panic!("PING after the bad input: {other:?}"),
+    }
+
+    // Every class is counted under its label on daemon 0.
+    let expected = [
+        ("sigma_messages_rejected_total{reason=\"bad_resource\"}", 1),
+        ("sigma_messages_rejected_total{reason=\"bad_index\"}", 1),
+        ("sigma_messages_rejected_total{reason=\"foreign_acquisition\"}", 1),
+        ("sigma_messages_rejected_total{reason=\"not_holder\"}", 1),
+        ("sigma_inbound_failures_total{kind=\"malformed\"}", 3),
+        ("sigma_inbound_failures_total{kind=\"oversized\"}", 1),
+        ("sigma_messages_in_total{kind=\"ping\"}", 2),
+    ];
+    let metrics_url = format!("http://{}/metrics", d0.api);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = get_text(&metrics_url).await;
+        if expected.iter().all(|(series, _)| sample(&text, series).is_some()) || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for (series, want) in expected {
+        assert_eq!(sample(&text, series), Some(want), "{series} in /metrics of daemon 0:\n{text}");
+    }
+    assert_eq!(sample(&text, "sigma_messages_rejected_total{reason=\"not_for_me\"}"), None, "{text}");
+    drop(swarm);
+
+    // The daemons keep serving everyone else: `sigma lock` through each of them, first
+    // on the lock whose replica 0 received the bogus RELEASE.
+    for (d, name) in [(&d1, owned.as_str()), (&d0, "after-bad-input")] {
+        let out = Command::new(SIGMA)
+            .args(["lock", name, "--timeout", "15s", "--api", &d.api, "--", "true"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(PATIENCE, out).await.expect("sigma lock hung").unwrap();
+        assert!(
+            out.status.success(),
+            "sigma lock {name} via {}: {:?}\n{}",
+            d.peer_id,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    eprintln!("bad input test took {:?}", started.elapsed());
+}

@@ -3,3 +3,4 @@
 pub mod bench;
 pub mod plot;
 pub mod sim;
+pub mod testnet;

@@ -1,5 +1,8 @@
-//! `sigma-testnet`: the simulator (and, later, the local multi-process testnet).
+//! `sigma-testnet`: the local multi-process testnet (`up`, `status`, `down`, `run`),
+//! the benchmark (`bench`) and the simulator (`sim`).
 
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -9,6 +12,14 @@ use sigma_testnet::sim::engine::{self, SimConfig};
 use sigma_testnet::sim::latency::Latency;
 use sigma_testnet::sim::paper;
 use sigma_testnet::sim::protocol::{Sigma, Strawman};
+use sigma_testnet::testnet::chaos::{ChaosOptions, Fault};
+use sigma_testnet::testnet::cluster::{self, Cluster, UpOptions};
+use sigma_testnet::testnet::proc::{locate_sigma, Params};
+use sigma_testnet::testnet::run::{self as net_run, RunOptions};
+
+/// Default testnet directory. Not `./testnet`: from the workspace root (where the README
+/// runs `cargo run -p sigma-testnet`) that is this crate's own source directory.
+const DEFAULT_DIR: &str = "testnet-data";
 
 #[derive(Parser)]
 #[command(name = "sigma-testnet", version, about = "Local testnet and simulator for sigma")]
@@ -19,11 +30,135 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start a local testnet of `sigma run` processes on 127.0.0.1 and leave it running.
+    ///
+    /// Node 0 starts first, the others bootstrap to it; `up` returns once every node is
+    /// connected to and routes to all the others, and writes DIR/manifest.json. Each
+    /// node has its own key file (DIR/node-I.key), log (DIR/node-I.log, its stderr) and
+    /// HTTP API. Ports: with --base-port P, node I listens on TCP P+I and serves its API
+    /// on P+1000+I; without it, ephemeral ports (see the manifest or `status`).
+    Up(UpArgs),
+    /// One line per node of the testnet in DIR: process alive and API answering, peers,
+    /// replicas hosted, locks held and waited for. Exits 1 if a node that should run does not.
+    Status(DirArgs),
+    /// Stop the testnet in DIR: the processes listed in the manifest, by pid (SIGTERM,
+    /// then SIGKILL after --grace), and nothing else. Keeps every file; marks the nodes
+    /// stopped in the manifest.
+    Down(DownArgs),
+    /// Up, a workload, faults, a checker, down: try, measure and break sigma locally.
+    ///
+    /// Clients (tokio tasks here) are bound to a node (client k → node k mod N) and a
+    /// resource (k mod R) and loop: acquire over HTTP, hold, release. A live view goes to
+    /// stderr when it is a terminal; the summary to stdout: CS entries, CS/s per resource,
+    /// acquire latency, protocol messages per CS entry, exclusion violations, overlaps
+    /// after lease expiry, fencing-token regressions, waiters never served, faults fired.
+    /// Exit status: 0 PASS, 1 FAIL, 2 error (e.g. the nodes did not start), 130 interrupted.
+    Run(NetRunArgs),
     /// Benchmark real nodes on loopback (latency floor, lock/release, handoffs, messages).
     Bench(BenchArgs),
     /// Discrete-event simulator running the protocol core in virtual time.
     #[command(subcommand)]
     Sim(SimCommand),
+}
+
+#[derive(Args, Clone)]
+struct NetArgs {
+    /// Directory for the manifest, key files and logs.
+    #[arg(long, default_value = DEFAULT_DIR)]
+    dir: PathBuf,
+    /// Node I listens on TCP port P+I and serves its API on P+1000+I (default: ephemeral ports).
+    #[arg(long, value_name = "P")]
+    base_port: Option<u16>,
+    /// Logical replicas per lock for every node (with --m; default: the daemon's, 32).
+    #[arg(long, requires = "m")]
+    n: Option<usize>,
+    /// Votes needed to win, a strict majority of n (with --n; default: the daemon's, 24).
+    #[arg(long, requires = "n")]
+    m: Option<usize>,
+    /// The `sigma` binary [default: $SIGMA_BIN, else `sigma` next to this executable].
+    #[arg(long, value_name = "PATH")]
+    sigma_bin: Option<PathBuf>,
+    /// Seconds the swarm may take to form before giving up.
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    form_timeout: f64,
+}
+
+#[derive(Args)]
+struct UpArgs {
+    /// Nodes.
+    #[arg(long, default_value_t = 4)]
+    nodes: usize,
+    #[command(flatten)]
+    net: NetArgs,
+    /// Lease of a vote in milliseconds (default: the daemon's, 10000).
+    #[arg(long, value_name = "MS")]
+    lease_ms: Option<u64>,
+}
+
+#[derive(Args)]
+struct NetRunArgs {
+    /// Nodes.
+    #[arg(long, default_value_t = 8)]
+    nodes: usize,
+    /// Resources (locks named testnet-r0, testnet-r1, …).
+    #[arg(long, default_value_t = 4)]
+    resources: usize,
+    /// Clients.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Seconds of workload.
+    #[arg(long, default_value_t = 45.0, value_name = "SECONDS")]
+    duration: f64,
+    /// Milliseconds in the critical section.
+    #[arg(long, default_value_t = 20, value_name = "MS")]
+    hold_ms: u64,
+    /// timeout_ms of each acquire (a 408 is counted, and the client tries again).
+    #[arg(long, default_value_t = 5000, value_name = "MS")]
+    acquire_timeout_ms: u64,
+    /// Lease of a vote in milliseconds (a pause lasts longer than this).
+    #[arg(long, default_value_t = 3000, value_name = "MS")]
+    lease_ms: u64,
+    /// Faults to fire, any of kill,restart,join,pause (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "FAULTS")]
+    chaos: Vec<Fault>,
+    /// Mean seconds between faults (exponentially distributed).
+    #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
+    chaos_interval: f64,
+    /// Seconds a pause lasts [default: lease + max(1 s, lease / 2)].
+    #[arg(long, value_name = "SECONDS")]
+    pause: Option<f64>,
+    /// Seed of the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the figures as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Write every critical section (client, resource, node, token, enter, exit,
+    /// valid_until) as CSV to this file.
+    #[arg(long, value_name = "PATH")]
+    records: Option<PathBuf>,
+    #[command(flatten)]
+    net: NetArgs,
+}
+
+#[derive(Args)]
+struct DirArgs {
+    /// The testnet directory (holds manifest.json).
+    #[arg(long, default_value = DEFAULT_DIR)]
+    dir: PathBuf,
+    /// Print the statuses as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct DownArgs {
+    /// The testnet directory (holds manifest.json).
+    #[arg(long, default_value = DEFAULT_DIR)]
+    dir: PathBuf,
+    /// Seconds between SIGTERM and SIGKILL.
+    #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
+    grace: f64,
 }
 
 #[derive(Args)]
@@ -127,8 +262,95 @@ struct RunArgs {
     json: bool,
 }
 
-fn main() -> Result<()> {
+fn up_options(nodes: usize, net: &NetArgs, lease_ms: Option<u64>) -> Result<UpOptions> {
+    Ok(UpOptions {
+        nodes,
+        base_port: net.base_port,
+        dir: net.dir.clone(),
+        params: Params { n: net.n, m: net.m, lease_ms },
+        sigma_bin: locate_sigma(net.sigma_bin.as_deref())?,
+        form_timeout: Duration::try_from_secs_f64(net.form_timeout)?,
+    })
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sigma-testnet: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main() -> Result<ExitCode> {
     match Cli::parse().command {
+        Command::Up(a) => {
+            let opts = up_options(a.nodes, &a.net, a.lease_ms)?;
+            let runtime = tokio::runtime::Runtime::new()?;
+            let mut cluster = runtime.block_on(Cluster::up(opts))?;
+            cluster.manifest().save()?;
+            cluster.keep_running = true;
+            print!("{}", cluster::render_up(&cluster));
+            // The nodes run in their own sessions; dropping their handles leaves them running.
+            drop(cluster);
+        }
+        Command::Run(a) => {
+            let lease = Duration::from_millis(a.lease_ms);
+            let pause_for = match a.pause {
+                Some(s) => Duration::try_from_secs_f64(s)?,
+                None => lease + (lease / 2).max(Duration::from_secs(1)),
+            };
+            let mut faults = a.chaos.clone();
+            faults.sort();
+            faults.dedup();
+            let opts = RunOptions {
+                up: up_options(a.nodes, &a.net, Some(a.lease_ms))?,
+                resources: a.resources,
+                clients: a.clients,
+                duration: Duration::try_from_secs_f64(a.duration)?,
+                hold: Duration::from_millis(a.hold_ms),
+                acquire_timeout_ms: a.acquire_timeout_ms,
+                chaos: ChaosOptions {
+                    faults,
+                    mean_interval: Duration::try_from_secs_f64(a.chaos_interval)?,
+                    seed: a.seed,
+                    pause_for,
+                },
+            };
+            let runtime = tokio::runtime::Runtime::new()?;
+            let (report, summary) = runtime.block_on(net_run::run(&opts))?;
+            print!("{summary}");
+            if let Some(path) = &a.json {
+                std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
+            }
+            if let Some(path) = &a.records {
+                std::fs::write(path, net_run::records_csv(&report))?;
+            }
+            if report.interrupted {
+                return Ok(ExitCode::from(130));
+            }
+            if !report.pass {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Command::Status(a) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            let (table, healthy, rows) = runtime.block_on(cluster::status(&a.dir))?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                print!("{table}");
+            }
+            if !healthy {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Command::Down(a) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            let grace = Duration::try_from_secs_f64(a.grace)?;
+            print!("{}", runtime.block_on(cluster::down(&a.dir, grace))?);
+        }
         Command::Bench(a) => {
             let opts = sigma_testnet::bench::BenchOptions {
                 nodes: a.nodes,
@@ -193,5 +415,5 @@ fn main() -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

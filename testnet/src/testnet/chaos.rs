@@ -1,0 +1,445 @@
+//! Faults at seeded random moments, and the supervisor that owns the nodes during a
+//! `run`: it notices nodes that die on their own (a crash, reported with its log) and,
+//! with `--chaos`, fires faults at exponentially distributed intervals:
+//!
+//! - `kill`: SIGKILL a node other than node 0 (the bootstrap stays reachable), at most
+//!   a third of the nodes down at once;
+//! - `restart`: bring a killed node back with the same key file and the same ports:
+//!   same place in the DHT, empty memory (the paper's replica reset);
+//! - `join`: start a fresh node (new identity) that takes over the keys it is closest to;
+//! - `pause`: SIGSTOP a node through which a client currently holds a lock, for longer
+//!   than the lease, then SIGCONT. That client goes on "holding" while its node is
+//!   paused, so the checker sees what fencing tokens are for.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+use rand::seq::SliceRandom as _;
+use rand::{Rng as _, SeedableRng as _};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::api::{self, Completed};
+use super::cluster::{start_member, Cluster, Member, State};
+use super::proc;
+use super::workload::{world, NodeState, Phase, Shared, Slot};
+
+/// A kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fault {
+    /// SIGKILL a node.
+    Kill,
+    /// Restart a killed node, same key and ports.
+    Restart,
+    /// Start a new node.
+    Join,
+    /// SIGSTOP a node longer than the lease, then SIGCONT.
+    Pause,
+}
+
+impl Fault {
+    /// Every kind, in display order.
+    pub const ALL: [Fault; 4] = [Fault::Kill, Fault::Restart, Fault::Join, Fault::Pause];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Restart => "restart",
+            Fault::Join => "join",
+            Fault::Pause => "pause",
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Fault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Fault, String> {
+        Fault::ALL
+            .into_iter()
+            .find(|f| f.name() == s.trim())
+            .ok_or_else(|| format!("unknown fault {s:?} (kill, restart, join, pause)"))
+    }
+}
+
+/// Chaos parameters.
+#[derive(Clone, Debug, Default)]
+pub struct ChaosOptions {
+    /// Enabled kinds (empty: no chaos).
+    pub faults: Vec<Fault>,
+    /// Mean time between faults (exponential).
+    pub mean_interval: Duration,
+    /// RNG seed.
+    pub seed: u64,
+    /// How long a pause lasts (longer than the lease).
+    pub pause_for: Duration,
+}
+
+/// A fault that fired (or failed to).
+#[derive(Clone, Debug, Serialize)]
+pub struct FaultEvent {
+    /// Seconds since the workload started.
+    pub at_s: f64,
+    /// Kind.
+    pub kind: Fault,
+    /// Node it hit.
+    pub node: usize,
+    /// Whether it took effect.
+    pub ok: bool,
+    /// What happened.
+    pub detail: String,
+}
+
+/// A node that died without being killed.
+#[derive(Clone, Debug, Serialize)]
+pub struct Crash {
+    /// Node.
+    pub node: usize,
+    /// Seconds since the workload started.
+    pub at_s: f64,
+    /// Exit status.
+    pub status: String,
+    /// Last lines of its log.
+    pub log_tail: String,
+}
+
+/// What the supervisor hands back.
+pub struct Outcome {
+    /// The nodes (to scrape and stop).
+    pub cluster: Cluster,
+    /// Faults, in order.
+    pub events: Vec<FaultEvent>,
+    /// Crashes.
+    pub crashes: Vec<Crash>,
+    /// Completed-acquisition counters of incarnations killed since (scraped just before).
+    pub retired: Completed,
+}
+
+impl Outcome {
+    /// How many faults of `kind` took effect.
+    pub fn fired(&self, kind: Fault) -> usize {
+        self.events.iter().filter(|e| e.kind == kind && e.ok).count()
+    }
+}
+
+/// Owns the cluster during a run.
+pub struct Supervisor {
+    cluster: Cluster,
+    shared: Shared,
+    opts: ChaosOptions,
+    rng: ChaCha8Rng,
+    http: reqwest::Client,
+    start: Instant,
+    pb: ProgressBar,
+    events: Vec<FaultEvent>,
+    crashes: Vec<Crash>,
+    retired: Completed,
+    joins: usize,
+    fired: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Prints a line above the live view, or on stderr when the view is hidden.
+pub fn say(pb: &ProgressBar, msg: &str) {
+    if pb.is_hidden() {
+        eprintln!("{msg}");
+    } else {
+        pb.println(msg);
+    }
+}
+
+impl Supervisor {
+    /// A supervisor over `cluster`; `start` is the zero of the workload's times;
+    /// `fired` counts faults that took effect (for the live view).
+    pub fn new(
+        cluster: Cluster,
+        shared: Shared,
+        opts: ChaosOptions,
+        start: Instant,
+        pb: ProgressBar,
+        fired: Arc<std::sync::atomic::AtomicU64>,
+    ) -> anyhow::Result<Supervisor> {
+        let rng = ChaCha8Rng::seed_from_u64(opts.seed);
+        Ok(Supervisor {
+            cluster,
+            shared,
+            opts,
+            rng,
+            http: api::client()?,
+            start,
+            pb,
+            events: Vec::new(),
+            crashes: Vec::new(),
+            retired: Completed::default(),
+            joins: 0,
+            fired,
+        })
+    }
+
+    fn now_s(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    fn next_gap(&mut self) -> Duration {
+        let mean = self.opts.mean_interval.as_secs_f64().max(0.01);
+        let u: f64 = self.rng.gen_range(f64::MIN_POSITIVE..1.0);
+        Duration::from_secs_f64(-mean * u.ln())
+    }
+
+    /// Runs until `stop` turns true; resumes a paused node before returning.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Outcome {
+        let chaos = !self.opts.faults.is_empty();
+        let mut next = Instant::now() + self.next_gap();
+        loop {
+            let wait = if chaos { next.saturating_duration_since(Instant::now()) } else { Duration::from_secs(1) };
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tokio::time::sleep(wait.min(Duration::from_millis(250))) => {}
+            }
+            self.check_crashes();
+            if chaos && Instant::now() >= next {
+                self.fire(&mut stop).await;
+                next = Instant::now() + self.next_gap();
+            }
+        }
+        self.check_crashes();
+        Outcome { cluster: self.cluster, events: self.events, crashes: self.crashes, retired: self.retired }
+    }
+
+    fn set_slot(&self, node: usize, state: NodeState) {
+        world(&self.shared).nodes[node].state = state;
+    }
+
+    fn check_crashes(&mut self) {
+        let at_s = self.now_s();
+        let mut crashed = Vec::new();
+        for m in &mut self.cluster.members {
+            if !matches!(m.record.state, State::Running | State::Paused) {
+                continue;
+            }
+            if let Some(status) = m.exit_status() {
+                m.record.state = State::Crashed;
+                crashed.push(Crash {
+                    node: m.record.index,
+                    at_s,
+                    status,
+                    log_tail: proc::tail(&m.record.log_file, proc::LOG_TAIL),
+                });
+            }
+        }
+        for c in crashed {
+            self.set_slot(c.node, NodeState::Down);
+            let log = self.cluster.members[c.node].record.log_file.clone();
+            say(&self.pb, &proc::with_log(&format!("[{:6.1}s] node {} CRASHED ({})", c.at_s, c.node, c.status), &log));
+            self.crashes.push(c);
+        }
+        let _ = self.cluster.manifest().save();
+    }
+
+    fn record(&mut self, kind: Fault, node: usize, ok: bool, detail: String) {
+        let at_s = self.now_s();
+        let mark = if ok { "" } else { " FAILED" };
+        say(&self.pb, &format!("[{at_s:6.1}s] fault {kind}{mark}: node {node}: {detail}"));
+        if ok {
+            self.fired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.events.push(FaultEvent { at_s, kind, node, ok, detail });
+        let _ = self.cluster.manifest().save();
+    }
+
+    fn initial(&self) -> usize {
+        self.cluster.opts.nodes
+    }
+
+    fn killable(&self) -> Vec<usize> {
+        let down = self.cluster.members.iter().filter(|m| m.record.state == State::Killed).count();
+        let max_down = (self.initial().saturating_sub(1) / 3).max(1);
+        if down >= max_down {
+            return Vec::new();
+        }
+        self.cluster
+            .members
+            .iter()
+            .filter(|m| m.record.index != 0 && m.record.state == State::Running)
+            .map(|m| m.record.index)
+            .collect()
+    }
+
+    fn applicable(&self, kind: Fault) -> bool {
+        let members = &self.cluster.members;
+        match kind {
+            Fault::Kill => !self.killable().is_empty(),
+            Fault::Restart => members.iter().any(|m| m.record.state == State::Killed),
+            Fault::Join => self.joins < (self.initial() / 2).max(1),
+            Fault::Pause => members.iter().filter(|m| m.record.state == State::Running).count() >= 2,
+        }
+    }
+
+    async fn fire(&mut self, stop: &mut watch::Receiver<bool>) {
+        let kinds: Vec<Fault> = self.opts.faults.iter().copied().filter(|k| self.applicable(*k)).collect();
+        let Some(kind) = kinds.choose(&mut self.rng).copied() else { return };
+        match kind {
+            Fault::Kill => self.kill().await,
+            Fault::Restart => self.restart().await,
+            Fault::Join => self.join().await,
+            Fault::Pause => self.pause(stop).await,
+        }
+    }
+
+    async fn kill(&mut self) {
+        let victims = self.killable();
+        let Some(&node) = victims.choose(&mut self.rng) else { return };
+        let api = self.cluster.members[node].record.api;
+        // Keep its message counters: they die with it.
+        if let Ok(c) = api::completed(&self.http, api, Duration::from_secs(1)).await {
+            self.retired = self.retired + c;
+        }
+        self.set_slot(node, NodeState::Down);
+        let m = &mut self.cluster.members[node];
+        let pid = m.record.pid;
+        proc::signal(pid, libc::SIGKILL);
+        if let Some(mut child) = m.child.take() {
+            let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+        }
+        m.record.state = State::Killed;
+        self.record(Fault::Kill, node, true, format!("kill -9 {pid}"));
+    }
+
+    /// Bootstrap addresses: node 0 first, then up to two other running nodes.
+    fn bootstrap(&self, except: usize) -> Vec<String> {
+        let mut running: Vec<&Member> = self
+            .cluster
+            .members
+            .iter()
+            .filter(|m| m.record.index != except && m.record.state == State::Running)
+            .collect();
+        running.sort_by_key(|m| m.record.index);
+        running.iter().take(3).filter_map(|m| m.record.listen.first().cloned()).collect()
+    }
+
+    async fn restart(&mut self) {
+        let killed: Vec<usize> =
+            self.cluster.members.iter().filter(|m| m.record.state == State::Killed).map(|m| m.record.index).collect();
+        let Some(&node) = killed.choose(&mut self.rng) else { return };
+        let old = self.cluster.members[node].record.clone();
+        let mut spec = proc::Spec::new(&self.cluster.opts.dir, node, self.cluster.opts.params);
+        spec.tcp_port = old.tcp_port;
+        spec.api_port = old.api.port();
+        spec.append_log = true;
+        spec.bootstrap = self.bootstrap(node);
+        // The ports were just released by the killed process; give the kernel a moment
+        // if they are not free yet.
+        let mut last_err = String::new();
+        for attempt in 0..3 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            match start_member(&self.cluster.opts.sigma_bin, spec.clone(), old.joined).await {
+                Ok(m) => {
+                    let same = m.record.peer_id == old.peer_id;
+                    let pid = m.record.pid;
+                    self.cluster.members[node] = m;
+                    self.set_slot(node, NodeState::Up);
+                    let detail = if same {
+                        format!("pid {pid}, same identity and ports, empty memory")
+                    } else {
+                        format!(
+                            "pid {pid}, but a DIFFERENT peer id {} (key file not reused?)",
+                            self.cluster.members[node].record.peer_id
+                        )
+                    };
+                    self.record(Fault::Restart, node, same, detail);
+                    return;
+                }
+                Err(e) => last_err = format!("{e:#}"),
+            }
+        }
+        self.record(Fault::Restart, node, false, last_err);
+    }
+
+    async fn join(&mut self) {
+        let index = self.cluster.members.len();
+        let mut spec = match Cluster::spec(&self.cluster.opts, index) {
+            Ok(s) => s,
+            Err(e) => return self.record(Fault::Join, index, false, format!("{e:#}")),
+        };
+        // A fresh identity.
+        let _ = std::fs::remove_file(&spec.key_file);
+        spec.bootstrap = self.bootstrap(index);
+        match start_member(&self.cluster.opts.sigma_bin, spec, true).await {
+            Ok(m) => {
+                let (pid, api, peer) = (m.record.pid, m.record.api, m.record.peer_id.clone());
+                self.cluster.members.push(m);
+                world(&self.shared).nodes.push(Slot { api, state: NodeState::Up });
+                self.joins += 1;
+                self.record(Fault::Join, index, true, format!("pid {pid}, new peer {peer}"));
+            }
+            Err(e) => self.record(Fault::Join, index, false, format!("{e:#}")),
+        }
+    }
+
+    async fn pause(&mut self, stop: &mut watch::Receiver<bool>) {
+        // Find a node through which a client holds a lock right now, and mark it paused
+        // under the same lock: that client then holds on until the node is resumed.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let found = loop {
+            {
+                let mut w = world(&self.shared);
+                let mut holders: Vec<(usize, usize)> = w
+                    .phases
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(c, p)| match p {
+                        Phase::Holding(n) => Some((c, *n)),
+                        _ => None,
+                    })
+                    .filter(|(_, n)| {
+                        w.nodes[*n].state == NodeState::Up
+                            && self.cluster.members.get(*n).is_some_and(|m| m.record.state == State::Running)
+                    })
+                    .collect();
+                holders.sort_unstable();
+                if let Some(&(client, node)) = holders.choose(&mut self.rng) {
+                    w.nodes[node].state = NodeState::Paused;
+                    break Some((client, node));
+                }
+            }
+            if Instant::now() > deadline || *stop.borrow() {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let Some((client, node)) = found else { return };
+        let pid = self.cluster.members[node].record.pid;
+        proc::signal(pid, libc::SIGSTOP);
+        self.cluster.members[node].record.state = State::Paused;
+        let planned = self.opts.pause_for.as_secs_f64();
+        self.record(
+            Fault::Pause,
+            node,
+            true,
+            format!("SIGSTOP {pid} for {planned:.1} s while client {client} holds a lock through it"),
+        );
+        let paused_at = Instant::now();
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => {}
+            _ = tokio::time::sleep(self.opts.pause_for) => {}
+        }
+        proc::signal(pid, libc::SIGCONT);
+        self.cluster.members[node].record.state = State::Running;
+        self.set_slot(node, NodeState::Up);
+        let _ = self.cluster.manifest().save();
+        let secs = paused_at.elapsed().as_secs_f64();
+        say(&self.pb, &format!("[{:6.1}s] node {node} resumed (SIGCONT) after {secs:.1} s", self.now_s()));
+    }
+}

@@ -1,0 +1,351 @@
+//! `sigma run` processes: finding the binary, spawning a daemon detached from the
+//! driver (own session, stdio to files), reading its `SIGMA_*` lines, signals.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use libp2p::multiaddr::Protocol;
+use libp2p::Multiaddr;
+
+/// Lines of a node's log shown when it fails.
+pub const LOG_TAIL: usize = 20;
+
+/// Finds the `sigma` binary: `explicit`, else `$SIGMA_BIN`, else `sigma` next to the
+/// running executable (cargo puts both binaries in the same target directory).
+pub fn locate_sigma(explicit: Option<&Path>) -> Result<PathBuf> {
+    let hint = "build it with `cargo build --release -p sigma-node` (or pass --sigma-bin PATH / set SIGMA_BIN)";
+    let (path, from) = if let Some(p) = explicit {
+        (p.to_path_buf(), "--sigma-bin")
+    } else if let Some(p) = std::env::var_os("SIGMA_BIN").filter(|p| !p.is_empty()) {
+        (PathBuf::from(p), "$SIGMA_BIN")
+    } else {
+        let exe = std::env::current_exe().context("locating the running executable")?;
+        let dir = exe.parent().context("the running executable has no directory")?;
+        (dir.join("sigma"), "next to sigma-testnet")
+    };
+    if !path.is_file() && from == "next to sigma-testnet" {
+        build_sigma_next_to(&path)?;
+    }
+    if !path.is_file() {
+        bail!("the sigma binary was not found at {} ({from}): {hint}", path.display());
+    }
+    Ok(path)
+}
+
+/// Under `cargo run`, builds the `sigma` binary into the same target directory and
+/// profile as the running `sigma-testnet`, so that one command is enough on a fresh
+/// checkout. Does nothing outside cargo.
+fn build_sigma_next_to(path: &Path) -> Result<()> {
+    let (Some(cargo), Some(manifest)) = (std::env::var_os("CARGO"), std::env::var_os("CARGO_MANIFEST_DIR")) else {
+        return Ok(());
+    };
+    let release = path.parent().and_then(Path::file_name).is_some_and(|d| d == "release");
+    eprintln!(
+        "building the sigma binary (cargo build{} -p sigma-node --bin sigma)…",
+        if release { " --release" } else { "" }
+    );
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-q", "-p", "sigma-node", "--bin", "sigma"]).current_dir(manifest);
+    // Variables `cargo run` set for us would look like a changed build environment to
+    // some build scripts and rebuild half the tree: pass only the ones a user sets.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_") && !matches!(&*key, "CARGO_HOME" | "CARGO_TARGET_DIR") {
+            cmd.env_remove(&*key);
+        }
+    }
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().context("running cargo build for the sigma binary")?;
+    if !status.success() {
+        bail!("cargo build of the sigma binary failed ({status})");
+    }
+    Ok(())
+}
+
+/// Protocol parameters passed to every node (`None`: the daemon's default).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Params {
+    /// Replicas per lock (with `m`).
+    pub n: Option<usize>,
+    /// Votes needed (with `n`).
+    pub m: Option<usize>,
+    /// Lease of a vote, ms.
+    pub lease_ms: Option<u64>,
+}
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// Index in the testnet (names the files).
+    pub index: usize,
+    /// TCP port for peers (0: ephemeral).
+    pub tcp_port: u16,
+    /// API port (0: ephemeral).
+    pub api_port: u16,
+    /// Identity file.
+    pub key_file: PathBuf,
+    /// stderr of the node.
+    pub log_file: PathBuf,
+    /// stdout of the node (its `SIGMA_*` lines).
+    pub stdout_file: PathBuf,
+    /// Peers to join through (`…/p2p/ID`).
+    pub bootstrap: Vec<String>,
+    /// Protocol parameters.
+    pub params: Params,
+    /// Append to the log (a restart) instead of starting it anew.
+    pub append_log: bool,
+}
+
+impl Spec {
+    /// The files of node `index` under `dir`.
+    pub fn new(dir: &Path, index: usize, params: Params) -> Spec {
+        Spec {
+            index,
+            tcp_port: 0,
+            api_port: 0,
+            key_file: dir.join(format!("node-{index}.key")),
+            log_file: dir.join(format!("node-{index}.log")),
+            stdout_file: dir.join(format!("node-{index}.stdout")),
+            bootstrap: Vec::new(),
+            params,
+            append_log: false,
+        }
+    }
+}
+
+/// A started daemon, once it printed `SIGMA_READY`.
+#[derive(Debug)]
+pub struct Started {
+    /// The process (the driver's child until it exits).
+    pub child: Child,
+    /// Its pid.
+    pub pid: u32,
+    /// `SIGMA_PEER_ID=`.
+    pub peer_id: String,
+    /// `SIGMA_LISTEN=` lines (each ends with /p2p/ID).
+    pub listen: Vec<String>,
+    /// `SIGMA_API=`.
+    pub api: SocketAddr,
+    /// The TCP port it listens on for peers.
+    pub tcp_port: u16,
+}
+
+/// The last `n` lines of a file (empty if unreadable).
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A failure report: what happened plus the last lines of the node's log.
+pub fn with_log(what: &str, log: &Path) -> String {
+    let t = tail(log, LOG_TAIL);
+    if t.trim().is_empty() {
+        format!("{what} (log {} is empty)", log.display())
+    } else {
+        let indented: Vec<String> = t.lines().map(|l| format!("    | {l}")).collect();
+        format!("{what}; last lines of {}:\n{}", log.display(), indented.join("\n"))
+    }
+}
+
+/// The TCP port of a multiaddr, if any.
+pub fn tcp_port(addr: &str) -> Option<u16> {
+    let a: Multiaddr = addr.parse().ok()?;
+    a.iter().find_map(|p| match p {
+        Protocol::Tcp(port) => Some(port),
+        _ => None,
+    })
+}
+
+/// Default log filter for the nodes (`RUST_LOG` wins): info, without the per-lock line
+/// of the HTTP layer (the event loop logs each acquisition already).
+const NODE_LOG: &str = "info,sigma_node::http=warn";
+
+/// Spawns `sigma run` for `spec`, detached (own session: it outlives the driver and
+/// does not get the terminal's signals), and waits up to `timeout` for `SIGMA_READY`.
+pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
+    let mut log = if spec.append_log {
+        OpenOptions::new().create(true).append(true).open(&spec.log_file)
+    } else {
+        File::create(&spec.log_file)
+    }
+    .with_context(|| format!("creating {}", spec.log_file.display()))?;
+    let _ = writeln!(
+        log,
+        "=== sigma-testnet: starting node {} ({} ms since the epoch) ===",
+        spec.index,
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
+    );
+    let out = File::create(&spec.stdout_file).with_context(|| format!("creating {}", spec.stdout_file.display()))?;
+
+    let mut cmd = Command::new(bin);
+    cmd.arg("run")
+        .arg("--listen")
+        .arg(format!("/ip4/127.0.0.1/tcp/{}", spec.tcp_port))
+        .arg("--api")
+        .arg(format!("127.0.0.1:{}", spec.api_port))
+        .arg("--key-file")
+        .arg(&spec.key_file);
+    for b in &spec.bootstrap {
+        cmd.arg("--bootstrap").arg(b);
+    }
+    if let (Some(n), Some(m)) = (spec.params.n, spec.params.m) {
+        cmd.arg("--n").arg(n.to_string()).arg("--m").arg(m.to_string());
+    }
+    if let Some(ms) = spec.params.lease_ms {
+        cmd.arg("--lease-ms").arg(ms.to_string());
+    }
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", NODE_LOG);
+    }
+    // Plain text logs (tracing-subscriber honours NO_COLOR).
+    cmd.env("NO_COLOR", "1").stdin(Stdio::null()).stdout(out).stderr(log);
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().with_context(|| format!("spawning {} for node {}", bin.display(), spec.index))?;
+    let pid = child.id();
+
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(&spec.stdout_file).unwrap_or_default();
+        if text.lines().any(|l| l.trim() == "SIGMA_READY") {
+            return parse_ready(&text, child, pid);
+        }
+        if let Some(st) = child.try_wait().context("waiting for the node")? {
+            bail!(with_log(&format!("node {} exited during start-up ({st})", spec.index), &spec.log_file));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(with_log(
+                &format!("node {} printed no SIGMA_READY within {:.0} s (killed)", spec.index, timeout.as_secs_f64()),
+                &spec.log_file
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn parse_ready(text: &str, child: Child, pid: u32) -> Result<Started> {
+    let (mut peer_id, mut listen, mut api) = (String::new(), Vec::new(), None);
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("SIGMA_PEER_ID=") {
+            peer_id = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("SIGMA_LISTEN=") {
+            listen.push(v.trim().to_owned());
+        } else if let Some(v) = line.strip_prefix("SIGMA_API=") {
+            api = Some(v.trim().parse::<SocketAddr>().map_err(|e| anyhow!("bad SIGMA_API={v}: {e}"))?);
+        }
+    }
+    let api = api.context("no SIGMA_API= line")?;
+    let tcp = listen.iter().find_map(|a| tcp_port(a)).context("no TCP SIGMA_LISTEN= line")?;
+    if peer_id.is_empty() {
+        bail!("no SIGMA_PEER_ID= line");
+    }
+    Ok(Started { child, pid, peer_id, listen, api, tcp_port: tcp })
+}
+
+/// Sends `sig` to `pid`; false if there is no such process.
+pub fn signal(pid: u32, sig: i32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else { return false };
+    // SAFETY: kill(2) with a positive pid signals that one process only.
+    pid > 0 && unsafe { libc::kill(pid, sig) } == 0
+}
+
+/// Whether `pid` is a live (not zombie) process.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => {
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|s| s != "Z")
+        }
+        Err(_) => false,
+    }
+}
+
+/// Whether `pid` is alive and is `sigma run` with this key file: a pid from a manifest
+/// may have been reused by an unrelated process, which must never be signalled.
+pub fn is_our_node(pid: u32, key_file: &Path) -> bool {
+    if !alive(pid) {
+        return false;
+    }
+    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+    let key = key_file.as_os_str().as_encoded_bytes();
+    args.contains(&&b"run"[..]) && args.contains(&key)
+}
+
+/// SIGTERM, then SIGKILL if still there after `grace`; returns whether it was killed.
+/// `exited` tells whether the process is gone (for a child: `try_wait`).
+pub fn terminate(pid: u32, grace: Duration, mut exited: impl FnMut() -> bool) -> bool {
+    if exited() {
+        return false;
+    }
+    signal(pid, libc::SIGCONT);
+    signal(pid, libc::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if exited() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    signal(pid, libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !exited() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_lines_are_parsed() {
+        let id = "12D3KooWS9B3dcm1KwPfCybJExn8vfkJfXPadaAvTSEddzVzGTuk";
+        let text = format!(
+            "SIGMA_PEER_ID={id}\nSIGMA_LISTEN=/ip4/127.0.0.1/tcp/4242/p2p/{id}\nSIGMA_API=127.0.0.1:7701\nSIGMA_READY\n"
+        );
+        let child = Command::new("true").spawn().unwrap();
+        let s = parse_ready(&text, child, 1).unwrap();
+        assert_eq!(s.peer_id, id);
+        assert_eq!(s.tcp_port, 4242);
+        assert_eq!(s.api, "127.0.0.1:7701".parse().unwrap());
+        let mut c = s.child;
+        c.wait().unwrap();
+    }
+
+    #[test]
+    fn our_own_process_is_not_a_node() {
+        assert!(alive(std::process::id()));
+        assert!(!is_our_node(std::process::id(), Path::new("/nonexistent/node-0.key")));
+        assert!(!alive(u32::MAX - 1));
+    }
+
+    #[test]
+    fn tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        std::fs::write(&p, (0..30).map(|i| format!("line {i}\n")).collect::<String>()).unwrap();
+        let t = tail(&p, 3);
+        assert_eq!(t, "line 27\nline 28\nline 29");
+        assert!(with_log("x failed", &p).contains("    | line 29"));
+    }
+}

@@ -1,0 +1,624 @@
+//! `sigma-testnet run`: up, a workload, faults, the checker, down; a live view on
+//! stderr (hidden when stderr is not a terminal), a summary table on stdout, the same
+//! figures as JSON on request, PASS or FAIL.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::api::{self, Completed};
+use super::chaos::{say, ChaosOptions, Crash, Fault, FaultEvent, Supervisor};
+use super::check::{self, Findings};
+use super::cluster::{Cluster, State, UpOptions};
+use super::workload::{resource_name, NodeState, Slot, Workload, WorkloadOptions, World};
+
+/// Parameters of a run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The testnet.
+    pub up: UpOptions,
+    /// Resources (locks).
+    pub resources: usize,
+    /// Clients.
+    pub clients: usize,
+    /// Length of the workload.
+    pub duration: Duration,
+    /// Time in the critical section.
+    pub hold: Duration,
+    /// `timeout_ms` of each acquire.
+    pub acquire_timeout_ms: u64,
+    /// Faults.
+    pub chaos: ChaosOptions,
+}
+
+/// Latency figures, ms.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Latency {
+    /// Successful acquires measured.
+    pub count: usize,
+    /// Median.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Maximum.
+    pub max_ms: f64,
+}
+
+/// One resource's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResourceFigures {
+    /// Lock name.
+    pub name: String,
+    /// Critical sections entered.
+    pub entries: usize,
+    /// Entries per second of workload.
+    pub cs_per_s: f64,
+    /// Clients bound to it.
+    pub clients: usize,
+    /// Of those, clients that entered at least once.
+    pub clients_served: usize,
+}
+
+/// A PASS/FAIL line.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    /// What is checked.
+    pub name: String,
+    /// Whether it holds.
+    pub pass: bool,
+    /// The figure behind it.
+    pub detail: String,
+}
+
+/// Acquire and release outcomes.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Attempts {
+    /// Acquires answered 408.
+    pub timeouts: u64,
+    /// Acquires that failed otherwise (node down or paused, 503, …).
+    pub errors: u64,
+    /// Attempts through another node than the client's own.
+    pub failovers: u64,
+    /// Releases answered 404: the lock had been lost while held.
+    pub releases_lost: u64,
+    /// Releases that failed (node gone).
+    pub releases_failed: u64,
+    /// Holders that held on while their node was paused.
+    pub paused_holders: u64,
+    /// The first few acquire errors.
+    pub sample_errors: Vec<String>,
+}
+
+/// Everything a run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    /// Nodes started by `up`.
+    pub nodes: usize,
+    /// Resources.
+    pub resources: usize,
+    /// Clients.
+    pub clients: usize,
+    /// Requested workload length, s.
+    pub duration_s: f64,
+    /// Measured workload length, s.
+    pub elapsed_s: f64,
+    /// Hold time, ms.
+    pub hold_ms: f64,
+    /// Replicas per lock (None: the daemon's default).
+    pub n: Option<usize>,
+    /// Quorum (None: the daemon's default).
+    pub m: Option<usize>,
+    /// Lease, ms (None: the daemon's default).
+    pub lease_ms: Option<u64>,
+    /// Chaos seed.
+    pub seed: u64,
+    /// Enabled fault kinds.
+    pub chaos: Vec<Fault>,
+    /// Mean seconds between faults.
+    pub chaos_interval_s: f64,
+    /// Stopped early by Ctrl-C.
+    pub interrupted: bool,
+    /// Seconds the swarm took to form.
+    pub formed_in_s: f64,
+    /// The testnet directory (logs).
+    pub dir: String,
+    /// Critical sections entered.
+    pub entries: usize,
+    /// Entries per second.
+    pub cs_per_s: f64,
+    /// Per resource.
+    pub per_resource: Vec<ResourceFigures>,
+    /// Acquire latency of the successful acquires.
+    pub acquire_latency: Latency,
+    /// Other outcomes.
+    pub attempts: Attempts,
+    /// Σ sigma_completed_total over the nodes (killed incarnations scraped before the kill).
+    pub completed: u64,
+    /// Σ sigma_completed_messages_total.
+    pub completed_messages: u64,
+    /// Their ratio: protocol messages per CS entry.
+    pub messages_per_entry: f64,
+    /// Faults that took effect, by kind.
+    pub faults_fired: BTreeMap<String, usize>,
+    /// Every fault, in order.
+    pub fault_events: Vec<FaultEvent>,
+    /// Nodes that died on their own.
+    pub crashes: Vec<Crash>,
+    /// Σ token_regressions reported by the nodes themselves (GET /v1/status).
+    pub node_token_regressions: u64,
+    /// Exclusion violations.
+    pub violations: usize,
+    /// Overlaps after the earlier holder's lease had expired, later token larger.
+    pub overlaps_after_expiry: usize,
+    /// Fencing-token regressions between successive holders.
+    pub token_regressions: usize,
+    /// Clients never served.
+    pub never_served: Vec<usize>,
+    /// The first few of each finding.
+    pub findings: Findings,
+    /// PASS/FAIL lines.
+    pub targets: Vec<Target>,
+    /// All targets hold.
+    pub pass: bool,
+    /// Every critical section (not in the JSON: see [`records_csv`]).
+    #[serde(skip)]
+    pub records: Vec<check::Cs>,
+}
+
+/// Every critical section as CSV: client, resource, node, token, enter_ms, exit_ms,
+/// valid_until_ms (ms since the workload started), sorted by resource and enter time.
+pub fn records_csv(r: &RunReport) -> String {
+    let mut rows = r.records.clone();
+    rows.sort_by_key(|e| (e.resource, e.enter));
+    let mut s = String::from("client,resource,node,token,enter_ms,exit_ms,valid_until_ms\n");
+    for e in rows {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{:.3},{:.3},{:.3}",
+            e.client,
+            resource_name(e.resource),
+            e.node,
+            e.token,
+            e.enter.as_secs_f64() * 1e3,
+            e.exit.as_secs_f64() * 1e3,
+            e.valid_until.as_secs_f64() * 1e3
+        );
+    }
+    s
+}
+
+fn pct(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn view(len: Duration) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(len.as_secs().max(1)), ProgressDrawTarget::stderr_with_hz(4));
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{bar:20}] {pos:>3}/{len}s {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb
+}
+
+/// Runs the whole job. Errors are set-up failures (the nodes did not start or the swarm
+/// did not form); a run that completes returns its report, PASS or FAIL.
+pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
+    let wopts = WorkloadOptions {
+        clients: opts.clients,
+        resources: opts.resources,
+        nodes: opts.up.nodes,
+        hold: opts.hold,
+        acquire_timeout_ms: opts.acquire_timeout_ms,
+    };
+    anyhow::ensure!(opts.clients > 0 && opts.resources > 0, "--clients and --resources must be at least 1");
+    eprintln!(
+        "sigma-testnet run: starting {} nodes in {} ({})",
+        opts.up.nodes,
+        opts.up.dir.display(),
+        opts.up.sigma_bin.display()
+    );
+    let cluster = Cluster::up(opts.up.clone()).await?;
+    cluster.manifest().save()?;
+    let formed_in = cluster.formed_in;
+    eprintln!(
+        "sigma-testnet run: swarm formed in {:.1} s; workload for {:.0} s",
+        formed_in.as_secs_f64(),
+        opts.duration.as_secs_f64()
+    );
+
+    let shared = Arc::new(Mutex::new(World {
+        nodes: cluster.members.iter().map(|m| Slot { api: m.record.api, state: NodeState::Up }).collect(),
+        phases: Vec::new(),
+    }));
+    let http = api::client()?;
+    let pb = view(opts.duration);
+    let fired = Arc::new(AtomicU64::new(0));
+    let workload = Workload::start(&wopts, &shared, &http);
+    let start = workload.start;
+    let supervisor = Supervisor::new(cluster, shared.clone(), opts.chaos.clone(), start, pb.clone(), fired.clone())?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let supervisor = tokio::spawn(supervisor.run(stop_rx));
+
+    // The live view.
+    let counters = workload.counters.clone();
+    let view_task = {
+        let pb = pb.clone();
+        let fired = fired.clone();
+        tokio::spawn(async move {
+            let mut last = (Instant::now(), 0u64);
+            let mut rate = 0.0;
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let entries = counters.entries.load(Ordering::Relaxed);
+                let now = Instant::now();
+                let dt = (now - last.0).as_secs_f64();
+                if dt >= 1.0 {
+                    rate = (entries - last.1) as f64 / dt;
+                    last = (now, entries);
+                }
+                pb.set_position(start.elapsed().as_secs());
+                pb.set_message(format!(
+                    "CS {entries} ({rate:.0}/s)  waiting {}  holding {}  errors {}  faults {}",
+                    counters.waiting.load(Ordering::Relaxed),
+                    counters.holding.load(Ordering::Relaxed),
+                    counters.errors.load(Ordering::Relaxed) + counters.timeouts.load(Ordering::Relaxed),
+                    fired.load(Ordering::Relaxed),
+                ));
+            }
+        })
+    };
+
+    let interrupted = tokio::select! {
+        _ = tokio::time::sleep(opts.duration) => false,
+        _ = tokio::signal::ctrl_c() => {
+            say(&pb, "interrupted: stopping the workload and the testnet");
+            true
+        }
+    };
+    // Faults first (a paused node is resumed, its holder lets go), then the clients.
+    let _ = stop_tx.send(true);
+    let outcome = supervisor.await.context("the chaos supervisor panicked")?;
+    let (counters, records) = workload.stop(Duration::from_secs(2)).await;
+    let elapsed = start.elapsed().min(opts.duration.max(Duration::from_millis(1)));
+    view_task.abort();
+    pb.finish_and_clear();
+
+    // Counters of the live nodes, then down.
+    let mut cluster = outcome.cluster;
+    let mut completed = outcome.retired;
+    let mut node_regressions = 0;
+    for m in &cluster.members {
+        if m.record.state != State::Running {
+            continue;
+        }
+        match api::completed(&http, m.record.api, Duration::from_secs(3)).await {
+            Ok(c) => completed = completed + c,
+            Err(e) => eprintln!("sigma-testnet: node {}: metrics unavailable: {e:#}", m.record.index),
+        }
+        if let Ok(st) = api::status(&http, m.record.api, Duration::from_secs(3)).await {
+            node_regressions += st.token_regressions;
+        }
+    }
+    cluster.down(Duration::from_secs(5)).await;
+    cluster.manifest().save()?;
+
+    let findings = check::check(&records.entries, opts.resources, opts.clients);
+    let report = build_report(
+        opts,
+        &cluster,
+        formed_in,
+        elapsed,
+        interrupted,
+        &counters,
+        records,
+        completed,
+        node_regressions,
+        outcome.events,
+        outcome.crashes,
+        findings,
+    );
+    let summary = render(&report);
+    Ok((report, summary))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_report(
+    opts: &RunOptions,
+    cluster: &Cluster,
+    formed_in: Duration,
+    elapsed: Duration,
+    interrupted: bool,
+    counters: &super::workload::Counters,
+    records: super::workload::Records,
+    completed: Completed,
+    node_token_regressions: u64,
+    fault_events: Vec<FaultEvent>,
+    crashes: Vec<Crash>,
+    mut findings: Findings,
+) -> RunReport {
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let all = records.entries.clone();
+    let mut lat = records.acquire_ms.clone();
+    lat.sort_by(f64::total_cmp);
+    let acquire_latency = Latency {
+        count: lat.len(),
+        p50_ms: pct(&lat, 0.5),
+        p99_ms: pct(&lat, 0.99),
+        max_ms: lat.last().copied().unwrap_or(0.0),
+    };
+    let per_resource = (0..opts.resources)
+        .map(|r| {
+            let entries = records.entries.iter().filter(|e| e.resource == r).count();
+            let clients: Vec<usize> = (0..opts.clients).filter(|k| k % opts.resources == r).collect();
+            let served = clients.iter().filter(|k| !findings.never_served.contains(k)).count();
+            ResourceFigures {
+                name: resource_name(r),
+                entries,
+                cs_per_s: entries as f64 / secs,
+                clients: clients.len(),
+                clients_served: served,
+            }
+        })
+        .collect();
+    let mut faults_fired = BTreeMap::new();
+    for k in &opts.chaos.faults {
+        faults_fired.insert(k.name().to_owned(), fault_events.iter().filter(|e| e.kind == *k && e.ok).count());
+    }
+    let fired_total: usize = faults_fired.values().sum();
+    let failed_faults: Vec<&FaultEvent> = fault_events.iter().filter(|e| !e.ok).collect();
+    let entries = records.entries.len();
+    let (violations, overlaps_after_expiry, token_regressions) =
+        (findings.violations.len(), findings.expired_overlaps.len(), findings.token_regressions.len());
+    let never_served = findings.never_served.clone();
+
+    let mut targets = vec![
+        Target { name: "critical sections entered".into(), pass: entries > 0, detail: entries.to_string() },
+        Target { name: "exclusion violations".into(), pass: violations == 0, detail: violations.to_string() },
+        Target {
+            name: "fencing tokens increase across successive holders".into(),
+            pass: token_regressions == 0,
+            detail: format!("{token_regressions} regressions"),
+        },
+        Target {
+            name: "waiters never served".into(),
+            pass: never_served.is_empty(),
+            detail: if never_served.is_empty() {
+                "0".into()
+            } else {
+                format!("{} (clients {:?})", never_served.len(), never_served)
+            },
+        },
+        Target {
+            name: "nodes crashed".into(),
+            pass: crashes.is_empty(),
+            detail: if crashes.is_empty() {
+                "0".into()
+            } else {
+                crashes.iter().map(|c| format!("node {} ({})", c.node, c.status)).collect::<Vec<_>>().join(", ")
+            },
+        },
+    ];
+    if !opts.chaos.faults.is_empty() {
+        targets.push(Target { name: "faults fired".into(), pass: fired_total > 0, detail: fired_total.to_string() });
+        targets.push(Target {
+            name: "faults that failed to take effect".into(),
+            pass: failed_faults.is_empty(),
+            detail: if failed_faults.is_empty() {
+                "0".into()
+            } else {
+                failed_faults.iter().map(|e| format!("{} node {}", e.kind, e.node)).collect::<Vec<_>>().join(", ")
+            },
+        });
+    }
+    let pass = targets.iter().all(|t| t.pass);
+    findings.violations.truncate(20);
+    findings.expired_overlaps.truncate(20);
+    findings.token_regressions.truncate(20);
+
+    RunReport {
+        nodes: opts.up.nodes,
+        resources: opts.resources,
+        clients: opts.clients,
+        duration_s: opts.duration.as_secs_f64(),
+        elapsed_s: secs,
+        hold_ms: opts.hold.as_secs_f64() * 1e3,
+        n: opts.up.params.n,
+        m: opts.up.params.m,
+        lease_ms: opts.up.params.lease_ms,
+        seed: opts.chaos.seed,
+        chaos: opts.chaos.faults.clone(),
+        chaos_interval_s: opts.chaos.mean_interval.as_secs_f64(),
+        interrupted,
+        formed_in_s: formed_in.as_secs_f64(),
+        dir: cluster.opts.dir.display().to_string(),
+        entries,
+        cs_per_s: entries as f64 / secs,
+        per_resource,
+        acquire_latency,
+        attempts: Attempts {
+            timeouts: counters.timeouts.load(Ordering::Relaxed),
+            errors: counters.errors.load(Ordering::Relaxed),
+            failovers: counters.failovers.load(Ordering::Relaxed),
+            releases_lost: counters.releases_lost.load(Ordering::Relaxed),
+            releases_failed: counters.releases_failed.load(Ordering::Relaxed),
+            paused_holders: counters.paused_holders.load(Ordering::Relaxed),
+            sample_errors: records.sample_errors,
+        },
+        completed: completed.completed,
+        completed_messages: completed.messages,
+        messages_per_entry: if completed.completed > 0 {
+            completed.messages as f64 / completed.completed as f64
+        } else {
+            0.0
+        },
+        faults_fired,
+        fault_events,
+        crashes,
+        node_token_regressions,
+        violations,
+        overlaps_after_expiry,
+        token_regressions,
+        never_served,
+        findings,
+        targets,
+        pass,
+        records: all,
+    }
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>, default: &str) -> String {
+    v.map_or_else(|| default.to_owned(), |v| v.to_string())
+}
+
+/// The summary table.
+pub fn render(r: &RunReport) -> String {
+    let mut s = String::new();
+    let chaos = if r.chaos.is_empty() {
+        "none".to_owned()
+    } else {
+        format!(
+            "{} (mean interval {:.1} s)",
+            r.chaos.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
+            r.chaos_interval_s
+        )
+    };
+    let _ = writeln!(
+        s,
+        "sigma-testnet run: {} nodes, {} resources, {} clients, {:.1} s, hold {:.0} ms; n={} m={} lease {} ms; chaos: {chaos}; seed {}",
+        r.nodes,
+        r.resources,
+        r.clients,
+        r.elapsed_s,
+        r.hold_ms,
+        opt(r.n, "32"),
+        opt(r.m, "24"),
+        opt(r.lease_ms, "10000"),
+        r.seed
+    );
+    if r.interrupted {
+        let _ = writeln!(s, "  INTERRUPTED after {:.1} s of {:.0} s", r.elapsed_s, r.duration_s);
+    }
+    let _ = writeln!(s, "  swarm formed in {:.1} s; logs and manifest in {}", r.formed_in_s, r.dir);
+    let _ = writeln!(s);
+    let _ = writeln!(s, "{:<16} {:>10} {:>10} {:>16}", "resource", "CS entries", "CS/s", "clients served");
+    for p in &r.per_resource {
+        let _ = writeln!(
+            s,
+            "{:<16} {:>10} {:>10.1} {:>16}",
+            p.name,
+            p.entries,
+            p.cs_per_s,
+            format!("{}/{}", p.clients_served, p.clients)
+        );
+    }
+    let served: usize = r.per_resource.iter().map(|p| p.clients_served).sum();
+    let _ =
+        writeln!(s, "{:<16} {:>10} {:>10.1} {:>16}", "total", r.entries, r.cs_per_s, format!("{served}/{}", r.clients));
+    let _ = writeln!(s);
+    let l = &r.acquire_latency;
+    let _ = writeln!(
+        s,
+        "acquire latency:         p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} acquires)",
+        l.p50_ms, l.p99_ms, l.max_ms, l.count
+    );
+    let a = &r.attempts;
+    let _ = writeln!(
+        s,
+        "acquire outcomes:        {} timed out (408), {} errors, {} through another node (failover)",
+        a.timeouts, a.errors, a.failovers
+    );
+    let _ = writeln!(
+        s,
+        "releases:                {} refused (lock lost while held), {} failed (node gone)",
+        a.releases_lost, a.releases_failed
+    );
+    let four_n = r.n.unwrap_or(32) * 4;
+    let _ = writeln!(
+        s,
+        "protocol messages / CS:  {:.1} (Σ sigma_completed_messages_total {} / Σ sigma_completed_total {}; 4n = {four_n})",
+        r.messages_per_entry, r.completed_messages, r.completed
+    );
+    let faults = if r.faults_fired.is_empty() {
+        "none (no --chaos)".to_owned()
+    } else {
+        r.faults_fired.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+    };
+    let _ = writeln!(s, "faults fired:            {faults}");
+    let _ = writeln!(s, "exclusion violations:    {}", r.violations);
+    for v in r.findings.violations.iter().take(5) {
+        let _ = writeln!(
+            s,
+            "    {}: client {} (node {}, token {}) in [{:.1}, {:.1}] ms (lease to {:.1}), client {} (node {}, token {}) entered at {:.1} ms",
+            resource_name(v.earlier.resource),
+            v.earlier.client,
+            v.earlier.node,
+            v.earlier.token,
+            v.earlier.enter.as_secs_f64() * 1e3,
+            v.earlier.exit.as_secs_f64() * 1e3,
+            v.earlier.valid_until.as_secs_f64() * 1e3,
+            v.later.client,
+            v.later.node,
+            v.later.token,
+            v.later.enter.as_secs_f64() * 1e3
+        );
+    }
+    let _ = writeln!(s, "overlaps after lease expiry (what fencing tokens are for): {}", r.overlaps_after_expiry);
+    if r.overlaps_after_expiry > 0 || a.paused_holders > 0 {
+        let _ = writeln!(
+            s,
+            "    pairs of overlapping critical sections, the later token larger in each; \
+             critical sections past their lease: {}; holders kept holding through a pause: {}",
+            r.findings.held_past_lease, a.paused_holders
+        );
+    }
+    let _ = writeln!(s, "fencing token regressions: {}", r.token_regressions);
+    for g in r.findings.token_regressions.iter().take(5) {
+        let _ = writeln!(
+            s,
+            "    {}: client {} token {} at {:.1} ms, then client {} token {} at {:.1} ms",
+            resource_name(g.previous.resource),
+            g.previous.client,
+            g.previous.token,
+            g.previous.enter.as_secs_f64() * 1e3,
+            g.next.client,
+            g.next.token,
+            g.next.enter.as_secs_f64() * 1e3
+        );
+    }
+    let _ = writeln!(s, "waiters never served:    {}", r.never_served.len());
+    if r.node_token_regressions > 0 {
+        let _ = writeln!(s, "token regressions reported by the nodes (status): {}", r.node_token_regressions);
+    }
+    for c in &r.crashes {
+        let _ = writeln!(s, "node {} crashed at {:.1} s ({}); last lines of its log:", c.node, c.at_s, c.status);
+        for l in c.log_tail.lines() {
+            let _ = writeln!(s, "    | {l}");
+        }
+    }
+    for e in r.fault_events.iter().filter(|e| !e.ok) {
+        let _ = writeln!(s, "fault {} on node {} at {:.1} s failed: {}", e.kind, e.node, e.at_s, e.detail);
+    }
+    if !a.sample_errors.is_empty() && (r.entries == 0 || r.chaos.is_empty()) {
+        let _ = writeln!(s, "first acquire errors:");
+        for e in &a.sample_errors {
+            let _ = writeln!(s, "    {e}");
+        }
+    }
+    let _ = writeln!(s);
+    for t in &r.targets {
+        let _ = writeln!(s, "[{}] {}: {}", if t.pass { "PASS" } else { "FAIL" }, t.name, t.detail);
+    }
+    let _ = writeln!(s, "{}", if r.pass { "PASS" } else { "FAIL" });
+    s
+}

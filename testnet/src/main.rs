@@ -11,7 +11,7 @@ use sigma_behaviour::proto::{backoff::Backoff, Config};
 use sigma_testnet::sim::engine::{self, SimConfig};
 use sigma_testnet::sim::latency::Latency;
 use sigma_testnet::sim::paper;
-use sigma_testnet::sim::protocol::{Sigma, Strawman};
+use sigma_testnet::sim::protocol::{Cmr, Obeidat, Sigma, Strawman};
 use sigma_testnet::testnet::chaos::{ChaosOptions, Fault};
 use sigma_testnet::testnet::cluster::{self, Cluster, UpOptions};
 use sigma_testnet::testnet::proc::{locate_sigma, Params};
@@ -215,7 +215,8 @@ struct PaperArgs {
 
 #[derive(Args)]
 struct RunArgs {
-    /// Protocol: sigma, strawman (constant backoff window) or strawman-exp.
+    /// Protocol: sigma, strawman (constant backoff window), strawman-exp, cmr, cmr-delayed
+    /// (exponential backoff, Δ = lease) or obeidat.
     #[arg(long, default_value = "sigma")]
     protocol: String,
     /// Arrival rate of acquisitions per second (Poisson).
@@ -248,7 +249,7 @@ struct RunArgs {
     /// Measured seconds.
     #[arg(long, default_value_t = 600.0)]
     measure: f64,
-    /// Strawman backoff window (constant) or base (exponential), seconds.
+    /// Strawman backoff window (constant) or base (exponential: strawman-exp, cmr), seconds.
     #[arg(long, default_value_t = 1.0)]
     backoff: f64,
     /// RNG seed.
@@ -400,7 +401,14 @@ fn real_main() -> Result<ExitCode> {
                 "strawman-exp" => {
                     engine::run(&Strawman(config, Backoff::Exponential { base: window, cap: window * 64 }), cfg)
                 }
-                other => anyhow::bail!("unknown protocol {other:?} (sigma, strawman, strawman-exp)"),
+                "cmr" | "cmr-delayed" => {
+                    let backoff = Backoff::Exponential { base: window, cap: window * 64 };
+                    engine::run(&Cmr { config, backoff, delayed: a.protocol == "cmr-delayed" }, cfg)
+                }
+                "obeidat" => engine::run(&Obeidat(config), cfg),
+                other => anyhow::bail!(
+                    "unknown protocol {other:?} (sigma, strawman, strawman-exp, cmr, cmr-delayed, obeidat)"
+                ),
             };
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);

@@ -28,9 +28,11 @@
 pub mod backoff;
 pub mod client;
 pub mod clock;
+pub mod cmr;
 pub mod config;
 pub mod error;
 pub mod message;
+pub mod obeidat;
 pub mod replica;
 pub mod strawman;
 

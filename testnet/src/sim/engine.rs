@@ -154,12 +154,40 @@ impl Report {
 
 enum Kind<U, D> {
     Arrival,
-    Up { replica: usize, from: ClientId, msg: U },
-    Down { client: ClientId, replica: usize, msg: D },
-    ClientTimer { client: ClientId },
-    ReplicaTimer { replica: usize },
-    Reset { replica: usize },
-    CsExit { client: ClientId },
+    Up {
+        replica: usize,
+        from: ClientId,
+        msg: U,
+    },
+    Down {
+        client: ClientId,
+        replica: usize,
+        msg: D,
+    },
+    /// Replica → replica (protocols with peer messages).
+    PeerUp {
+        replica: usize,
+        from: usize,
+        msg: U,
+    },
+    /// Client → client (protocols with peer messages).
+    PeerDown {
+        client: ClientId,
+        from: ClientId,
+        msg: D,
+    },
+    ClientTimer {
+        client: ClientId,
+    },
+    ReplicaTimer {
+        replica: usize,
+    },
+    Reset {
+        replica: usize,
+    },
+    CsExit {
+        client: ClientId,
+    },
 }
 
 struct Scheduled<U, D> {
@@ -249,7 +277,11 @@ impl<'p, P: Protocol> Sim<'p, P> {
             seq: 0,
             queue: BinaryHeap::new(),
             replicas: (0..n)
-                .map(|_| ReplicaSlot { replica: proto.new_replica(), timer: None, last_reset: None })
+                .map(|i| ReplicaSlot {
+                    replica: proto.new_replica_at(i, false, Time::ZERO),
+                    timer: None,
+                    last_reset: None,
+                })
                 .collect(),
             clients: Vec::new(),
             holders: Vec::new(),
@@ -334,6 +366,20 @@ impl<'p, P: Protocol> Sim<'p, P> {
                 }
                 self.after_replica(replica);
             }
+            Kind::PeerUp { replica, from, msg } => {
+                let slot = &mut self.replicas[replica];
+                if !self.proto.replica_handle_peer(&mut slot.replica, now, from, msg) {
+                    self.report.rejected += 1;
+                }
+                self.after_replica(replica);
+            }
+            Kind::PeerDown { client, from, msg } => {
+                let Some(c) = self.clients.get_mut(client as usize).and_then(|s| s.client.as_mut()) else { return };
+                if !self.proto.client_handle_peer(c, now, from, msg) {
+                    self.report.rejected += 1;
+                }
+                self.after_client(client);
+            }
             Kind::Down { client, replica, msg } => {
                 let Some(c) = self.clients[client as usize].client.as_mut() else { return };
                 if !self.proto.client_handle(c, now, replica, msg, &mut self.rng) {
@@ -365,7 +411,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
                 // §2: the peer hosting the replica crashed; a neighbour with empty
                 // memory takes over. Messages in flight reach the new incarnation.
                 let slot = &mut self.replicas[replica];
-                slot.replica = self.proto.new_replica();
+                slot.replica = self.proto.new_replica_at(replica, true, now);
                 slot.timer = None;
                 slot.last_reset = Some(now);
                 self.report.resets += 1;
@@ -373,6 +419,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
                     let at = now + self.exp(life.as_secs_f64());
                     self.schedule(at, Kind::Reset { replica });
                 }
+                self.after_replica(replica);
             }
             Kind::CsExit { client } => self.exit(client),
         }
@@ -384,6 +431,12 @@ impl<'p, P: Protocol> Sim<'p, P> {
             self.count_message(client);
             for at in self.deliveries() {
                 self.schedule(at, Kind::Down { client, replica, msg: msg.clone() });
+            }
+        }
+        while let Some((to, msg)) = self.proto.replica_transmit_peer(&mut self.replicas[replica].replica) {
+            self.count_message(P::up_owner(&msg));
+            for at in self.deliveries() {
+                self.schedule(at, Kind::PeerUp { replica: to, from: replica, msg: msg.clone() });
             }
         }
         let slot = &mut self.replicas[replica];
@@ -402,6 +455,13 @@ impl<'p, P: Protocol> Sim<'p, P> {
             let Some(c) = self.clients[id as usize].client.as_mut() else { return };
             if let Some(event) = self.proto.client_event(c) {
                 self.on_event(id, event);
+                continue;
+            }
+            if let Some((to, msg)) = self.proto.client_transmit_peer(c) {
+                self.count_message(id);
+                for at in self.deliveries() {
+                    self.schedule(at, Kind::PeerDown { client: to, from: id, msg: msg.clone() });
+                }
                 continue;
             }
             let Some((replica, msg)) = self.proto.client_transmit(c) else { break };

@@ -4,7 +4,8 @@
 
 use rand::RngCore;
 use sigma_behaviour::proto::{
-    self, backoff::Backoff, client::Phase, strawman, Config, Event, Replica, Response, Time, Timestamp, ToReplica,
+    self, backoff::Backoff, client::Phase, cmr, obeidat, strawman, Config, Event, Replica, Response, Time, Timestamp,
+    ToReplica,
 };
 
 /// Per-acquisition message counters a protocol reports.
@@ -79,6 +80,28 @@ pub trait Protocol {
 
     /// Acquisition a client → replica message belongs to.
     fn up_owner(msg: &Self::Up) -> ClientId;
+
+    /// Replica `index` with empty memory; `recovering` after a reset (a protocol with a
+    /// recovery procedure starts it here). Default: [`Protocol::new_replica`].
+    fn new_replica_at(&self, _index: usize, _recovering: bool, _now: Time) -> Self::Replica {
+        self.new_replica()
+    }
+    /// Next replica → replica message, with the target index (default: none).
+    fn replica_transmit_peer(&self, _r: &mut Self::Replica) -> Option<(usize, Self::Up)> {
+        None
+    }
+    /// Handles a message from replica `from`; `false` if rejected.
+    fn replica_handle_peer(&self, _r: &mut Self::Replica, _now: Time, _from: usize, _msg: Self::Up) -> bool {
+        false
+    }
+    /// Next client → client message, with the target client (default: none).
+    fn client_transmit_peer(&self, _c: &mut Self::Client) -> Option<(ClientId, Self::Down)> {
+        None
+    }
+    /// Handles a message from client `from`; `false` if rejected.
+    fn client_handle_peer(&self, _c: &mut Self::Client, _now: Time, _from: ClientId, _msg: Self::Down) -> bool {
+        false
+    }
 }
 
 /// Sigma (Fig. 5, Fig. 6, §4).
@@ -226,5 +249,175 @@ impl Protocol for Strawman {
     }
     fn up_owner(msg: &Self::Up) -> ClientId {
         msg.ts().client
+    }
+}
+
+/// Chockler–Malkhi–Reiter (2001): majority `try` with exponential backoff, a fixed
+/// exclusion period Δ (`Config::lease`), and optionally §4's delayed reply list.
+#[derive(Clone, Debug)]
+pub struct Cmr {
+    /// Shared parameters (Δ = `lease`, round timeout = `request_timeout`).
+    pub config: Config,
+    /// Backoff policy (the paper's: exponential).
+    pub backoff: Backoff,
+    /// §4 delayed reply list.
+    pub delayed: bool,
+}
+
+impl Protocol for Cmr {
+    type Replica = cmr::Replica<ClientId>;
+    type Client = cmr::Client<ClientId>;
+    type Up = cmr::ToReplica<ClientId>;
+    type Down = cmr::Reply<ClientId>;
+
+    fn name(&self) -> String {
+        if self.delayed { "cmr-delayed" } else { "cmr" }.into()
+    }
+    fn config(&self) -> &Config {
+        &self.config
+    }
+    fn new_replica(&self) -> Self::Replica {
+        cmr::Replica::new(&self.config, self.delayed)
+    }
+    fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
+        r.handle(now, &from, msg).is_ok()
+    }
+    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
+        r.handle_timeout(now)
+    }
+    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
+        r.poll_timeout()
+    }
+    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
+        r.poll_transmit()
+    }
+    fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client {
+        cmr::Client::new(self.config.clone(), self.backoff, self.delayed, ts, now)
+    }
+    fn client_handle(
+        &self,
+        c: &mut Self::Client,
+        now: Time,
+        from: usize,
+        msg: Self::Down,
+        rng: &mut dyn RngCore,
+    ) -> bool {
+        c.handle_reply(now, from, msg, rng).is_ok()
+    }
+    fn client_timeout(&self, c: &mut Self::Client, now: Time, rng: &mut dyn RngCore) {
+        c.handle_timeout(now, rng)
+    }
+    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
+        c.poll_timeout()
+    }
+    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
+        c.poll_transmit()
+    }
+    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
+        c.poll_event()
+    }
+    fn client_release(&self, c: &mut Self::Client, now: Time) {
+        c.release(now)
+    }
+    fn client_phase(&self, c: &Self::Client) -> Phase {
+        c.phase()
+    }
+    fn voters(&self, c: &Self::Client) -> Vec<usize> {
+        c.granted()
+    }
+    fn client_counters(&self, c: &Self::Client) -> Counters {
+        Counters { yields: 0, retries: u64::from(c.retries), renewals: 0 }
+    }
+    fn up_owner(msg: &Self::Up) -> ClientId {
+        msg.ts().client
+    }
+}
+
+/// Obeidat et al. (2008): coordinator, complete FCFS queue, token passing, election,
+/// recovery. Replica → replica and client → client messages use the peer hooks.
+#[derive(Clone, Debug)]
+pub struct Obeidat(pub Config);
+
+impl Protocol for Obeidat {
+    type Replica = obeidat::Replica<ClientId>;
+    type Client = obeidat::Client<ClientId>;
+    type Up = obeidat::ToReplica<ClientId>;
+    type Down = obeidat::ToClient<ClientId>;
+
+    fn name(&self) -> String {
+        "obeidat".into()
+    }
+    fn config(&self) -> &Config {
+        &self.0
+    }
+    fn new_replica(&self) -> Self::Replica {
+        obeidat::Replica::new(&self.0, 0, false, Time::ZERO)
+    }
+    fn new_replica_at(&self, index: usize, recovering: bool, now: Time) -> Self::Replica {
+        obeidat::Replica::new(&self.0, index, recovering, now)
+    }
+    fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
+        r.handle_client(now, &from, msg).is_ok()
+    }
+    fn replica_handle_peer(&self, r: &mut Self::Replica, now: Time, from: usize, msg: Self::Up) -> bool {
+        r.handle_replica(now, from, msg).is_ok()
+    }
+    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
+        r.handle_timeout(now)
+    }
+    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
+        r.poll_timeout()
+    }
+    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
+        r.poll_transmit()
+    }
+    fn replica_transmit_peer(&self, r: &mut Self::Replica) -> Option<(usize, Self::Up)> {
+        r.poll_transmit_replica()
+    }
+    fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client {
+        obeidat::Client::new(self.0.clone(), ts, now)
+    }
+    fn client_handle(
+        &self,
+        c: &mut Self::Client,
+        now: Time,
+        from: usize,
+        msg: Self::Down,
+        _: &mut dyn RngCore,
+    ) -> bool {
+        c.handle_replica(now, from, msg).is_ok()
+    }
+    fn client_handle_peer(&self, c: &mut Self::Client, now: Time, from: ClientId, msg: Self::Down) -> bool {
+        c.handle_client(now, &from, msg).is_ok()
+    }
+    fn client_timeout(&self, c: &mut Self::Client, now: Time, _: &mut dyn RngCore) {
+        c.handle_timeout(now)
+    }
+    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
+        c.poll_timeout()
+    }
+    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
+        c.poll_transmit()
+    }
+    fn client_transmit_peer(&self, c: &mut Self::Client) -> Option<(ClientId, Self::Down)> {
+        c.poll_transmit_client()
+    }
+    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
+        c.poll_event()
+    }
+    fn client_release(&self, c: &mut Self::Client, now: Time) {
+        c.release(now)
+    }
+    fn client_phase(&self, c: &Self::Client) -> Phase {
+        c.phase()
+    }
+    fn voters(&self, c: &Self::Client) -> Vec<usize> {
+        c.granted_by().into_iter().collect()
+    }
+    fn client_counters(&self, c: &Self::Client) -> Counters {
+        Counters { yields: 0, retries: u64::from(c.retries), renewals: 0 }
+    }
+    fn up_owner(msg: &Self::Up) -> ClientId {
+        msg.ts().map_or(ClientId::MAX, |ts| ts.client)
     }
 }

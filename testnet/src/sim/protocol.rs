@@ -104,6 +104,37 @@ pub trait Protocol {
     }
 }
 
+/// The methods every core state machine exposes under the same names (`poll_*`,
+/// `handle_timeout`, `release`, `phase`), written once for all protocols.
+macro_rules! delegate_uniform {
+    () => {
+        fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
+            r.handle_timeout(now)
+        }
+        fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
+            r.poll_timeout()
+        }
+        fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
+            r.poll_transmit()
+        }
+        fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
+            c.poll_timeout()
+        }
+        fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
+            c.poll_transmit()
+        }
+        fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
+            c.poll_event()
+        }
+        fn client_release(&self, c: &mut Self::Client, now: Time) {
+            c.release(now)
+        }
+        fn client_phase(&self, c: &Self::Client) -> Phase {
+            c.phase()
+        }
+    };
+}
+
 /// Sigma (Fig. 5, Fig. 6, §4).
 #[derive(Clone, Debug)]
 pub struct Sigma(pub Config);
@@ -126,15 +157,6 @@ impl Protocol for Sigma {
     fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
         r.handle(now, &from, msg).is_ok()
     }
-    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
-        r.handle_timeout(now)
-    }
-    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
-        r.poll_timeout()
-    }
-    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
-        r.poll_transmit()
-    }
     fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client {
         proto::Client::new(self.0.clone(), ts, now)
     }
@@ -151,21 +173,6 @@ impl Protocol for Sigma {
     fn client_timeout(&self, c: &mut Self::Client, now: Time, _: &mut dyn RngCore) {
         c.handle_timeout(now)
     }
-    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
-        c.poll_timeout()
-    }
-    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
-        c.poll_transmit()
-    }
-    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
-        c.poll_event()
-    }
-    fn client_release(&self, c: &mut Self::Client, now: Time) {
-        c.release(now)
-    }
-    fn client_phase(&self, c: &Self::Client) -> Phase {
-        c.phase()
-    }
     fn voters(&self, c: &Self::Client) -> Vec<usize> {
         let me = c.ts();
         c.views().iter().enumerate().filter(|(_, v)| v.owner.as_ref() == Some(me)).map(|(i, _)| i).collect()
@@ -177,6 +184,7 @@ impl Protocol for Sigma {
     fn up_owner(msg: &Self::Up) -> ClientId {
         msg.ts().client
     }
+    delegate_uniform!();
 }
 
 /// The strawman of §3 with a backoff policy.
@@ -201,15 +209,6 @@ impl Protocol for Strawman {
     fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
         r.handle(now, &from, msg).is_ok()
     }
-    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
-        r.handle_timeout(now)
-    }
-    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
-        r.poll_timeout()
-    }
-    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
-        r.poll_transmit()
-    }
     fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client {
         strawman::Client::new(self.0.clone(), self.1, ts, now)
     }
@@ -226,21 +225,6 @@ impl Protocol for Strawman {
     fn client_timeout(&self, c: &mut Self::Client, now: Time, rng: &mut dyn RngCore) {
         c.handle_timeout(now, rng)
     }
-    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
-        c.poll_timeout()
-    }
-    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
-        c.poll_transmit()
-    }
-    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
-        c.poll_event()
-    }
-    fn client_release(&self, c: &mut Self::Client, now: Time) {
-        c.release(now)
-    }
-    fn client_phase(&self, c: &Self::Client) -> Phase {
-        c.phase()
-    }
     fn voters(&self, c: &Self::Client) -> Vec<usize> {
         c.granted()
     }
@@ -250,6 +234,7 @@ impl Protocol for Strawman {
     fn up_owner(msg: &Self::Up) -> ClientId {
         msg.ts().client
     }
+    delegate_uniform!();
 }
 
 /// Chockler–Malkhi–Reiter (2001): majority `try` with exponential backoff, a fixed
@@ -282,15 +267,6 @@ impl Protocol for Cmr {
     fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
         r.handle(now, &from, msg).is_ok()
     }
-    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
-        r.handle_timeout(now)
-    }
-    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
-        r.poll_timeout()
-    }
-    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
-        r.poll_transmit()
-    }
     fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client {
         cmr::Client::new(self.config.clone(), self.backoff, self.delayed, ts, now)
     }
@@ -307,21 +283,6 @@ impl Protocol for Cmr {
     fn client_timeout(&self, c: &mut Self::Client, now: Time, rng: &mut dyn RngCore) {
         c.handle_timeout(now, rng)
     }
-    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
-        c.poll_timeout()
-    }
-    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
-        c.poll_transmit()
-    }
-    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
-        c.poll_event()
-    }
-    fn client_release(&self, c: &mut Self::Client, now: Time) {
-        c.release(now)
-    }
-    fn client_phase(&self, c: &Self::Client) -> Phase {
-        c.phase()
-    }
     fn voters(&self, c: &Self::Client) -> Vec<usize> {
         c.granted()
     }
@@ -331,6 +292,7 @@ impl Protocol for Cmr {
     fn up_owner(msg: &Self::Up) -> ClientId {
         msg.ts().client
     }
+    delegate_uniform!();
 }
 
 /// Obeidat et al. (2008): coordinator, complete FCFS queue, token passing, election,
@@ -362,15 +324,6 @@ impl Protocol for Obeidat {
     fn replica_handle_peer(&self, r: &mut Self::Replica, now: Time, from: usize, msg: Self::Up) -> bool {
         r.handle_replica(now, from, msg).is_ok()
     }
-    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
-        r.handle_timeout(now)
-    }
-    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
-        r.poll_timeout()
-    }
-    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
-        r.poll_transmit()
-    }
     fn replica_transmit_peer(&self, r: &mut Self::Replica) -> Option<(usize, Self::Up)> {
         r.poll_transmit_replica()
     }
@@ -393,23 +346,8 @@ impl Protocol for Obeidat {
     fn client_timeout(&self, c: &mut Self::Client, now: Time, _: &mut dyn RngCore) {
         c.handle_timeout(now)
     }
-    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
-        c.poll_timeout()
-    }
-    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
-        c.poll_transmit()
-    }
     fn client_transmit_peer(&self, c: &mut Self::Client) -> Option<(ClientId, Self::Down)> {
         c.poll_transmit_client()
-    }
-    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
-        c.poll_event()
-    }
-    fn client_release(&self, c: &mut Self::Client, now: Time) {
-        c.release(now)
-    }
-    fn client_phase(&self, c: &Self::Client) -> Phase {
-        c.phase()
     }
     fn voters(&self, c: &Self::Client) -> Vec<usize> {
         c.granted_by().into_iter().collect()
@@ -420,4 +358,5 @@ impl Protocol for Obeidat {
     fn up_owner(msg: &Self::Up) -> ClientId {
         msg.ts().map_or(ClientId::MAX, |ts| ts.client)
     }
+    delegate_uniform!();
 }

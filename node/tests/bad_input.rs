@@ -12,118 +12,17 @@ use futures::prelude::*;
 use libp2p::kad::KBucketKey;
 use libp2p::request_response::{self, Codec as _, OutboundFailure, OutboundRequestId, ProtocolSupport};
 use libp2p::swarm::{NetworkBehaviour, Swarm, SwarmEvent};
-use libp2p::{noise, tcp, yamux, Multiaddr, PeerId, StreamProtocol, SwarmBuilder};
-use serde_json::Value;
+use libp2p::{noise, tcp, yamux, PeerId, StreamProtocol, SwarmBuilder};
 use sigma_behaviour::proto::{Timestamp, ToReplica};
 use sigma_behaviour::wire::{self, Rejection, Reply, Request};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-const SIGMA: &str = env!("CARGO_BIN_EXE_sigma");
-/// Upper bound for anything that should take a second or two.
-const PATIENCE: Duration = Duration::from_secs(30);
+mod daemon;
+
+use daemon::{daemon, eventually, get_json, get_text, sample, PATIENCE, SIGMA};
+
 /// The daemons' number of replicas per lock (their default).
 const N: u16 = 32;
-
-// ---------------------------------------------------------------------------------
-// Daemons (as in cli.rs)
-
-/// A `sigma run` process; killed when dropped. Its log is printed if the test fails.
-struct Daemon {
-    _child: Child,
-    peer_id: PeerId,
-    listen: Vec<Multiaddr>,
-    api: String,
-    log: std::path::PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // `kill_on_drop(true)` kills the process when `_child` is dropped.
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(60).collect();
-            eprintln!("--- log of daemon {} (last lines) ---", self.peer_id);
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
-            }
-        }
-    }
-}
-
-async fn daemon(dir: &std::path::Path, tag: &str, bootstrap: &[Multiaddr]) -> Daemon {
-    let log = dir.join(format!("{tag}.log"));
-    let mut cmd = Command::new(SIGMA);
-    cmd.args(["run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0", "--lease-ms", "3000"])
-        .arg("--key-file")
-        .arg(dir.join(format!("{tag}.key")))
-        .env("RUST_LOG", "info,sigma_node=debug,sigma_behaviour=debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true);
-    for b in bootstrap {
-        cmd.args(["--bootstrap", &b.to_string()]);
-    }
-    let mut child = cmd.spawn().expect("spawn sigma run");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut peer_id, mut listen, mut api) = (String::new(), Vec::new(), String::new());
-    let ready = async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(v) = line.strip_prefix("SIGMA_PEER_ID=") {
-                peer_id = v.to_owned();
-            } else if let Some(v) = line.strip_prefix("SIGMA_LISTEN=") {
-                listen.push(v.parse::<Multiaddr>().expect("SIGMA_LISTEN is a multiaddr"));
-            } else if let Some(v) = line.strip_prefix("SIGMA_API=") {
-                api = v.to_owned();
-            } else if line == "SIGMA_READY" {
-                return true;
-            }
-        }
-        false
-    };
-    let ok = tokio::time::timeout(PATIENCE, ready).await.unwrap_or(false);
-    if !ok {
-        panic!("daemon {tag} did not get ready:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-    }
-    // Keep draining stdout so the daemon never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let peer_id: PeerId = peer_id.parse().expect("SIGMA_PEER_ID is a peer id");
-    assert!(!listen.is_empty() && !api.is_empty());
-    Daemon { _child: child, peer_id, listen, api, log }
-}
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
-
-async fn get_text(url: &str) -> String {
-    let resp = http().get(url).timeout(Duration::from_secs(10)).send().await.unwrap();
-    assert!(resp.status().is_success(), "{url}: {}", resp.status());
-    resp.text().await.unwrap()
-}
-
-async fn get_json(url: &str) -> Value {
-    serde_json::from_str(&get_text(url).await).unwrap()
-}
-
-/// Polls `check` every 20 ms until it holds; panics after [`PATIENCE`].
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The value of the sample `series` (name and labels, as printed) in a `/metrics` text.
-fn sample(metrics: &str, series: &str) -> Option<u64> {
-    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
-}
 
 // ---------------------------------------------------------------------------------
 // The client swarm

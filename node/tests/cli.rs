@@ -1,105 +1,16 @@
 //! End to end: real `sigma run` daemons on 127.0.0.1 (ephemeral ports), driven by the
 //! real `sigma lock` and `sigma status` and by the HTTP control API.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-const SIGMA: &str = env!("CARGO_BIN_EXE_sigma");
-/// Upper bound for anything that should take a second or two.
-const PATIENCE: Duration = Duration::from_secs(60);
+mod daemon;
 
-/// A `sigma run` process; killed when dropped. Its log is printed if the test fails.
-struct Daemon {
-    child: Child,
-    peer_id: String,
-    listen: Vec<String>,
-    api: String,
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(60).collect();
-            eprintln!("--- log of daemon {} (last lines) ---", self.peer_id);
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
-            }
-        }
-    }
-}
-
-async fn daemon(dir: &Path, tag: &str, bootstrap: &[String]) -> Daemon {
-    let log = dir.join(format!("{tag}.log"));
-    let mut cmd = Command::new(SIGMA);
-    cmd.args(["run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0", "--lease-ms", "3000"])
-        .arg("--key-file")
-        .arg(dir.join(format!("{tag}.key")))
-        .env("RUST_LOG", "info,sigma_node=debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true);
-    for b in bootstrap {
-        cmd.args(["--bootstrap", b]);
-    }
-    let mut child = cmd.spawn().expect("spawn sigma run");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut peer_id, mut listen, mut api) = (String::new(), Vec::new(), String::new());
-    let ready = async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(v) = line.strip_prefix("SIGMA_PEER_ID=") {
-                peer_id = v.to_owned();
-            } else if let Some(v) = line.strip_prefix("SIGMA_LISTEN=") {
-                listen.push(v.to_owned());
-            } else if let Some(v) = line.strip_prefix("SIGMA_API=") {
-                api = v.to_owned();
-            } else if line == "SIGMA_READY" {
-                return true;
-            }
-        }
-        false
-    };
-    let ok = tokio::time::timeout(PATIENCE, ready).await.unwrap_or(false);
-    if !ok {
-        panic!("daemon {tag} did not get ready:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-    }
-    // Keep draining stdout so the daemon never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    assert!(!peer_id.is_empty() && !listen.is_empty() && !api.is_empty());
-    assert!(listen.iter().all(|a| a.ends_with(&format!("/p2p/{peer_id}"))), "{listen:?}");
-    Daemon { child, peer_id, listen, api, log }
-}
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
-
-async fn get_json(url: &str) -> Value {
-    let resp = http().get(url).timeout(Duration::from_secs(10)).send().await.unwrap();
-    assert!(resp.status().is_success(), "{url}: {}", resp.status());
-    resp.json().await.unwrap()
-}
-
-/// Polls `check` every 50 ms until it holds; panics after [`PATIENCE`].
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use daemon::{daemon, eventually, get_json, http, Daemon, PATIENCE, SIGMA};
 
 /// Three daemons; returns once each is connected to the other two.
 async fn swarm(dir: &Path) -> Vec<Daemon> {
@@ -180,12 +91,12 @@ async fn concurrent_sigma_lock_never_interleaves_then_status_and_metrics() {
     let out = Command::new(SIGMA).args(["status", "--json", "--api", &nodes[0].api]).output().await.unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let st: Value = serde_json::from_slice(&out.stdout).expect("status --json is JSON");
-    assert_eq!(st["peer_id"], nodes[0].peer_id.as_str());
+    assert_eq!(st["peer_id"], nodes[0].peer_id.to_string().as_str());
     assert!(st["connected_peers"].as_array().unwrap().len() >= 2, "{st}");
     assert!(st["listen_addrs"].as_array().is_some_and(|a| !a.is_empty()), "{st}");
     let out = Command::new(SIGMA).args(["status", "--api", &nodes[1].api]).output().await.unwrap();
     let human = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && human.contains(&nodes[1].peer_id), "{human}");
+    assert!(out.status.success() && human.contains(&nodes[1].peer_id.to_string()), "{human}");
     assert!(human.contains("replicas hosted:"), "{human}");
 
     // Metrics: ours, with the acquisitions just made.
@@ -214,10 +125,7 @@ async fn concurrent_sigma_lock_never_interleaves_then_status_and_metrics() {
 }
 
 fn value(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+    daemon::sample(metrics, name).unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

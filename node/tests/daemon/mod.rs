@@ -1,0 +1,122 @@
+//! Real `sigma run` daemons for end-to-end tests (cli.rs, bad_input.rs): spawned on
+//! 127.0.0.1 with ephemeral ports, ready once they print `SIGMA_READY`, killed on drop,
+//! their log printed when a test fails; and the HTTP helpers to talk to them.
+
+#![allow(dead_code)] // each test file uses part of it
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use libp2p::{Multiaddr, PeerId};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The `sigma` binary under test.
+pub const SIGMA: &str = env!("CARGO_BIN_EXE_sigma");
+/// Upper bound for anything that should take a second or two.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A `sigma run` process; killed when dropped. Its log is printed if the test fails.
+pub struct Daemon {
+    pub child: Child,
+    pub peer_id: PeerId,
+    pub listen: Vec<Multiaddr>,
+    pub api: String,
+    pub log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- log of daemon {} (last lines) ---", self.peer_id);
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+/// Starts `sigma run` (key file and log in `dir`, named after `tag`) and waits until it
+/// is ready.
+pub async fn daemon(dir: &Path, tag: &str, bootstrap: &[Multiaddr]) -> Daemon {
+    let log = dir.join(format!("{tag}.log"));
+    let mut cmd = Command::new(SIGMA);
+    cmd.args(["run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0", "--lease-ms", "3000"])
+        .arg("--key-file")
+        .arg(dir.join(format!("{tag}.key")))
+        .env("RUST_LOG", "info,sigma_node=debug,sigma_behaviour=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true);
+    for b in bootstrap {
+        cmd.args(["--bootstrap", &b.to_string()]);
+    }
+    let mut child = cmd.spawn().expect("spawn sigma run");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut peer_id, mut listen, mut api) = (String::new(), Vec::new(), String::new());
+    let ready = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(v) = line.strip_prefix("SIGMA_PEER_ID=") {
+                peer_id = v.to_owned();
+            } else if let Some(v) = line.strip_prefix("SIGMA_LISTEN=") {
+                listen.push(v.parse::<Multiaddr>().expect("SIGMA_LISTEN is a multiaddr"));
+            } else if let Some(v) = line.strip_prefix("SIGMA_API=") {
+                api = v.to_owned();
+            } else if line == "SIGMA_READY" {
+                return true;
+            }
+        }
+        false
+    };
+    let ok = tokio::time::timeout(PATIENCE, ready).await.unwrap_or(false);
+    if !ok {
+        panic!("daemon {tag} did not get ready:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    }
+    // Keep draining stdout so the daemon never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let peer_id: PeerId = peer_id.parse().expect("SIGMA_PEER_ID is a peer id");
+    assert!(!listen.is_empty() && !api.is_empty());
+    assert!(listen.iter().all(|a| a.to_string().ends_with(&format!("/p2p/{peer_id}"))), "{listen:?}");
+    Daemon { child, peer_id, listen, api, log }
+}
+
+/// An HTTP client that never goes through a proxy (loopback only).
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// GET `url`, which must succeed, as text.
+pub async fn get_text(url: &str) -> String {
+    let resp = http().get(url).timeout(Duration::from_secs(10)).send().await.unwrap();
+    assert!(resp.status().is_success(), "{url}: {}", resp.status());
+    resp.text().await.unwrap()
+}
+
+/// GET `url`, which must succeed, as JSON.
+pub async fn get_json(url: &str) -> Value {
+    serde_json::from_str(&get_text(url).await).unwrap()
+}
+
+/// Polls `check` every 20 ms until it holds; panics after [`PATIENCE`].
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of the sample `series` (name and labels, as printed) in a `/metrics` text.
+pub fn sample(metrics: &str, series: &str) -> Option<u64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}

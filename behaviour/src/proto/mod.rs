@@ -26,6 +26,7 @@
 //! - [`strawman`]: §3's ALOHA-like protocol, with a [`backoff`] policy parameter.
 
 pub mod backoff;
+pub mod classical;
 pub mod client;
 pub mod clock;
 pub mod cmr;

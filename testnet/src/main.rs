@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use sigma_behaviour::proto::{backoff::Backoff, Config};
-use sigma_testnet::sim::engine::{self, SimConfig};
+use sigma_behaviour::proto::Config;
+use sigma_testnet::sim::compare::{self, ProtocolParams};
+use sigma_testnet::sim::engine::SimConfig;
 use sigma_testnet::sim::latency::Latency;
 use sigma_testnet::sim::paper;
-use sigma_testnet::sim::protocol::{Cmr, Obeidat, Sigma, Strawman};
 use sigma_testnet::testnet::chaos::{ChaosOptions, Fault};
 use sigma_testnet::testnet::cluster::{self, Cluster, UpOptions};
 use sigma_testnet::testnet::proc::{locate_sigma, Params};
@@ -192,6 +192,34 @@ enum SimCommand {
     Run(RunArgs),
     /// Regenerate the paper's figures (Fig. 2, 3, 7, 8, message cost).
     Paper(PaperArgs),
+    /// Every protocol side by side: throughput vs λ at U(0,200) and U(100,100), messages
+    /// per entry, acquire latency, FCFS fairness, behaviour under resets.
+    ///
+    /// Writes DIR/runs.csv (one line per run), DIR/compare.csv (the table),
+    /// throughput and message plots (SVG and PNG) and DIR/summary.txt, and prints the
+    /// table. Protocols: sigma, strawman, cmr, cmr-delayed, obeidat (n=32 replicas,
+    /// m=24) and the closed systems central, lamport, ricart-agrawala, majority,
+    /// maekawa, token-ring (32 processes).
+    Compare(CompareArgs),
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Output directory.
+    #[arg(long, default_value = "results/compare")]
+    out: std::path::PathBuf,
+    /// Short windows and fewer points.
+    #[arg(long)]
+    quick: bool,
+    /// Base seed; run k uses seed + k.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Worker threads (default: available cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Only these protocols (comma-separated; default: all).
+    #[arg(long, value_delimiter = ',')]
+    protocols: Vec<String>,
 }
 
 #[derive(Args)]
@@ -216,7 +244,8 @@ struct PaperArgs {
 #[derive(Args)]
 struct RunArgs {
     /// Protocol: sigma, strawman (constant backoff window), strawman-exp, cmr, cmr-delayed
-    /// (exponential backoff, Δ = lease) or obeidat.
+    /// (exponential backoff, Δ = lease), obeidat, or a closed system of n processes:
+    /// central, lamport, ricart-agrawala, majority, maekawa, token-ring.
     #[arg(long, default_value = "sigma")]
     protocol: String,
     /// Arrival rate of acquisitions per second (Poisson).
@@ -378,6 +407,12 @@ fn real_main() -> Result<ExitCode> {
                 anyhow::bail!("{failed} target(s) missed (seed {})", opts.seed);
             }
         }
+        Command::Sim(SimCommand::Compare(a)) => {
+            let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+            let opts =
+                compare::CompareOptions { out: a.out, quick: a.quick, seed: a.seed, threads, protocols: a.protocols };
+            print!("{}", compare::run(&opts)?.summary);
+        }
         Command::Sim(SimCommand::Run(a)) => {
             let config = Config::default().with_quorum(a.n, a.m).with_retry_slack_percent(a.slack);
             config.validate()?;
@@ -393,23 +428,10 @@ fn real_main() -> Result<ExitCode> {
                 seed: a.seed,
                 max_backlog: None,
                 arrivals_until: None,
+                drain: Duration::ZERO,
             };
-            let window = Duration::from_secs_f64(a.backoff);
-            let report = match a.protocol.as_str() {
-                "sigma" => engine::run(&Sigma(config), cfg),
-                "strawman" => engine::run(&Strawman(config, Backoff::Constant { window }), cfg),
-                "strawman-exp" => {
-                    engine::run(&Strawman(config, Backoff::Exponential { base: window, cap: window * 64 }), cfg)
-                }
-                "cmr" | "cmr-delayed" => {
-                    let backoff = Backoff::Exponential { base: window, cap: window * 64 };
-                    engine::run(&Cmr { config, backoff, delayed: a.protocol == "cmr-delayed" }, cfg)
-                }
-                "obeidat" => engine::run(&Obeidat(config), cfg),
-                other => anyhow::bail!(
-                    "unknown protocol {other:?} (sigma, strawman, strawman-exp, cmr, cmr-delayed, obeidat)"
-                ),
-            };
+            let params = ProtocolParams { config, backoff: Duration::from_secs_f64(a.backoff) };
+            let report = compare::run_protocol(&a.protocol, &params, cfg)?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

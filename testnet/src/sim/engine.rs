@@ -5,9 +5,15 @@
 //!
 //! One run is one [`SimConfig`] and one [`Protocol`]; it returns a [`Report`]. Runs are
 //! deterministic: the same seed and configuration give the same report.
+//!
+//! Closed-system protocols ([`Protocol::LOCAL_CLIENTS`]) run their acquisitions on one
+//! of the `n` processes (the "replicas"), chosen uniformly at arrival: client ↔ process
+//! messages are local (no latency, never lost, not counted), a process's messages to
+//! itself too, and a reset of a process kills the acquisitions it hosts.
+//! [`Protocol::FIFO`] makes every process → process channel deliver in order.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
@@ -46,6 +52,9 @@ pub struct SimConfig {
     pub max_backlog: Option<usize>,
     /// No arrivals after this time (a drain period checks that every waiter is served).
     pub arrivals_until: Option<Duration>,
+    /// Time run after the measured window with no new arrivals, for waiters to be
+    /// served; who still waits at the end is stuck.
+    pub drain: Duration,
 }
 
 impl SimConfig {
@@ -63,6 +72,7 @@ impl SimConfig {
             seed,
             max_backlog: None,
             arrivals_until: None,
+            drain: Duration::ZERO,
         }
     }
 }
@@ -133,8 +143,13 @@ pub struct Report {
     pub renewals_per_entry: f64,
     /// Messages rejected by a state machine.
     pub rejected: u64,
-    /// Clients still waiting at the end.
+    /// Clients still waiting at the end (after the drain, if any).
     pub waiting_at_end: u64,
+    /// Entries in the window granted while an acquisition that arrived earlier still
+    /// waited, as a fraction of the window's entries (0: first come, first served).
+    pub out_of_order: f64,
+    /// Acquisitions killed with the process hosting them (closed systems).
+    pub crashed: u64,
     /// Virtual time (s) at which the run stopped early on `max_backlog`, if it did.
     pub truncated_at: Option<f64>,
     /// Completed entries by the number of votes they held (index = votes).
@@ -216,6 +231,8 @@ impl<U, D> Ord for Scheduled<U, D> {
 
 struct Slot<C> {
     client: Option<C>,
+    /// Hosting process (closed systems).
+    home: Option<usize>,
     arrived: Time,
     entered: Option<Time>,
     voters: Vec<usize>,
@@ -237,6 +254,8 @@ pub struct Sim<'p, P: Protocol> {
     rng: ChaCha8Rng,
     now: Time,
     end: Time,
+    /// End of the run: `end` plus the drain.
+    stop: Time,
     seq: u64,
     queue: BinaryHeap<Scheduled<P::Up, P::Down>>,
     replicas: Vec<ReplicaSlot<P::Replica>>,
@@ -248,6 +267,12 @@ pub struct Sim<'p, P: Protocol> {
     backlog: usize,
     /// Start of the measured window (moves when the run stops early).
     window_start: Time,
+    /// Acquisitions that arrived and have not entered (ids grow with arrival time).
+    waiting: BTreeSet<ClientId>,
+    /// Entries of the window that overtook an earlier arrival.
+    out_of_order: u64,
+    /// Per process → process channel, the latest delivery scheduled (FIFO protocols).
+    channel_floor: Vec<Time>,
 }
 
 /// Runs `proto` under `cfg` and reports.
@@ -273,6 +298,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             now: Time::ZERO,
             end: cfg.warmup + cfg.measure,
+            stop: cfg.warmup + cfg.measure + cfg.drain,
             cfg,
             seq: 0,
             queue: BinaryHeap::new(),
@@ -289,6 +315,9 @@ impl<'p, P: Protocol> Sim<'p, P> {
             window_messages: 0,
             backlog: 0,
             window_start: cfg_warmup,
+            waiting: BTreeSet::new(),
+            out_of_order: 0,
+            channel_floor: if P::FIFO { vec![Time::ZERO; n * n] } else { Vec::new() },
         }
     }
 
@@ -320,7 +349,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
             }
         }
         while let Some(ev) = self.queue.pop() {
-            if ev.at >= self.end {
+            if ev.at >= self.stop {
                 break;
             }
             self.now = ev.at;
@@ -329,6 +358,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
             if self.cfg.max_backlog.is_some_and(|cap| self.backlog > cap) {
                 self.report.truncated_at = Some(self.now.as_secs_f64());
                 self.end = self.now;
+                self.stop = self.now;
                 self.window_start = self.now.saturating_sub(self.cfg.measure);
                 break;
             }
@@ -342,9 +372,14 @@ impl<'p, P: Protocol> Sim<'p, P> {
             Kind::Arrival => {
                 let id = ClientId::try_from(self.clients.len()).unwrap_or(ClientId::MAX);
                 let ts = LamportClock::new().stamp(now, id);
-                let client = self.proto.new_client(ts, now);
+                let home = P::LOCAL_CLIENTS.then(|| self.rng.gen_range(0..self.replicas.len()));
+                let client = match home {
+                    Some(home) => self.proto.new_client_at(ts, now, home),
+                    None => self.proto.new_client(ts, now),
+                };
                 self.clients.push(Slot {
                     client: Some(client),
+                    home,
                     arrived: now,
                     entered: None,
                     voters: Vec::new(),
@@ -353,9 +388,12 @@ impl<'p, P: Protocol> Sim<'p, P> {
                     counters: Counters::default(),
                 });
                 self.backlog += 1;
+                self.waiting.insert(id);
                 self.after_client(id);
                 let next = now + self.exp(1.0 / self.cfg.lambda);
-                if self.cfg.arrivals_until.is_none_or(|t| next < t) {
+                let until =
+                    self.cfg.arrivals_until.into_iter().chain((!self.cfg.drain.is_zero()).then_some(self.end)).min();
+                if until.is_none_or(|t| next < t) {
                     self.schedule(next, Kind::Arrival);
                 }
             }
@@ -415,6 +453,9 @@ impl<'p, P: Protocol> Sim<'p, P> {
                 slot.timer = None;
                 slot.last_reset = Some(now);
                 self.report.resets += 1;
+                if P::LOCAL_CLIENTS {
+                    self.crash_clients_of(replica);
+                }
                 if let Some(life) = self.cfg.mean_lifetime {
                     let at = now + self.exp(life.as_secs_f64());
                     self.schedule(at, Kind::Reset { replica });
@@ -425,17 +466,55 @@ impl<'p, P: Protocol> Sim<'p, P> {
         }
     }
 
+    /// A process of a closed system lost its memory: the acquisitions it hosts die with
+    /// it, inside the critical section or waiting.
+    fn crash_clients_of(&mut self, replica: usize) {
+        let hosted: Vec<ClientId> = self
+            .clients
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.home == Some(replica) && s.client.is_some())
+            .map(|(i, _)| ClientId::try_from(i).unwrap_or(ClientId::MAX))
+            .collect();
+        for id in hosted {
+            self.holders.retain(|h| *h != id);
+            let slot = &mut self.clients[id as usize];
+            slot.client = None;
+            slot.timer = None;
+            if slot.entered.is_none() {
+                self.backlog -= 1;
+                self.waiting.remove(&id);
+            }
+            self.report.crashed += 1;
+        }
+    }
+
     /// Drains a replica's outputs and re-arms its timer.
     fn after_replica(&mut self, replica: usize) {
         while let Some((client, msg)) = self.proto.replica_transmit(&mut self.replicas[replica].replica) {
+            if P::LOCAL_CLIENTS {
+                self.schedule(self.now, Kind::Down { client, replica, msg });
+                continue;
+            }
             self.count_message(client);
             for at in self.deliveries() {
                 self.schedule(at, Kind::Down { client, replica, msg: msg.clone() });
             }
         }
         while let Some((to, msg)) = self.proto.replica_transmit_peer(&mut self.replicas[replica].replica) {
+            if to == replica {
+                self.schedule(self.now, Kind::PeerUp { replica: to, from: replica, msg });
+                continue;
+            }
             self.count_message(P::up_owner(&msg));
-            for at in self.deliveries() {
+            let mut times = self.deliveries();
+            if let Some(floor) = self.channel_floor.get_mut(replica * self.replicas.len() + to) {
+                for at in &mut times {
+                    *at = (*at).max(*floor);
+                    *floor = *at;
+                }
+            }
+            for at in times {
                 self.schedule(at, Kind::PeerUp { replica: to, from: replica, msg: msg.clone() });
             }
         }
@@ -465,6 +544,10 @@ impl<'p, P: Protocol> Sim<'p, P> {
                 continue;
             }
             let Some((replica, msg)) = self.proto.client_transmit(c) else { break };
+            if P::LOCAL_CLIENTS {
+                self.schedule(self.now, Kind::Up { replica, from: id, msg });
+                continue;
+            }
             self.count_message(P::up_owner(&msg));
             for at in self.deliveries() {
                 self.schedule(at, Kind::Up { replica, from: id, msg: msg.clone() });
@@ -515,10 +598,14 @@ impl<'p, P: Protocol> Sim<'p, P> {
                         holder_votes: h.voters.len(),
                     });
                 }
-                let slot = &mut self.clients[id as usize];
-                if slot.entered.is_none() {
+                if self.clients[id as usize].entered.is_none() {
                     self.backlog -= 1;
+                    self.waiting.remove(&id);
+                    if self.in_window(now) && self.waiting.first().is_some_and(|first| *first < id) {
+                        self.out_of_order += 1;
+                    }
                 }
+                let slot = &mut self.clients[id as usize];
                 slot.entered = Some(now);
                 slot.voters = voters;
                 self.holders.push(id);
@@ -604,6 +691,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
         r.yields_per_entry = per(yields);
         r.retries_per_entry = per(retries);
         r.renewals_per_entry = per(renewals);
+        r.out_of_order = per(self.out_of_order);
         r.waiting_at_end = self.clients.iter().filter(|s| s.entered.is_none() && s.client.is_some()).count() as u64;
         r.wall_s = wall.as_secs_f64();
         self.report

@@ -1,7 +1,8 @@
-//! Discrete-event simulation of the Sigma protocol and its baselines, and the
-//! analytical models the paper's figures compare against.
+//! Discrete-event simulation of the Sigma protocol and its baselines, the analytical
+//! models the paper's figures compare against, and the side-by-side comparison.
 
 pub mod analysis;
+pub mod compare;
 pub mod engine;
 pub mod latency;
 pub mod paper;

@@ -151,54 +151,7 @@ pub fn run(opts: &PaperOptions) -> Result<PaperResult> {
     let dashed = |name: String, y: f64| Series { name, points: vec![(0.0, y), (x_max, y)], style: SeriesStyle::Dashed };
 
     // Raw figures of every run.
-    let header = [
-        "protocol",
-        "latency",
-        "lifetime_s",
-        "lambda",
-        "throughput",
-        "entries",
-        "acquire_p50_s",
-        "acquire_p99_s",
-        "messages_per_entry",
-        "window_messages_per_entry",
-        "yields_per_entry",
-        "retries_per_entry",
-        "violations",
-        "resets",
-        "waiting_at_end",
-        "truncated_at_s",
-        "events",
-        "wall_s",
-        "seed",
-    ];
-    let rows: Vec<Vec<String>> = reports
-        .iter()
-        .map(|r| {
-            vec![
-                r.protocol.clone(),
-                r.latency.clone(),
-                r.lifetime_s.map_or(String::new(), |l| l.to_string()),
-                r.lambda.to_string(),
-                format!("{:.4}", r.throughput),
-                r.entries.to_string(),
-                format!("{:.4}", r.acquire_p50),
-                format!("{:.4}", r.acquire_p99),
-                format!("{:.2}", r.messages_per_entry),
-                format!("{:.2}", r.window_messages_per_entry),
-                format!("{:.3}", r.yields_per_entry),
-                format!("{:.3}", r.retries_per_entry),
-                r.violations.len().to_string(),
-                r.resets.to_string(),
-                r.waiting_at_end.to_string(),
-                r.truncated_at.map_or(String::new(), |t| format!("{t:.1}")),
-                r.events.to_string(),
-                format!("{:.3}", r.wall_s),
-                r.seed.to_string(),
-            ]
-        })
-        .collect();
-    write_csv(&opts.out.join("runs.csv"), &header, &rows)?;
+    write_runs_csv(&opts.out.join("runs.csv"), &reports)?;
 
     // Fig. 3: strawman throughput vs λ.
     let fig3: Vec<Series> = latencies()
@@ -594,7 +547,63 @@ fn tail(v: u32, k: u32, p: f64) -> f64 {
 }
 
 /// Runs jobs on `threads` workers, results in job order.
-fn run_jobs<J: Sync, F: Fn(usize, &J) -> Report + Sync>(jobs: &[J], threads: usize, f: F) -> Vec<Report> {
+/// Writes one CSV line per run with every figure of its report.
+pub(crate) fn write_runs_csv(path: &Path, reports: &[Report]) -> Result<()> {
+    let header = [
+        "protocol",
+        "latency",
+        "lifetime_s",
+        "lambda",
+        "throughput",
+        "entries",
+        "acquire_p50_s",
+        "acquire_p99_s",
+        "messages_per_entry",
+        "window_messages_per_entry",
+        "yields_per_entry",
+        "retries_per_entry",
+        "violations",
+        "resets",
+        "waiting_at_end",
+        "out_of_order",
+        "crashed",
+        "truncated_at_s",
+        "events",
+        "wall_s",
+        "seed",
+    ];
+    let rows: Vec<Vec<String>> = reports
+        .iter()
+        .map(|r| {
+            vec![
+                r.protocol.clone(),
+                r.latency.clone(),
+                r.lifetime_s.map_or(String::new(), |l| l.to_string()),
+                r.lambda.to_string(),
+                format!("{:.4}", r.throughput),
+                r.entries.to_string(),
+                format!("{:.4}", r.acquire_p50),
+                format!("{:.4}", r.acquire_p99),
+                format!("{:.2}", r.messages_per_entry),
+                format!("{:.2}", r.window_messages_per_entry),
+                format!("{:.3}", r.yields_per_entry),
+                format!("{:.3}", r.retries_per_entry),
+                r.violations.len().to_string(),
+                r.resets.to_string(),
+                r.waiting_at_end.to_string(),
+                format!("{:.4}", r.out_of_order),
+                r.crashed.to_string(),
+                r.truncated_at.map_or(String::new(), |t| format!("{t:.1}")),
+                r.events.to_string(),
+                format!("{:.3}", r.wall_s),
+                r.seed.to_string(),
+            ]
+        })
+        .collect();
+    write_csv(path, &header, &rows)
+}
+
+pub(crate) fn run_jobs<J: Sync, F: Fn(usize, &J) -> Report + Sync>(jobs: &[J], threads: usize, f: F) -> Vec<Report> {
     let next = AtomicUsize::new(0);
     let results = Mutex::new(vec![None; jobs.len()]);
     std::thread::scope(|scope| {
@@ -613,7 +622,7 @@ fn run_jobs<J: Sync, F: Fn(usize, &J) -> Report + Sync>(jobs: &[J], threads: usi
 }
 
 /// Writes `name.svg` and `name.png` in `dir`.
-fn write_figure(chart: &Chart, dir: &Path, name: &str) -> Result<()> {
+pub(crate) fn write_figure(chart: &Chart, dir: &Path, name: &str) -> Result<()> {
     write_chart(chart, &dir.join(format!("{name}.svg")))?;
     write_chart(chart, &dir.join(format!("{name}.png")))
 }

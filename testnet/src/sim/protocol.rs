@@ -2,7 +2,10 @@
 //! `sigma_behaviour::proto`, behind one trait so the same engine, workload, latency,
 //! loss and reset models and exclusion checker drive each of them.
 
+use std::collections::VecDeque;
+
 use rand::RngCore;
+use sigma_behaviour::proto::classical::Process;
 use sigma_behaviour::proto::{
     self, backoff::Backoff, client::Phase, cmr, obeidat, strawman, Config, Event, Replica, Response, Time, Timestamp,
     ToReplica,
@@ -80,6 +83,16 @@ pub trait Protocol {
 
     /// Acquisition a client → replica message belongs to.
     fn up_owner(msg: &Self::Up) -> ClientId;
+
+    /// A closed system: each acquisition runs on one of the `n` processes (the
+    /// replicas), which it talks to locally; see [`Protocol::new_client_at`].
+    const LOCAL_CLIENTS: bool = false;
+    /// Replica → replica channels deliver in order (the classical algorithms assume it).
+    const FIFO: bool = false;
+    /// Starts an acquisition hosted by process `home` (closed systems).
+    fn new_client_at(&self, ts: Timestamp<ClientId>, now: Time, _home: usize) -> Self::Client {
+        self.new_client(ts, now)
+    }
 
     /// Replica `index` with empty memory; `recovering` after a reset (a protocol with a
     /// recovery procedure starts it here). Default: [`Protocol::new_replica`].
@@ -359,4 +372,206 @@ impl Protocol for Obeidat {
         msg.ts().map_or(ClientId::MAX, |ts| ts.client)
     }
     delegate_uniform!();
+}
+
+/// A classical closed-system algorithm (`proto::classical`): the `n` replicas of the
+/// engine are its processes, and each acquisition is an application on one of them
+/// ([`Protocol::LOCAL_CLIENTS`]). A process serves its applications one at a time, in
+/// arrival order; channels between processes are FIFO, as the algorithms assume.
+#[derive(Clone, Debug)]
+pub struct Closed<P: Process> {
+    name: String,
+    params: P::Params,
+    config: Config,
+}
+
+impl<P: Process> Closed<P> {
+    /// `n` processes running algorithm `P` with `params`, reported as `name`.
+    pub fn new(name: &str, n: usize, params: P::Params) -> Self {
+        Closed { name: name.into(), params, config: Config::default().with_quorum(n, n / 2 + 1) }
+    }
+}
+
+/// Application → its process (local), or process → process.
+#[derive(Clone, Debug)]
+pub enum ClosedUp<M> {
+    /// The application wants the critical section.
+    Want(ClientId),
+    /// The application left it.
+    Done(ClientId),
+    /// A message of the algorithm.
+    Peer(M),
+}
+
+/// Process → its application (local): the critical section is yours.
+#[derive(Clone, Debug)]
+pub struct Granted {
+    /// Processes whose permission it rests on.
+    pub voters: Vec<usize>,
+}
+
+/// A process and the queue of its local applications.
+#[derive(Debug)]
+pub struct ClosedProcess<P> {
+    process: P,
+    local: VecDeque<ClientId>,
+    /// The application whose request is outstanding or in the CS.
+    current: Option<ClientId>,
+    down: VecDeque<(ClientId, Granted)>,
+}
+
+impl<P: Process> ClosedProcess<P> {
+    /// Requests for the next local application once the previous one is done, and
+    /// hands a grant to the application it is for.
+    fn sync(&mut self, now: Time) {
+        if self.current.is_none() {
+            if let Some(next) = self.local.pop_front() {
+                self.current = Some(next);
+                self.process.request(now);
+            }
+        }
+        if self.process.poll_granted() {
+            if let Some(c) = self.current {
+                self.down.push_back((c, Granted { voters: self.process.voters() }));
+            }
+        }
+    }
+}
+
+/// One application's acquisition, on its home process.
+#[derive(Debug)]
+pub struct ClosedClient<M> {
+    id: ClientId,
+    home: usize,
+    phase: Phase,
+    voters: Vec<usize>,
+    out: VecDeque<(usize, ClosedUp<M>)>,
+    events: VecDeque<Event>,
+}
+
+impl<P: Process> Protocol for Closed<P> {
+    type Replica = ClosedProcess<P>;
+    type Client = ClosedClient<P::Msg>;
+    type Up = ClosedUp<P::Msg>;
+    type Down = Granted;
+
+    const LOCAL_CLIENTS: bool = true;
+    const FIFO: bool = true;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn config(&self) -> &Config {
+        &self.config
+    }
+    fn new_replica(&self) -> Self::Replica {
+        self.new_replica_at(0, false, Time::ZERO)
+    }
+    fn new_replica_at(&self, index: usize, recovering: bool, now: Time) -> Self::Replica {
+        ClosedProcess {
+            process: P::new(&self.params, index, self.config.n(), recovering, now),
+            local: VecDeque::new(),
+            current: None,
+            down: VecDeque::new(),
+        }
+    }
+    fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
+        let ok = match msg {
+            ClosedUp::Want(c) if c == from => {
+                r.local.push_back(c);
+                true
+            }
+            ClosedUp::Done(c) if c == from && r.current == Some(c) && r.process.holding() => {
+                r.process.release(now);
+                r.current = None;
+                true
+            }
+            _ => false,
+        };
+        r.sync(now);
+        ok
+    }
+    fn replica_handle_peer(&self, r: &mut Self::Replica, now: Time, from: usize, msg: Self::Up) -> bool {
+        let ok = match msg {
+            ClosedUp::Peer(m) => r.process.handle(now, from, m).is_ok(),
+            _ => false,
+        };
+        r.sync(now);
+        ok
+    }
+    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
+        r.process.handle_timeout(now);
+        r.sync(now);
+    }
+    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
+        r.process.poll_timeout()
+    }
+    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
+        r.down.pop_front()
+    }
+    fn replica_transmit_peer(&self, r: &mut Self::Replica) -> Option<(usize, Self::Up)> {
+        r.process.poll_transmit().map(|(to, m)| (to, ClosedUp::Peer(m)))
+    }
+
+    fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client {
+        self.new_client_at(ts, now, 0)
+    }
+    fn new_client_at(&self, ts: Timestamp<ClientId>, _now: Time, home: usize) -> Self::Client {
+        let id = ts.client;
+        ClosedClient {
+            id,
+            home,
+            phase: Phase::Waiting,
+            voters: Vec::new(),
+            out: VecDeque::from([(home, ClosedUp::Want(id))]),
+            events: VecDeque::new(),
+        }
+    }
+    fn client_handle(
+        &self,
+        c: &mut Self::Client,
+        _now: Time,
+        from: usize,
+        msg: Self::Down,
+        _: &mut dyn RngCore,
+    ) -> bool {
+        if from != c.home || c.phase != Phase::Waiting {
+            return false;
+        }
+        c.phase = Phase::Holding;
+        c.events.push_back(Event::Acquired { token: 0, votes: msg.voters.len(), valid_until: Time::MAX });
+        c.voters = msg.voters;
+        true
+    }
+    fn client_timeout(&self, _: &mut Self::Client, _: Time, _: &mut dyn RngCore) {}
+    fn client_poll_timeout(&self, _: &Self::Client) -> Option<Time> {
+        None
+    }
+    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
+        c.out.pop_front()
+    }
+    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
+        c.events.pop_front()
+    }
+    fn client_release(&self, c: &mut Self::Client, _now: Time) {
+        if c.phase == Phase::Holding {
+            c.out.push_back((c.home, ClosedUp::Done(c.id)));
+        }
+        c.phase = Phase::Released;
+    }
+    fn client_phase(&self, c: &Self::Client) -> Phase {
+        c.phase
+    }
+    fn voters(&self, c: &Self::Client) -> Vec<usize> {
+        c.voters.clone()
+    }
+    fn client_counters(&self, _: &Self::Client) -> Counters {
+        Counters::default()
+    }
+    fn up_owner(msg: &Self::Up) -> ClientId {
+        match msg {
+            ClosedUp::Want(c) | ClosedUp::Done(c) => *c,
+            ClosedUp::Peer(_) => ClientId::MAX,
+        }
+    }
 }

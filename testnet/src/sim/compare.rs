@@ -1,0 +1,402 @@
+//! `sigma-testnet sim compare`: every protocol of the reference papers side by side in
+//! the simulator, under the same workload, latency and reset models, as CSV, plots and
+//! a printed table.
+//!
+//! For each protocol: throughput against the arrival rate λ at latency U(0,200) and
+//! U(100,100); at a moderate load (λ = [`MODERATE`], U(0,200)) the messages per
+//! critical-section entry, the acquire latency p50/p99 and the FCFS fairness (the
+//! fraction of entries granted while an earlier arrival still waited); and under resets
+//! of replicas or processes (mean lifetime [`LIFETIMES`]) the throughput, exclusion
+//! violations and waiters stuck after a drain period.
+//!
+//! The quorum protocols run `n` = 32 replicas, m = 24 (the paper's set-up); the
+//! classical algorithms run closed systems of 32 processes (see
+//! [`super::protocol::Closed`]).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use sigma_behaviour::proto::backoff::Backoff;
+use sigma_behaviour::proto::classical::{central, lamport, ricart_agrawala, token_ring, voting};
+use sigma_behaviour::proto::Config;
+
+use super::engine::{self, Report, SimConfig};
+use super::latency::Latency;
+use super::paper::{run_jobs, write_figure, write_runs_csv, STRAWMAN_MAX_BACKLOG};
+use super::protocol::{Closed, Cmr, Obeidat, Sigma, Strawman};
+use crate::plot::{write_csv, Chart, Series, SeriesStyle};
+
+/// Every protocol, in table order: the quorum protocols of the open system (Sigma and
+/// its baselines), then the lecture's closed-system algorithms.
+pub const PROTOCOLS: [&str; 11] = [
+    "sigma",
+    "strawman",
+    "cmr",
+    "cmr-delayed",
+    "obeidat",
+    "central",
+    "lamport",
+    "ricart-agrawala",
+    "majority",
+    "maekawa",
+    "token-ring",
+];
+
+/// Protocols whose backlog grows without bound once they collapse: their runs stop at
+/// [`STRAWMAN_MAX_BACKLOG`] waiters.
+const COLLAPSING: [&str; 2] = ["strawman", "cmr"];
+
+/// The load at which latency, messages and fairness are compared (below every
+/// protocol's saturation except the collapsing ones).
+pub const MODERATE: f64 = 2.0;
+
+/// Mean lifetimes (s) of a replica or process in the reset runs.
+pub const LIFETIMES: [f64; 2] = [100.0, 1_000.0];
+
+/// Time in the critical section in the reset runs (elsewhere 0, as in the paper's §5):
+/// with a CS of zero length two holders can never overlap, whatever a reset breaks.
+pub const RESET_CS: Duration = Duration::from_millis(100);
+
+/// The token ring's origin regenerates a token it has not seen for this long: twice
+/// the slowest rotation of 32 hops at 200 ms.
+pub const TOKEN_TIMEOUT: Duration = Duration::from_millis(12_800);
+
+/// Parameters of one protocol run beyond the simulation's.
+#[derive(Clone, Debug)]
+pub struct ProtocolParams {
+    /// Replicas and quorum (Sigma, strawman, CMR, Obeidat); `n` is also the number of
+    /// processes of the closed systems.
+    pub config: Config,
+    /// Strawman backoff window; CMR's exponential backoff base (cap: 64×).
+    pub backoff: Duration,
+}
+
+/// Runs protocol `name` (one of [`PROTOCOLS`], or `strawman-exp`: the strawman with
+/// exponential backoff).
+pub fn run_protocol(name: &str, p: &ProtocolParams, cfg: SimConfig) -> Result<Report> {
+    let config = p.config.clone();
+    let n = config.n();
+    let exponential = Backoff::Exponential { base: p.backoff, cap: p.backoff * 64 };
+    Ok(match name {
+        "sigma" => engine::run(&Sigma(config), cfg),
+        "strawman" => engine::run(&Strawman(config, Backoff::Constant { window: p.backoff }), cfg),
+        "strawman-exp" => engine::run(&Strawman(config, exponential), cfg),
+        "cmr" | "cmr-delayed" => {
+            engine::run(&Cmr { config, backoff: exponential, delayed: name == "cmr-delayed" }, cfg)
+        }
+        "obeidat" => engine::run(&Obeidat(config), cfg),
+        "central" => engine::run(&Closed::<central::Central>::new(name, n, central::Params::default()), cfg),
+        "lamport" => engine::run(&Closed::<lamport::Lamport>::new(name, n, lamport::Params), cfg),
+        "ricart-agrawala" => {
+            engine::run(&Closed::<ricart_agrawala::RicartAgrawala>::new(name, n, ricart_agrawala::Params), cfg)
+        }
+        "majority" | "maekawa" => {
+            let quorums = if name == "majority" { voting::Quorums::Majority } else { voting::Quorums::Grid };
+            engine::run(&Closed::<voting::Voting>::new(name, n, voting::Params { quorums }), cfg)
+        }
+        "token-ring" => {
+            let params = token_ring::Params { regenerate_after: Some(TOKEN_TIMEOUT) };
+            engine::run(&Closed::<token_ring::TokenRing>::new(name, n, params), cfg)
+        }
+        other => bail!("unknown protocol {other:?} ({}, strawman-exp)", PROTOCOLS.join(", ")),
+    })
+}
+
+/// Options of a comparison.
+#[derive(Clone, Debug)]
+pub struct CompareOptions {
+    /// Output directory (CSV, SVG/PNG, summary.txt).
+    pub out: PathBuf,
+    /// Short windows and fewer points (tests, CI).
+    pub quick: bool,
+    /// Base seed; run k uses `seed + k`.
+    pub seed: u64,
+    /// Worker threads.
+    pub threads: usize,
+    /// Protocols to run (default: all of [`PROTOCOLS`]).
+    pub protocols: Vec<String>,
+}
+
+/// One protocol's line of the table.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// Protocol.
+    pub protocol: String,
+    /// Highest throughput over λ at U(0,200) and at U(100,100).
+    pub peak: [f64; 2],
+    /// At λ = [`MODERATE`], U(0,200): the run.
+    pub moderate: Report,
+    /// Under resets, one run per lifetime of [`LIFETIMES`].
+    pub resets: Vec<Report>,
+}
+
+/// What a comparison produced.
+#[derive(Debug)]
+pub struct CompareResult {
+    /// One row per protocol.
+    pub rows: Vec<Row>,
+    /// The printed table and notes.
+    pub summary: String,
+}
+
+#[derive(Clone, Debug)]
+struct Job {
+    protocol: String,
+    lambda: f64,
+    latency: Latency,
+    lifetime: Option<f64>,
+}
+
+fn latencies() -> [Latency; 2] {
+    let ms = Duration::from_millis;
+    [Latency::Uniform { lo: ms(0), hi: ms(200) }, Latency::Uniform { lo: ms(100), hi: ms(100) }]
+}
+
+/// Runs every protocol and writes `opts.out`.
+pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
+    let started = Instant::now();
+    std::fs::create_dir_all(&opts.out)?;
+    let protocols: Vec<String> =
+        if opts.protocols.is_empty() { PROTOCOLS.map(String::from).to_vec() } else { opts.protocols.clone() };
+    for p in &protocols {
+        if !PROTOCOLS.contains(&p.as_str()) {
+            bail!("unknown protocol {p:?} ({})", PROTOCOLS.join(", "));
+        }
+    }
+    let (warmup, measure, drain) = if opts.quick {
+        (Duration::from_secs(20), Duration::from_secs(60), Duration::from_secs(60))
+    } else {
+        (Duration::from_secs(60), Duration::from_secs(300), Duration::from_secs(120))
+    };
+    let lambdas: Vec<f64> =
+        if opts.quick { vec![1.0, MODERATE, 4.0, 8.0] } else { vec![0.5, 1.0, MODERATE, 3.0, 4.0, 6.0, 8.0] };
+    let params = ProtocolParams { config: Config::default(), backoff: Duration::from_secs(1) };
+    let (n, m) = (params.config.n(), params.config.m());
+
+    let mut jobs = Vec::new();
+    for protocol in &protocols {
+        for latency in latencies() {
+            for &lambda in &lambdas {
+                jobs.push(Job { protocol: protocol.clone(), lambda, latency, lifetime: None });
+            }
+        }
+        for life in LIFETIMES {
+            jobs.push(Job {
+                protocol: protocol.clone(),
+                lambda: MODERATE,
+                latency: latencies()[0],
+                lifetime: Some(life),
+            });
+        }
+    }
+    let reports = run_jobs(&jobs, opts.threads, |k, job| {
+        let seed = opts.seed + k as u64;
+        let cfg = SimConfig {
+            warmup,
+            measure,
+            // Every run drains, so that "still waiting" means stuck, not just late.
+            drain,
+            mean_lifetime: job.lifetime.map(Duration::from_secs_f64),
+            cs: if job.lifetime.is_some() { RESET_CS } else { Duration::ZERO },
+            max_backlog: COLLAPSING.contains(&job.protocol.as_str()).then_some(STRAWMAN_MAX_BACKLOG),
+            ..SimConfig::paper(job.lambda, job.latency, seed)
+        };
+        run_protocol(&job.protocol, &params, cfg).unwrap_or_default()
+    });
+    write_runs_csv(&opts.out.join("runs.csv"), &reports)?;
+
+    let pick = |proto: &str, latency: &Latency, lifetime: Option<f64>| -> Vec<&Report> {
+        reports
+            .iter()
+            .filter(|r| r.protocol == proto && r.latency == latency.to_string() && r.lifetime_s == lifetime)
+            .collect()
+    };
+    let curve = |rs: &[&Report], f: fn(&Report) -> f64| rs.iter().map(|r| (r.lambda, f(r))).collect::<Vec<_>>();
+
+    // Plots: throughput and messages per entry against λ, open-system protocols and
+    // closed systems apart (Sigma on both for reference).
+    let groups: [(&str, &str, Vec<&String>); 2] = [
+        ("open", "quorum protocols, n=32 replicas", protocols.iter().filter(|p| !is_closed(p)).collect()),
+        (
+            "closed",
+            "closed systems of 32 processes (sigma for reference)",
+            protocols.iter().filter(|p| is_closed(p) || *p == "sigma").collect(),
+        ),
+    ];
+    for (tag, what, members) in &groups {
+        if members.is_empty() {
+            continue;
+        }
+        for latency in latencies() {
+            let series = members
+                .iter()
+                .map(|p| Series {
+                    name: (*p).clone(),
+                    points: curve(&pick(p, &latency, None), |r| r.throughput),
+                    style: SeriesStyle::Line,
+                })
+                .collect();
+            let slug = latency.to_string().replace(['(', ')', ' ', ','], "");
+            write_figure(
+                &Chart {
+                    title: format!("Throughput vs load, {latency}: {what}"),
+                    x_label: "request rate λ (1/s)".into(),
+                    y_label: "throughput (CS/s)".into(),
+                    log_y: false,
+                    series,
+                },
+                &opts.out,
+                &format!("throughput-{tag}-{slug}"),
+            )?;
+        }
+        let series = members
+            .iter()
+            .map(|p| Series {
+                name: (*p).clone(),
+                points: curve(&pick(p, &latencies()[0], None), |r| r.window_messages_per_entry),
+                style: SeriesStyle::Line,
+            })
+            .collect();
+        write_figure(
+            &Chart {
+                title: format!("Messages per CS entry vs load, {}: {what}", latencies()[0]),
+                x_label: "request rate λ (1/s)".into(),
+                y_label: "messages per entry".into(),
+                log_y: true,
+                series,
+            },
+            &opts.out,
+            &format!("messages-{tag}"),
+        )?;
+    }
+
+    let rows: Vec<Row> = protocols
+        .iter()
+        .map(|p| {
+            let peak = latencies().map(|l| pick(p, &l, None).iter().map(|r| r.throughput).fold(0.0, f64::max));
+            let moderate =
+                pick(p, &latencies()[0], None).into_iter().find(|r| r.lambda == MODERATE).cloned().unwrap_or_default();
+            let resets = LIFETIMES
+                .iter()
+                .filter_map(|life| pick(p, &latencies()[0], Some(*life)).first().map(|r| (*r).clone()))
+                .collect();
+            Row { protocol: p.clone(), peak, moderate, resets }
+        })
+        .collect();
+    write_table_csv(&opts.out.join("compare.csv"), &rows)?;
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "sim compare: {} protocols, {} runs, {:.0} s wall; quorum protocols n={n}, m={m}; closed systems of {n} processes",
+        protocols.len(),
+        reports.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let _ = writeln!(
+        s,
+        "windows: {} s warm-up, {} s measured, {} s drain; CS time 0; λ in {:?}",
+        warmup.as_secs(),
+        measure.as_secs(),
+        drain.as_secs(),
+        lambdas
+    );
+    s.push('\n');
+    s.push_str(&table(&rows));
+    s.push_str(
+        "\npeak: highest CS/s over λ. msgs: all protocol messages in the window per entry (λ = 2, U(0,200)).\n\
+         late: entries granted while an earlier arrival still waited (0 = FCFS). resets: λ = 2, U(0,200),\n\
+         CS 100 ms, replicas (processes) reset with empty memory after an exponential lifetime of mean T;\n\
+         viol = exclusion violations, stuck = still waiting after the drain, crash = acquisitions that\n\
+         died with their process (closed systems only). -: no entry at that load (collapsed).\n",
+    );
+    let _ = writeln!(s, "\nwritten to {}", opts.out.display());
+    std::fs::write(opts.out.join("summary.txt"), &s)?;
+    Ok(CompareResult { rows, summary: s })
+}
+
+/// Whether `protocol` is a closed system of processes.
+pub fn is_closed(protocol: &str) -> bool {
+    matches!(protocol, "central" | "lamport" | "ricart-agrawala" | "majority" | "maekawa" | "token-ring")
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let mut head = format!(
+        "{:<16} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6}",
+        "protocol", "peak 0-200", "peak 100", "msgs", "p50 s", "p99 s", "late"
+    );
+    for life in LIFETIMES {
+        let _ = write!(head, " | T={life:<5} CS/s viol stuck crash");
+    }
+    let _ = writeln!(s, "{head}");
+    for r in rows {
+        let m = &r.moderate;
+        let _ = write!(s, "{:<16} {:>10.2} {:>9.2}", r.protocol, r.peak[0], r.peak[1]);
+        if m.entries == 0 {
+            let _ = write!(s, " {:>8} {:>8} {:>8} {:>6}", "-", "-", "-", "-");
+        } else {
+            let msgs = m.window_messages_per_entry;
+            let msgs = if msgs < 1e5 { format!("{msgs:.1}") } else { format!("{msgs:.1e}") };
+            let _ = write!(s, " {msgs:>8} {:>8.3} {:>8.3} {:>6.3}", m.acquire_p50, m.acquire_p99, m.out_of_order);
+        }
+        for x in &r.resets {
+            let _ = write!(
+                s,
+                " | {:>12.2} {:>4} {:>5} {:>5}",
+                x.throughput,
+                x.violations.len(),
+                x.waiting_at_end,
+                x.crashed
+            );
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn write_table_csv(path: &Path, rows: &[Row]) -> Result<()> {
+    let mut header = vec![
+        "protocol".to_string(),
+        "peak_cs_per_s_u0_200".into(),
+        "peak_cs_per_s_u100_100".into(),
+        "messages_per_entry".into(),
+        "acquire_p50_s".into(),
+        "acquire_p99_s".into(),
+        "out_of_order".into(),
+    ];
+    for life in LIFETIMES {
+        for f in ["throughput", "violations", "stuck", "crashed"] {
+            header.push(format!("reset_{life}s_{f}"));
+        }
+    }
+    let lines: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let m = &r.moderate;
+            let mut v = vec![
+                r.protocol.clone(),
+                format!("{:.4}", r.peak[0]),
+                format!("{:.4}", r.peak[1]),
+                format!("{:.2}", m.window_messages_per_entry),
+                format!("{:.4}", m.acquire_p50),
+                format!("{:.4}", m.acquire_p99),
+                format!("{:.4}", m.out_of_order),
+            ];
+            for x in &r.resets {
+                v.extend([
+                    format!("{:.4}", x.throughput),
+                    x.violations.len().to_string(),
+                    x.waiting_at_end.to_string(),
+                    x.crashed.to_string(),
+                ]);
+            }
+            v.resize(header.len(), String::new());
+            v
+        })
+        .collect();
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    write_csv(path, &header, &lines)
+}

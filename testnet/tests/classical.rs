@@ -42,15 +42,16 @@ fn the_registry_knows_every_closed_system() {
 }
 
 // Lecture: each algorithm guarantees exclusion, progress and bounded wait when no
-// process fails and every message arrives in order. Close to saturation, with latency
-// variance, on 9 and 32 processes: no violation, nothing rejected, and every waiter
-// served after the drain.
+// process fails and every message arrives in order. Below saturation, with latency
+// variance, on 9 and 32 processes: no violation, nothing rejected, nobody waiting long,
+// and every waiter served after the drain.
 #[test]
 fn every_closed_algorithm_is_exclusive_and_live_without_failures() {
     for (k, protocol) in CLOSED.iter().enumerate() {
-        for (processes, lambda) in [(9, 3.0), (32, 3.0)] {
-            let seed = 100 + k as u64 * 10 + processes as u64;
-            let r = run(protocol, processes, cfg(lambda, u0200(), seed));
+        for (processes, lambda) in [(9, 3.0), (32, 3.0), (32, 0.5)] {
+            let seed = 100 + k as u64 * 10 + processes as u64 + lambda as u64;
+            // Measured from time 0: a slow start (say, a token not yet in the ring) counts.
+            let r = run(protocol, processes, SimConfig { warmup: Duration::ZERO, ..cfg(lambda, u0200(), seed) });
             assert!(
                 r.violations.is_empty(),
                 "{protocol}, seed {seed}: {} violations, first {:?}",
@@ -59,7 +60,9 @@ fn every_closed_algorithm_is_exclusive_and_live_without_failures() {
             );
             assert_eq!(r.rejected, 0, "{protocol}, seed {seed}: rejected messages without any failure");
             assert_eq!(r.waiting_at_end, 0, "{protocol}, seed {seed}: waiters never served");
-            assert!(r.entries > 150, "{protocol}, seed {seed}: only {} entries", r.entries);
+            // Bounded wait, in virtual time: below saturation nobody waits for long.
+            assert!(r.acquire_max < 30.0, "{protocol}, seed {seed}: a waiter waited {:.1} s", r.acquire_max);
+            assert!(r.entries > 30, "{protocol}, seed {seed}: only {} entries", r.entries);
         }
     }
 }

@@ -170,8 +170,11 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
     } else {
         (Duration::from_secs(60), Duration::from_secs(300), Duration::from_secs(120))
     };
-    let lambdas: Vec<f64> =
-        if opts.quick { vec![1.0, MODERATE, 4.0, 8.0] } else { vec![0.5, 1.0, MODERATE, 3.0, 4.0, 6.0, 8.0] };
+    let lambdas: Vec<f64> = if opts.quick {
+        vec![1.0, MODERATE, 4.0, 16.0]
+    } else {
+        vec![0.5, 1.0, MODERATE, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0]
+    };
     let params = ProtocolParams { config: Config::default(), backoff: Duration::from_secs(1) };
     let (n, m) = (params.config.n(), params.config.m());
 

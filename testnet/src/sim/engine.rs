@@ -338,6 +338,10 @@ impl<'p, P: Protocol> Sim<'p, P> {
     /// Runs to the end of the measured window.
     pub fn run(mut self) -> Report {
         let started = Instant::now();
+        // A protocol may start with messages or timers (a token ring's first token).
+        for replica in 0..self.replicas.len() {
+            self.after_replica(replica);
+        }
         if self.cfg.lambda > 0.0 {
             let first = self.exp(1.0 / self.cfg.lambda);
             self.schedule(first, Kind::Arrival);

@@ -119,11 +119,14 @@ impl Process for TokenRing {
         }
     }
 
-    fn release(&mut self, _now: Time) {
+    fn release(&mut self, now: Time) {
         if !self.holding {
             return;
         }
         self.holding = false;
+        if self.me == 0 {
+            self.last_seen = now; // the timeout counts from when the token left
+        }
         let epoch = self.token.take().unwrap_or(self.epoch);
         self.pass(epoch);
     }
@@ -239,6 +242,19 @@ mod tests {
         );
         origin.handle(Duration::from_secs(6), 2, Token { epoch: 1 }).unwrap();
         assert_eq!(origin.poll_timeout(), Some(Duration::from_secs(11)));
+    }
+
+    #[test]
+    fn the_origin_times_out_from_when_the_token_left_it() {
+        let params = Params { regenerate_after: Some(Duration::from_secs(5)) };
+        let mut origin = TokenRing::new(&params, 0, 2, false, T);
+        assert_eq!(origin.poll_transmit(), Some((1, Token { epoch: 0 })));
+        origin.request(T);
+        origin.handle(Duration::from_secs(1), 1, Token { epoch: 0 }).unwrap();
+        assert!(origin.poll_granted());
+        assert_eq!(origin.poll_timeout(), None, "no regeneration while in the CS");
+        origin.release(Duration::from_secs(20));
+        assert_eq!(origin.poll_timeout(), Some(Duration::from_secs(25)));
     }
 
     #[test]

@@ -221,10 +221,10 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
     // Plots: throughput and messages per entry against λ, open-system protocols and
     // closed systems apart (Sigma on both for reference).
     let groups: [(&str, &str, Vec<&String>); 2] = [
-        ("open", "quorum protocols, n=32 replicas", protocols.iter().filter(|p| !is_closed(p)).collect()),
+        ("open", "quorum protocols, n=32", protocols.iter().filter(|p| !is_closed(p)).collect()),
         (
             "closed",
-            "closed systems of 32 processes (sigma for reference)",
+            "32 processes (+ sigma)",
             protocols.iter().filter(|p| is_closed(p) || *p == "sigma").collect(),
         ),
     ];
@@ -244,7 +244,7 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
             let slug = latency.to_string().replace(['(', ')', ' ', ','], "");
             write_figure(
                 &Chart {
-                    title: format!("Throughput vs load, {latency}: {what}"),
+                    title: format!("Throughput, {latency}: {what}"),
                     x_label: "request rate λ (1/s)".into(),
                     y_label: "throughput (CS/s)".into(),
                     log_y: false,
@@ -264,7 +264,7 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
             .collect();
         write_figure(
             &Chart {
-                title: format!("Messages per CS entry vs load, {}: {what}", latencies()[0]),
+                title: format!("Messages in the window per entry, {}: {what}", latencies()[0]),
                 x_label: "request rate λ (1/s)".into(),
                 y_label: "messages per entry".into(),
                 log_y: true,

@@ -211,7 +211,8 @@ struct CompareArgs {
     /// Short windows and fewer points.
     #[arg(long)]
     quick: bool,
-    /// Base seed; run k uses seed + k.
+    /// Base seed; each run adds a number of its own (protocol and scenario), so a
+    /// subset of protocols reproduces their rows of the full comparison.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Worker threads (default: available cores).
@@ -254,10 +255,10 @@ struct RunArgs {
     /// One-way latency: u:LO,HI | const:MS | exp:MEAN (milliseconds).
     #[arg(long, default_value = "u:0,200")]
     latency: Latency,
-    /// Replicas.
+    /// Replicas (processes, for a closed system).
     #[arg(long, default_value_t = 32)]
     n: usize,
-    /// Quorum.
+    /// Quorum (ignored by closed systems).
     #[arg(long, default_value_t = 24)]
     m: usize,
     /// Seconds in the critical section.
@@ -414,7 +415,9 @@ fn real_main() -> Result<ExitCode> {
             print!("{}", compare::run(&opts)?.summary);
         }
         Command::Sim(SimCommand::Run(a)) => {
-            let config = Config::default().with_quorum(a.n, a.m).with_retry_slack_percent(a.slack);
+            // A closed system has n processes and no quorum parameter.
+            let m = if compare::is_closed(&a.protocol) { a.n / 2 + 1 } else { a.m };
+            let config = Config::default().with_quorum(a.n, m).with_retry_slack_percent(a.slack);
             config.validate()?;
             let cfg = SimConfig {
                 lambda: a.lambda,

@@ -108,7 +108,7 @@ fn token_ring_costs_one_message_per_entry_only_under_contention() {
 fn resets_strand_the_classical_waiters_but_not_sigma_nor_the_regenerating_ring() {
     let resets = |seed| SimConfig {
         mean_lifetime: Some(Duration::from_secs(30)),
-        cs: compare::RESET_CS,
+        cs: compare::FAULT_CS,
         ..cfg(3.0, u0200(), seed)
     };
     for (protocol, seed) in [("central", 501), ("lamport", 502), ("majority", 503), ("maekawa", 504)] {
@@ -161,6 +161,17 @@ fn quick_compare_writes_the_table_csv_and_plots() {
     for r in &row("sigma").resets {
         assert!(r.violations.is_empty() && r.waiting_at_end == 0, "seed 1: sigma under resets {r:?}");
     }
+    let lossy = &row("sigma").lossy;
+    assert!(lossy.violations.is_empty() && lossy.waiting_at_end == 0, "seed 1: sigma under loss {lossy:?}");
     assert!(row("sigma").peak[0] > 10.0 * row("strawman").peak[0], "seed 1:\n{}", result.summary);
+    // A subset runs with the same seeds: the same row.
+    let subset = CompareOptions { protocols: vec!["central".into()], out: out.join("subset"), ..opts };
+    let alone = compare::run(&subset).expect("subset run");
+    let (a, b) = (&alone.rows[0], row("central"));
+    assert_eq!(
+        (a.moderate.entries, a.moderate.seed, a.lossy.waiting_at_end),
+        (b.moderate.entries, b.moderate.seed, b.lossy.waiting_at_end),
+        "seed 1: central alone differs from central in the full comparison"
+    );
     std::fs::remove_dir_all(&out).ok();
 }

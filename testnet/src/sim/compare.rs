@@ -6,8 +6,9 @@
 //! U(100,100); at a moderate load (λ = [`MODERATE`], U(0,200)) the messages per
 //! critical-section entry, the acquire latency p50/p99 and the FCFS fairness (the
 //! fraction of entries granted while an earlier arrival still waited); and under resets
-//! of replicas or processes (mean lifetime [`LIFETIMES`]) the throughput, exclusion
-//! violations and waiters stuck after a drain period.
+//! of replicas or processes (mean lifetime [`LIFETIMES`]) and under message loss
+//! ([`LOSS`]) the throughput, exclusion violations and waiters stuck after a drain
+//! period.
 //!
 //! The quorum protocols run `n` = 32 replicas, m = 24 (the paper's set-up); the
 //! classical algorithms run closed systems of 32 processes (see
@@ -55,9 +56,13 @@ pub const MODERATE: f64 = 2.0;
 /// Mean lifetimes (s) of a replica or process in the reset runs.
 pub const LIFETIMES: [f64; 2] = [100.0, 1_000.0];
 
-/// Time in the critical section in the reset runs (elsewhere 0, as in the paper's §5):
-/// with a CS of zero length two holders can never overlap, whatever a reset breaks.
-pub const RESET_CS: Duration = Duration::from_millis(100);
+/// Message loss probability of the lossy run.
+pub const LOSS: f64 = 0.01;
+
+/// Time in the critical section in the runs with faults (resets, loss; elsewhere 0, as
+/// in the paper's §5): with a CS of zero length two holders can never overlap, whatever
+/// a fault breaks.
+pub const FAULT_CS: Duration = Duration::from_millis(100);
 
 /// The token ring's origin regenerates a token it has not seen for this long: twice
 /// the slowest rotation of 32 hops at 200 ms.
@@ -111,7 +116,7 @@ pub struct CompareOptions {
     pub out: PathBuf,
     /// Short windows and fewer points (tests, CI).
     pub quick: bool,
-    /// Base seed; run k uses `seed + k`.
+    /// Base seed; each run adds a number of its own (protocol and scenario).
     pub seed: u64,
     /// Worker threads.
     pub threads: usize,
@@ -130,6 +135,8 @@ pub struct Row {
     pub moderate: Report,
     /// Under resets, one run per lifetime of [`LIFETIMES`].
     pub resets: Vec<Report>,
+    /// Under message loss ([`LOSS`]).
+    pub lossy: Report,
 }
 
 /// What a comparison produced.
@@ -147,6 +154,8 @@ struct Job {
     lambda: f64,
     latency: Latency,
     lifetime: Option<f64>,
+    loss: f64,
+    seed: u64,
 }
 
 fn latencies() -> [Latency; 2] {
@@ -178,31 +187,35 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
     let params = ProtocolParams { config: Config::default(), backoff: Duration::from_secs(1) };
     let (n, m) = (params.config.n(), params.config.m());
 
+    // A run's seed depends on what it is (protocol, scenario), not on which other runs
+    // were asked for: `--protocols sigma` reproduces sigma's row of the full comparison.
     let mut jobs = Vec::new();
     for protocol in &protocols {
-        for latency in latencies() {
-            for &lambda in &lambdas {
-                jobs.push(Job { protocol: protocol.clone(), lambda, latency, lifetime: None });
+        let base = 1000 * PROTOCOLS.iter().position(|p| p == protocol).unwrap_or_default() as u64;
+        let mut job = |scenario: u64, lambda, latency, lifetime, loss| {
+            let protocol = protocol.clone();
+            jobs.push(Job { protocol, lambda, latency, lifetime, loss, seed: opts.seed + base + scenario });
+        };
+        for (i, latency) in latencies().into_iter().enumerate() {
+            for (j, &lambda) in lambdas.iter().enumerate() {
+                job(100 * i as u64 + j as u64, lambda, latency, None, 0.0);
             }
         }
-        for life in LIFETIMES {
-            jobs.push(Job {
-                protocol: protocol.clone(),
-                lambda: MODERATE,
-                latency: latencies()[0],
-                lifetime: Some(life),
-            });
+        for (i, life) in LIFETIMES.into_iter().enumerate() {
+            job(900 + i as u64, MODERATE, latencies()[0], Some(life), 0.0);
         }
+        job(950, MODERATE, latencies()[0], None, LOSS);
     }
-    let reports = run_jobs(&jobs, opts.threads, |k, job| {
-        let seed = opts.seed + k as u64;
+    let reports = run_jobs(&jobs, opts.threads, |_, job| {
+        let seed = job.seed;
         let cfg = SimConfig {
             warmup,
             measure,
             // Every run drains, so that "still waiting" means stuck, not just late.
             drain,
             mean_lifetime: job.lifetime.map(Duration::from_secs_f64),
-            cs: if job.lifetime.is_some() { RESET_CS } else { Duration::ZERO },
+            loss: job.loss,
+            cs: if job.lifetime.is_some() || job.loss > 0.0 { FAULT_CS } else { Duration::ZERO },
             max_backlog: COLLAPSING.contains(&job.protocol.as_str()).then_some(STRAWMAN_MAX_BACKLOG),
             ..SimConfig::paper(job.lambda, job.latency, seed)
         };
@@ -210,23 +223,25 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
     });
     write_runs_csv(&opts.out.join("runs.csv"), &reports)?;
 
-    let pick = |proto: &str, latency: &Latency, lifetime: Option<f64>| -> Vec<&Report> {
+    let lossy: Vec<bool> = jobs.iter().map(|j| j.loss > 0.0).collect();
+    let pick_where = |proto: &str, latency: &Latency, lifetime: Option<f64>, with_loss: bool| -> Vec<&Report> {
         reports
             .iter()
-            .filter(|r| r.protocol == proto && r.latency == latency.to_string() && r.lifetime_s == lifetime)
+            .zip(&lossy)
+            .filter(|(r, l)| {
+                r.protocol == proto && r.latency == latency.to_string() && r.lifetime_s == lifetime && **l == with_loss
+            })
+            .map(|(r, _)| r)
             .collect()
     };
+    let pick = |proto: &str, latency: &Latency, lifetime: Option<f64>| pick_where(proto, latency, lifetime, false);
     let curve = |rs: &[&Report], f: fn(&Report) -> f64| rs.iter().map(|r| (r.lambda, f(r))).collect::<Vec<_>>();
 
     // Plots: throughput and messages per entry against λ, open-system protocols and
     // closed systems apart (Sigma on both for reference).
     let groups: [(&str, &str, Vec<&String>); 2] = [
         ("open", "quorum protocols, n=32", protocols.iter().filter(|p| !is_closed(p)).collect()),
-        (
-            "closed",
-            "32 processes (+ sigma)",
-            protocols.iter().filter(|p| is_closed(p) || *p == "sigma").collect(),
-        ),
+        ("closed", "32 processes (+ sigma)", protocols.iter().filter(|p| is_closed(p) || *p == "sigma").collect()),
     ];
     for (tag, what, members) in &groups {
         if members.is_empty() {
@@ -285,7 +300,8 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
                 .iter()
                 .filter_map(|life| pick(p, &latencies()[0], Some(*life)).first().map(|r| (*r).clone()))
                 .collect();
-            Row { protocol: p.clone(), peak, moderate, resets }
+            let lossy = pick_where(p, &latencies()[0], None, true).first().map(|r| (*r).clone()).unwrap_or_default();
+            Row { protocol: p.clone(), peak, moderate, resets, lossy }
         })
         .collect();
     write_table_csv(&opts.out.join("compare.csv"), &rows)?;
@@ -307,13 +323,21 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
         lambdas
     );
     s.push('\n');
+    s.push_str("Without faults (CS time 0):\n\n");
     s.push_str(&table(&rows));
     s.push_str(
-        "\npeak: highest CS/s over λ. msgs: all protocol messages in the window per entry (λ = 2, U(0,200)).\n\
-         late: entries granted while an earlier arrival still waited (0 = FCFS). resets: λ = 2, U(0,200),\n\
-         CS 100 ms, replicas (processes) reset with empty memory after an exponential lifetime of mean T;\n\
-         viol = exclusion violations, stuck = still waiting after the drain, crash = acquisitions that\n\
-         died with their process (closed systems only). -: no entry at that load (collapsed).\n",
+        "\npeak: highest CS/s over λ, at latency U(0,200) and U(100,100) ms. At λ = 2, U(0,200):\n\
+         msgs = all protocol messages in the window per entry, p50/p99 = acquire latency,\n\
+         late = fraction of entries granted while an earlier arrival still waited (0 = FCFS).\n\
+         -: no entry at that load (collapsed).\n",
+    );
+    let _ = writeln!(s, "\nWith faults (λ = 2, U(0,200), CS {} ms):\n", FAULT_CS.as_millis());
+    s.push_str(&fault_table(&rows));
+    s.push_str(
+        "\nresets: every replica (process) loses its memory after an exponential lifetime of mean T.\n\
+         viol = exclusion violations; stuck = still waiting after the drain; crash = acquisitions that\n\
+         died with their process (closed systems only); *: the run stopped at 400 waiters (collapse),\n\
+         stuck is then the backlog at the stop.\n",
     );
     let _ = writeln!(s, "\nwritten to {}", opts.out.display());
     std::fs::write(opts.out.join("summary.txt"), &s)?;
@@ -327,35 +351,46 @@ pub fn is_closed(protocol: &str) -> bool {
 
 fn table(rows: &[Row]) -> String {
     let mut s = String::new();
-    let mut head = format!(
-        "{:<16} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6}",
+    let _ = writeln!(
+        s,
+        "{:<16} {:>10} {:>9} {:>8} {:>8} {:>8} {:>6}",
         "protocol", "peak 0-200", "peak 100", "msgs", "p50 s", "p99 s", "late"
     );
-    for life in LIFETIMES {
-        let _ = write!(head, " | T={life:<5} CS/s viol stuck crash");
-    }
-    let _ = writeln!(s, "{head}");
     for r in rows {
         let m = &r.moderate;
         let _ = write!(s, "{:<16} {:>10.2} {:>9.2}", r.protocol, r.peak[0], r.peak[1]);
         if m.entries == 0 {
-            let _ = write!(s, " {:>8} {:>8} {:>8} {:>6}", "-", "-", "-", "-");
+            let _ = writeln!(s, " {:>8} {:>8} {:>8} {:>6}", "-", "-", "-", "-");
         } else {
             let msgs = m.window_messages_per_entry;
             let msgs = if msgs < 1e5 { format!("{msgs:.1}") } else { format!("{msgs:.1e}") };
-            let _ = write!(s, " {msgs:>8} {:>8.3} {:>8.3} {:>6.3}", m.acquire_p50, m.acquire_p99, m.out_of_order);
+            let _ = writeln!(s, " {msgs:>8} {:>8.3} {:>8.3} {:>6.3}", m.acquire_p50, m.acquire_p99, m.out_of_order);
         }
+    }
+    s
+}
+
+fn fault_table(rows: &[Row]) -> String {
+    let mut s = format!("{:<16}", "protocol");
+    for life in LIFETIMES {
+        let _ = write!(s, " | {:<23}", format!("resets, T = {life} s"));
+    }
+    let _ = writeln!(s, " | loss {}%", LOSS * 100.0);
+    let _ = write!(s, "{:<16}", "");
+    for _ in LIFETIMES {
+        let _ = write!(s, " | {:>5} {:>4} {:>5} {:>5}", "CS/s", "viol", "stuck", "crash");
+    }
+    let _ = writeln!(s, " | {:>5} {:>4} {:>5}", "CS/s", "viol", "stuck");
+    let cells = |r: &Report| {
+        let stuck = format!("{}{}", r.waiting_at_end, if r.truncated_at.is_some() { "*" } else { "" });
+        format!("{:>5.2} {:>4} {:>5}", r.throughput, r.violations.len(), stuck)
+    };
+    for r in rows {
+        let _ = write!(s, "{:<16}", r.protocol);
         for x in &r.resets {
-            let _ = write!(
-                s,
-                " | {:>12.2} {:>4} {:>5} {:>5}",
-                x.throughput,
-                x.violations.len(),
-                x.waiting_at_end,
-                x.crashed
-            );
+            let _ = write!(s, " | {} {:>5}", cells(x), x.crashed);
         }
-        s.push('\n');
+        let _ = writeln!(s, " | {}", cells(&r.lossy));
     }
     s
 }
@@ -374,6 +409,9 @@ fn write_table_csv(path: &Path, rows: &[Row]) -> Result<()> {
         for f in ["throughput", "violations", "stuck", "crashed"] {
             header.push(format!("reset_{life}s_{f}"));
         }
+    }
+    for f in ["throughput", "violations", "stuck"] {
+        header.push(format!("loss_{f}"));
     }
     let lines: Vec<Vec<String>> = rows
         .iter()
@@ -396,7 +434,9 @@ fn write_table_csv(path: &Path, rows: &[Row]) -> Result<()> {
                     x.crashed.to_string(),
                 ]);
             }
-            v.resize(header.len(), String::new());
+            v.resize(header.len() - 3, String::new());
+            let l = &r.lossy;
+            v.extend([format!("{:.4}", l.throughput), l.violations.len().to_string(), l.waiting_at_end.to_string()]);
             v
         })
         .collect();

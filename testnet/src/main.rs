@@ -193,9 +193,9 @@ enum SimCommand {
     /// Regenerate the paper's figures (Fig. 2, 3, 7, 8, message cost).
     Paper(PaperArgs),
     /// Every protocol side by side: throughput vs λ at U(0,200) and U(100,100), messages
-    /// per entry, acquire latency, FCFS fairness, behaviour under resets.
+    /// per entry, acquire latency, FCFS fairness, behaviour under resets and message loss.
     ///
-    /// Writes DIR/runs.csv (one line per run), DIR/compare.csv (the table),
+    /// Writes DIR/runs.csv (one line per run), DIR/compare.csv (the tables),
     /// throughput and message plots (SVG and PNG) and DIR/summary.txt, and prints the
     /// table. Protocols: sigma, strawman, cmr, cmr-delayed, obeidat (n=32 replicas,
     /// m=24) and the closed systems central, lamport, ricart-agrawala, majority,
@@ -203,22 +203,35 @@ enum SimCommand {
     Compare(CompareArgs),
 }
 
+/// Options of the commands that run many simulations.
 #[derive(Args)]
-struct CompareArgs {
-    /// Output directory.
-    #[arg(long, default_value = "results/compare")]
-    out: std::path::PathBuf,
-    /// Short windows and fewer points.
+struct BatchArgs {
+    /// Short windows and fewer points (seconds instead of a minute or two).
     #[arg(long)]
     quick: bool,
-    /// Base seed; each run adds a number of its own (protocol and scenario), so a
-    /// subset of protocols reproduces their rows of the full comparison.
+    /// Base seed; each run derives its own from it (a failing run prints its seed).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Only these protocols (comma-separated; default: all).
+}
+
+impl BatchArgs {
+    fn threads(&self) -> usize {
+        self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+    }
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Output directory.
+    #[arg(long, default_value = "results/compare")]
+    out: std::path::PathBuf,
+    #[command(flatten)]
+    batch: BatchArgs,
+    /// Only these protocols (comma-separated; default: all). Seeds depend on the
+    /// protocol and scenario, so a subset reproduces its rows of the full comparison.
     #[arg(long, value_delimiter = ',')]
     protocols: Vec<String>,
 }
@@ -228,15 +241,8 @@ struct PaperArgs {
     /// Output directory for CSV, SVG and summary.txt.
     #[arg(long, default_value = "results/paper")]
     out: std::path::PathBuf,
-    /// Short windows and fewer points (about 30 s).
-    #[arg(long)]
-    quick: bool,
-    /// Base seed.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Worker threads (default: available cores).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    batch: BatchArgs,
     /// Exit non-zero when a target is missed.
     #[arg(long)]
     strict: bool,
@@ -399,8 +405,8 @@ fn real_main() -> Result<ExitCode> {
             }
         }
         Command::Sim(SimCommand::Paper(a)) => {
-            let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-            let opts = paper::PaperOptions { out: a.out, quick: a.quick, seed: a.seed, threads };
+            let (quick, seed, threads) = (a.batch.quick, a.batch.seed, a.batch.threads());
+            let opts = paper::PaperOptions { out: a.out, quick, seed, threads };
             let result = paper::run(&opts)?;
             print!("{}", result.summary);
             let failed = result.targets.iter().filter(|t| !t.pass).count();
@@ -409,9 +415,8 @@ fn real_main() -> Result<ExitCode> {
             }
         }
         Command::Sim(SimCommand::Compare(a)) => {
-            let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-            let opts =
-                compare::CompareOptions { out: a.out, quick: a.quick, seed: a.seed, threads, protocols: a.protocols };
+            let (quick, seed, threads) = (a.batch.quick, a.batch.seed, a.batch.threads());
+            let opts = compare::CompareOptions { out: a.out, quick, seed, threads, protocols: a.protocols };
             print!("{}", compare::run(&opts)?.summary);
         }
         Command::Sim(SimCommand::Run(a)) => {

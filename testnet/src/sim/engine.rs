@@ -335,7 +335,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
         Duration::try_from_secs_f64(d).unwrap_or(Duration::MAX / 4)
     }
 
-    /// Runs to the end of the measured window.
+    /// Runs to the end of the measured window and the drain after it.
     pub fn run(mut self) -> Report {
         let started = Instant::now();
         // A protocol may start with messages or timers (a token ring's first token).

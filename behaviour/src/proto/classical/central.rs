@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Pid, Process, ProcessError};
+use super::{Outbox, Pid, Process, ProcessError};
 use crate::proto::Time;
 
 /// Parameters.
@@ -46,12 +46,11 @@ pub struct Central {
     n: usize,
     coordinator: Pid,
     state: State,
-    granted: bool,
     /// Coordinator: the process in the critical section.
     busy: Option<Pid>,
     /// Coordinator: waiting processes, first come first served.
     queue: VecDeque<Pid>,
-    out: VecDeque<(Pid, Msg)>,
+    out: Outbox<Msg>,
 }
 
 impl Process for Central {
@@ -64,24 +63,23 @@ impl Process for Central {
             n,
             coordinator: params.coordinator,
             state: State::Idle,
-            granted: false,
             busy: None,
             queue: VecDeque::new(),
-            out: VecDeque::new(),
+            out: Outbox::default(),
         }
     }
 
     fn request(&mut self, _now: Time) {
         if self.state == State::Idle {
             self.state = State::Wanting;
-            self.out.push_back((self.coordinator, Msg::Request));
+            self.out.send(self.coordinator, Msg::Request);
         }
     }
 
     fn release(&mut self, _now: Time) {
         if self.state == State::Holding {
             self.state = State::Idle;
-            self.out.push_back((self.coordinator, Msg::Release));
+            self.out.send(self.coordinator, Msg::Release);
         }
     }
 
@@ -95,7 +93,7 @@ impl Process for Central {
                     return Err(ProcessError::Unexpected("grant without a request"));
                 }
                 self.state = State::Holding;
-                self.granted = true;
+                self.out.grant();
             }
             Msg::Request | Msg::Release if self.me != self.coordinator => {
                 return Err(ProcessError::Unexpected("coordinator message to another process"));
@@ -106,7 +104,7 @@ impl Process for Central {
                 }
                 if self.busy.is_none() {
                     self.busy = Some(from);
-                    self.out.push_back((from, Msg::Grant));
+                    self.out.send(from, Msg::Grant);
                 } else {
                     self.queue.push_back(from);
                 }
@@ -117,19 +115,15 @@ impl Process for Central {
                 }
                 self.busy = self.queue.pop_front();
                 if let Some(next) = self.busy {
-                    self.out.push_back((next, Msg::Grant));
+                    self.out.send(next, Msg::Grant);
                 }
             }
         }
         Ok(())
     }
 
-    fn poll_transmit(&mut self) -> Option<(Pid, Msg)> {
-        self.out.pop_front()
-    }
-
-    fn poll_granted(&mut self) -> bool {
-        std::mem::take(&mut self.granted)
+    fn outbox(&mut self) -> &mut Outbox<Msg> {
+        &mut self.out
     }
 
     fn holding(&self) -> bool {
@@ -148,16 +142,11 @@ impl Process for Central {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::classical::harness;
-
-    const T: Time = Time::ZERO;
+    use crate::proto::classical::harness::{self, T};
 
     #[test]
     fn exclusive_and_live_on_seeded_interleavings() {
-        for seed in 0..200 {
-            let out = harness::run::<Central>(&Params::default(), 5, 4, seed);
-            assert_eq!(out.entries, 20, "seed {seed}");
-        }
+        harness::assert_exclusive_and_live::<Central>(&Params::default(), 5, 4, 0..200);
     }
 
     #[test]
@@ -166,6 +155,8 @@ mod tests {
         // Processes 1..4 cost 3 messages per entry, the coordinator's own entries none.
         let remote = out.order.iter().filter(|p| **p != 0).count();
         assert_eq!(out.messages, 3 * remote);
+        // Alone, the coordinator asks itself: nothing crosses the network.
+        harness::assert_single_process_needs_no_messages::<Central>(&Params::default());
     }
 
     #[test]

@@ -12,12 +12,11 @@
 //! while the old token is alive (a slow holder) puts two processes in the CS, the
 //! danger the lecture warns of.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Pid, Process, ProcessError};
+use super::{Outbox, Pid, Process, ProcessError};
 use crate::proto::Time;
 
 /// Parameters.
@@ -45,13 +44,12 @@ pub struct TokenRing {
     /// Epoch of the token held (in the CS, or for a single process ring, idle).
     token: Option<u64>,
     holding: bool,
-    granted: bool,
     /// Highest epoch seen.
     epoch: u64,
     /// Origin: when the token last passed (or was regenerated).
     last_seen: Time,
     regenerated: u64,
-    out: VecDeque<(Pid, Token)>,
+    out: Outbox<Token>,
 }
 
 impl TokenRing {
@@ -68,7 +66,7 @@ impl TokenRing {
         if self.wanting {
             self.wanting = false;
             self.holding = true;
-            self.granted = true;
+            self.out.grant();
             self.token = Some(epoch);
         } else {
             self.pass(epoch);
@@ -80,7 +78,7 @@ impl TokenRing {
             self.token = Some(epoch); // nobody to pass it to: keep it
         } else {
             self.token = None;
-            self.out.push_back((self.successor(), Token { epoch }));
+            self.out.send(self.successor(), Token { epoch });
         }
     }
 }
@@ -97,11 +95,10 @@ impl Process for TokenRing {
             wanting: false,
             token: None,
             holding: false,
-            granted: false,
             epoch: 0,
             last_seen: now,
             regenerated: 0,
-            out: VecDeque::new(),
+            out: Outbox::default(),
         };
         if me == 0 && !recovering {
             p.take(now, 0);
@@ -146,12 +143,8 @@ impl Process for TokenRing {
         Ok(())
     }
 
-    fn poll_transmit(&mut self) -> Option<(Pid, Token)> {
-        self.out.pop_front()
-    }
-
-    fn poll_granted(&mut self) -> bool {
-        std::mem::take(&mut self.granted)
+    fn outbox(&mut self) -> &mut Outbox<Token> {
+        &mut self.out
     }
 
     fn holding(&self) -> bool {
@@ -188,33 +181,22 @@ impl Process for TokenRing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::classical::harness;
-
-    const T: Time = Time::ZERO;
+    use crate::proto::classical::harness::{self, procs, T};
 
     #[test]
     fn exclusive_and_live_on_seeded_interleavings() {
-        for seed in 0..200 {
-            let out = harness::run::<TokenRing>(&Params::default(), 5, 4, seed);
-            assert_eq!(out.entries, 20, "seed {seed}");
-        }
+        harness::assert_exclusive_and_live::<TokenRing>(&Params::default(), 5, 4, 0..200);
     }
 
     #[test]
     fn a_single_process_ring_keeps_its_token() {
-        let mut p = TokenRing::new(&Params::default(), 0, 1, false, T);
-        assert_eq!(p.poll_transmit(), None);
-        p.request(T);
-        assert!(p.poll_granted());
-        p.release(T);
-        assert_eq!(p.poll_transmit(), None);
-        p.request(T);
-        assert!(p.poll_granted());
+        // The holder's own token is the only permission.
+        harness::assert_single_process_enters_at_once::<TokenRing>(&Params::default(), &[0]);
     }
 
     #[test]
     fn the_token_goes_round_and_serves_the_waiter() {
-        let mut ring: Vec<TokenRing> = (0..3).map(|i| TokenRing::new(&Params::default(), i, 3, false, T)).collect();
+        let mut ring: Vec<TokenRing> = procs(&Params::default(), 3);
         ring[2].request(T);
         assert_eq!(ring[0].poll_transmit(), Some((1, Token { epoch: 0 })));
         ring[1].handle(T, 0, Token { epoch: 0 }).unwrap();

@@ -100,12 +100,12 @@
 //! candidate needing that vote waits forever). A candidate that forgets its request
 //! never RELEASEs the votes it held, which are lost for good.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Pid, Process, ProcessError};
+use super::{Outbox, Pid, Process, ProcessError};
 use crate::proto::clock::{LamportClock, Timestamp};
 use crate::proto::Time;
 
@@ -197,7 +197,6 @@ pub struct Voting {
     clock: LamportClock,
     // Candidate role.
     state: State,
-    granted: bool,
     /// The latest request stamped: the current one unless idle.
     last: Option<Timestamp<Pid>>,
     /// Voters whose vote for the current request is held.
@@ -212,7 +211,7 @@ pub struct Voting {
     inquired: bool,
     /// Requests waiting for this vote, oldest first.
     queue: BTreeSet<Timestamp<Pid>>,
-    out: VecDeque<(Pid, Msg)>,
+    out: Outbox<Msg>,
 }
 
 impl Voting {
@@ -278,7 +277,7 @@ impl Voting {
     fn vote(&mut self, ts: Timestamp<Pid>) {
         self.voted_for = Some(ts);
         self.inquired = false;
-        self.out.push_back((ts.client, Msg::Vote(ts)));
+        self.out.send(ts.client, Msg::Vote(ts));
     }
 
     /// Voter: the vote is free again; give it to the oldest waiting request.
@@ -303,7 +302,7 @@ impl Voting {
                 self.queue.insert(ts);
                 if ts < v && !self.inquired {
                     self.inquired = true;
-                    self.out.push_back((v.client, Msg::Inquire(v)));
+                    self.out.send(v.client, Msg::Inquire(v));
                 }
             }
         }
@@ -355,7 +354,7 @@ impl Voting {
         self.votes.insert(from);
         if self.state == State::Wanting && self.votes.len() >= self.needed {
             self.state = State::Holding;
-            self.granted = true;
+            self.out.grant();
         }
         Ok(())
     }
@@ -372,7 +371,7 @@ impl Voting {
         }
         if current && self.state == State::Wanting {
             self.votes.remove(&from);
-            self.out.push_back((from, Msg::Relinquish(ts)));
+            self.out.send(from, Msg::Relinquish(ts));
             if from != self.me {
                 self.retries += 1;
             }
@@ -397,7 +396,6 @@ impl Process for Voting {
             district,
             clock: LamportClock::new(),
             state: State::Idle,
-            granted: false,
             last: None,
             votes: BTreeSet::new(),
             voted_once: BTreeSet::new(),
@@ -405,7 +403,7 @@ impl Process for Voting {
             voted_for: None,
             inquired: false,
             queue: BTreeSet::new(),
-            out: VecDeque::new(),
+            out: Outbox::default(),
         }
     }
 
@@ -418,9 +416,7 @@ impl Process for Voting {
         self.state = State::Wanting;
         self.votes.clear();
         self.voted_once.clear();
-        for &p in &self.district {
-            self.out.push_back((p, Msg::Request(ts)));
-        }
+        self.out.send_all(self.district.iter().copied(), Msg::Request(ts));
     }
 
     fn release(&mut self, _now: Time) {
@@ -430,9 +426,7 @@ impl Process for Voting {
         self.state = State::Idle;
         self.votes.clear();
         if let Some(ts) = self.last {
-            for &p in &self.district {
-                self.out.push_back((p, Msg::Release(ts)));
-            }
+            self.out.send_all(self.district.iter().copied(), Msg::Release(ts));
         }
     }
 
@@ -449,12 +443,8 @@ impl Process for Voting {
         }
     }
 
-    fn poll_transmit(&mut self) -> Option<(Pid, Msg)> {
-        self.out.pop_front()
-    }
-
-    fn poll_granted(&mut self) -> bool {
-        std::mem::take(&mut self.granted)
+    fn outbox(&mut self) -> &mut Outbox<Msg> {
+        &mut self.out
     }
 
     fn holding(&self) -> bool {
@@ -476,26 +466,18 @@ impl Process for Voting {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
+
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
-    use crate::proto::classical::harness;
-
-    const T: Time = Time::ZERO;
+    use crate::proto::classical::harness::{self, drain, ts, T};
     const MAJORITY: Params = Params { quorums: Quorums::Majority };
     const GRID: Params = Params { quorums: Quorums::Grid };
 
-    fn ts(counter: u64, client: Pid) -> Timestamp<Pid> {
-        Timestamp::new(counter, client)
-    }
-
     fn procs(params: &Params, n: usize) -> Vec<Voting> {
-        (0..n).map(|i| Voting::new(params, i, n, false, T)).collect()
-    }
-
-    fn drain(p: &mut Voting) -> Vec<(Pid, Msg)> {
-        std::iter::from_fn(|| p.poll_transmit()).collect()
+        harness::procs(params, n)
     }
 
     /// Delivers everything in flight (one global FIFO, so every channel is FIFO) until
@@ -582,20 +564,14 @@ mod tests {
     #[test]
     fn majority_exclusive_and_live_on_seeded_interleavings() {
         for n in [3, 4, 5, 7, 9] {
-            for seed in 0..500 {
-                let out = harness::run::<Voting>(&MAJORITY, n, 3, seed);
-                assert_eq!(out.entries, 3 * n, "n {n} seed {seed}");
-            }
+            harness::assert_exclusive_and_live::<Voting>(&MAJORITY, n, 3, 0..500);
         }
     }
 
     #[test]
     fn grid_exclusive_and_live_on_seeded_interleavings() {
         for n in [3, 4, 5, 7, 9] {
-            for seed in 0..500 {
-                let out = harness::run::<Voting>(&GRID, n, 3, seed);
-                assert_eq!(out.entries, 3 * n, "n {n} seed {seed}");
-            }
+            harness::assert_exclusive_and_live::<Voting>(&GRID, n, 3, 0..500);
         }
     }
 
@@ -603,15 +579,9 @@ mod tests {
     fn every_small_size_and_a_larger_grid_work() {
         for params in [MAJORITY, GRID] {
             for n in 1..=12 {
-                for seed in 0..40 {
-                    let out = harness::run::<Voting>(&params, n, 4, seed);
-                    assert_eq!(out.entries, 4 * n, "{params:?} n {n} seed {seed}");
-                }
+                harness::assert_exclusive_and_live::<Voting>(&params, n, 4, 0..40);
             }
-            for seed in 0..20 {
-                let out = harness::run::<Voting>(&params, 16, 2, seed);
-                assert_eq!(out.entries, 32, "{params:?} n 16 seed {seed}");
-            }
+            harness::assert_exclusive_and_live::<Voting>(&params, 16, 2, 0..20);
         }
     }
 
@@ -689,21 +659,13 @@ mod tests {
             assert_eq!(drain(&mut p), vec![(0, Msg::Release(ts(1, 0)))]);
             p.handle(T, 0, Msg::Release(ts(1, 0))).unwrap();
             assert_eq!(p.voted_for(), None);
-            let out = harness::run::<Voting>(&params, 1, 5, 3);
-            assert_eq!((out.entries, out.messages), (5, 0));
+            harness::assert_single_process_needs_no_messages::<Voting>(&params);
         }
     }
 
     #[test]
     fn request_and_release_are_ignored_out_of_turn() {
-        let mut p = Voting::new(&MAJORITY, 0, 3, false, T);
-        p.release(T);
-        assert!(drain(&mut p).is_empty(), "release while idle");
-        p.request(T);
-        assert_eq!(drain(&mut p).len(), 3);
-        p.request(T);
-        p.release(T);
-        assert!(drain(&mut p).is_empty(), "request while wanting, release while not holding");
+        let mut p = harness::assert_out_of_turn_calls_are_ignored::<Voting>(&MAJORITY, 3, 3);
         p.handle(T, 0, Msg::Vote(ts(1, 0))).unwrap();
         p.handle(T, 1, Msg::Vote(ts(1, 0))).unwrap();
         assert!(p.poll_granted() && p.holding());

@@ -122,6 +122,23 @@ fn resets_strand_the_classical_waiters_but_not_sigma_nor_the_regenerating_ring()
     assert!(sigma.violations.is_empty() && sigma.waiting_at_end == 0, "sigma, seed 506: {sigma:?}");
 }
 
+// The exclusion checker sees a closed system break too: a coordinator that loses its
+// memory while someone holds the lock grants it again (the lecture's "the coordinator
+// dies... then what?"). Long critical sections and frequent resets make it likely.
+#[test]
+fn a_coordinator_reset_can_put_two_in_the_critical_section() {
+    let seed = 1;
+    let cfg = SimConfig {
+        cs: Duration::from_millis(500),
+        mean_lifetime: Some(Duration::from_secs(20)),
+        warmup: Duration::from_secs(10),
+        measure: Duration::from_secs(300),
+        ..SimConfig::paper(1.0, u0200(), seed)
+    };
+    let r = run("central", 32, cfg);
+    assert!(!r.violations.is_empty(), "seed {seed}: no violation after {} resets", r.resets);
+}
+
 // The fairness figure tells FCFS protocols from the others: the ring serves in ring
 // order, the coordinator in the order requests reach it (arrival order but for the
 // latency variance).

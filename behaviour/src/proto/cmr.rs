@@ -43,6 +43,7 @@ use super::client::{Event, LostReason, Phase};
 use super::clock::Timestamp;
 use super::config::Config;
 use super::error::{ClientError, ReplicaError};
+use super::rounds::{Rounds, Tally};
 use super::Time;
 
 /// Client to replica.
@@ -195,19 +196,13 @@ impl<C: Clone + Ord> Replica<C> {
 #[derive(Clone, Debug)]
 pub struct Client<C> {
     config: Config,
-    backoff: Backoff,
-    /// Replicas keep delayed reply lists: withdraw unanswered tries too.
-    delayed: bool,
     ts: Timestamp<C>,
     phase: Phase,
-    round: u32,
-    /// Per replica, this round: `None` unanswered, `Some(free)`.
-    answers: Vec<Option<bool>>,
-    grants: usize,
+    /// This try's answers (*free* counts as a grant); the backoff between tries. With
+    /// delayed reply lists, a failed or abandoned try is withdrawn where unanswered.
+    rounds: Rounds,
     /// Round timeout while trying; next try while backing off; end of Δ while holding.
     timer: Option<Time>,
-    backing_off: bool,
-    sent_at: Time,
     valid_until: Time,
     outbox: VecDeque<(usize, ToReplica<C>)>,
     events: VecDeque<Event>,
@@ -219,19 +214,13 @@ impl<C: Clone + Ord> Client<C> {
     /// Starts `contend`: round 1, `try` to all n. `delayed`: the replicas keep delayed
     /// reply lists (a failed or abandoned try is then withdrawn where unanswered).
     pub fn new(config: Config, backoff: Backoff, delayed: bool, ts: Timestamp<C>, now: Time) -> Self {
-        let n = config.n;
+        let rounds = Rounds::new(config.n, config.m, backoff, delayed, now);
         let mut c = Client {
             config,
-            backoff,
-            delayed,
             ts,
             phase: Phase::Waiting,
-            round: 0,
-            answers: vec![None; n],
-            grants: 0,
+            rounds,
             timer: None,
-            backing_off: false,
-            sent_at: now,
             valid_until: now,
             outbox: VecDeque::new(),
             events: VecDeque::new(),
@@ -251,11 +240,11 @@ impl<C: Clone + Ord> Client<C> {
     }
     /// Current round (1-based).
     pub fn round(&self) -> u32 {
-        self.round
+        self.rounds.round()
     }
     /// Whether the client is waiting out a backoff delay.
     pub fn backing_off(&self) -> bool {
-        self.backing_off
+        self.rounds.backing_off()
     }
     /// End of the exclusion period as the client conservatively sees it.
     pub fn valid_until(&self) -> Time {
@@ -263,19 +252,12 @@ impl<C: Clone + Ord> Client<C> {
     }
     /// Replicas that answered *free* in the current round.
     pub fn granted(&self) -> Vec<usize> {
-        self.answers.iter().enumerate().filter(|(_, a)| **a == Some(true)).map(|(i, _)| i).collect()
+        self.rounds.granted().collect()
     }
 
     fn start_round(&mut self, now: Time) {
-        self.round += 1;
-        self.backing_off = false;
-        self.grants = 0;
-        self.answers.iter_mut().for_each(|a| *a = None);
-        self.sent_at = now;
-        self.timer = Some(now + self.config.request_timeout);
-        for i in 0..self.answers.len() {
-            self.outbox.push_back((i, ToReplica::Try { ts: self.ts.clone(), round: self.round }));
-        }
+        let try_ = |round| ToReplica::Try { ts: self.ts.clone(), round };
+        self.timer = Some(self.rounds.start(now, self.config.request_timeout, &mut self.outbox, try_));
     }
 
     /// Applies a reply from replica `from`.
@@ -286,44 +268,41 @@ impl<C: Clone + Ord> Client<C> {
         reply: Reply<C>,
         rng: &mut R,
     ) -> Result<(), ClientError> {
-        let n = self.answers.len();
+        let n = self.rounds.n();
         if from >= n {
             return Err(ClientError::ReplicaOutOfRange { index: from, n });
         }
         if reply.ts != self.ts {
             return Err(ClientError::WrongAcquisition);
         }
-        if reply.round > self.round {
+        let round = self.rounds.round();
+        if reply.round > round {
             return Err(ClientError::Stale);
         }
-        let current = reply.round == self.round && self.phase == Phase::Waiting && !self.backing_off;
+        let current = reply.round == round && self.phase == Phase::Waiting && !self.rounds.backing_off();
         if !current {
             // A grant of an abandoned round, or after the CS: given back at once. A
             // duplicate grant of the winning round is already ours.
-            let ours = reply.round == self.round && self.answers[from] == Some(true);
+            let ours = reply.round == round && self.rounds.answer(from) == Some(true);
             if reply.free && !(ours && self.phase == Phase::Holding) && !(ours && self.phase == Phase::Lost) {
                 self.outbox.push_back((from, ToReplica::Release { ts: self.ts.clone(), round: reply.round }));
             }
             return Ok(());
         }
-        if self.answers[from].is_none() {
-            self.answers[from] = Some(reply.free);
-            if reply.free {
-                self.grants += 1;
+        match self.rounds.record(from, reply.free) {
+            Tally::Won => {
+                self.valid_until = self.rounds.sent_at() + self.config.lease;
+                if self.valid_until <= now {
+                    self.lose_round(now, rng);
+                    return Ok(());
+                }
+                self.phase = Phase::Holding;
+                self.timer = Some(self.valid_until);
+                let votes = self.rounds.grants();
+                self.events.push_back(Event::Acquired { token: 0, votes, valid_until: self.valid_until });
             }
-        }
-        let answered = self.answers.iter().filter(|a| a.is_some()).count();
-        if self.grants >= self.config.m {
-            self.valid_until = self.sent_at + self.config.lease;
-            if self.valid_until <= now {
-                self.lose_round(now, rng);
-                return Ok(());
-            }
-            self.phase = Phase::Holding;
-            self.timer = Some(self.valid_until);
-            self.events.push_back(Event::Acquired { token: 0, votes: self.grants, valid_until: self.valid_until });
-        } else if self.grants + (n - answered) < self.config.m {
-            self.lose_round(now, rng);
+            Tally::Lost => self.lose_round(now, rng),
+            Tally::Open => {}
         }
         Ok(())
     }
@@ -332,13 +311,8 @@ impl<C: Clone + Ord> Client<C> {
     /// is still unanswered), back off for `rand[0, base · 2^retry)`.
     fn lose_round<R: Rng + ?Sized>(&mut self, now: Time, rng: &mut R) {
         self.retries += 1;
-        for (i, a) in self.answers.iter().enumerate() {
-            if *a == Some(true) || (self.delayed && a.is_none()) {
-                self.outbox.push_back((i, ToReplica::Release { ts: self.ts.clone(), round: self.round }));
-            }
-        }
-        self.backing_off = true;
-        self.timer = Some(now + self.backoff.delay(self.retries, rng));
+        let release = |round| ToReplica::Release { ts: self.ts.clone(), round };
+        self.timer = Some(self.rounds.lose(now, self.retries, &mut self.outbox, release, rng));
     }
 
     /// Round timeout (silent replicas count as *locked*), end of backoff, end of Δ.
@@ -347,7 +321,7 @@ impl<C: Clone + Ord> Client<C> {
             return;
         }
         match self.phase {
-            Phase::Waiting if self.backing_off => self.start_round(now),
+            Phase::Waiting if self.rounds.backing_off() => self.start_round(now),
             Phase::Waiting => self.lose_round(now, rng),
             Phase::Holding => {
                 self.phase = Phase::Lost;
@@ -369,18 +343,13 @@ impl<C: Clone + Ord> Client<C> {
         if self.phase == Phase::Released {
             return;
         }
-        let backing_off = self.backing_off && self.phase == Phase::Waiting;
+        let backing_off = self.rounds.backing_off() && self.phase == Phase::Waiting;
         self.phase = Phase::Released;
         self.timer = None;
         if backing_off {
             return;
         }
-        for i in 0..self.answers.len() {
-            let a = self.answers[i];
-            if a == Some(true) || (self.delayed && a.is_none()) {
-                self.outbox.push_back((i, ToReplica::Release { ts: self.ts.clone(), round: self.round }));
-            }
-        }
+        self.rounds.release(&mut self.outbox, |round| ToReplica::Release { ts: self.ts.clone(), round });
     }
 
     /// Next message.

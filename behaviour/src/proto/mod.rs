@@ -24,6 +24,8 @@
 //! - [`replica`]: Fig. 6 with §4's leases, informed backoff and tombstones.
 //! - [`client`]: Fig. 5's three outcomes, informed-backoff retries, renewals.
 //! - [`strawman`]: §3's ALOHA-like protocol, with a [`backoff`] policy parameter.
+//! - `rounds` (crate-private): the round bookkeeping that the [`strawman`] and [`cmr`]
+//!   clients share: ask all n, tally the answers against m, back off after a loss.
 
 pub mod backoff;
 pub mod classical;
@@ -35,6 +37,7 @@ pub mod error;
 pub mod message;
 pub mod obeidat;
 pub mod replica;
+mod rounds;
 pub mod strawman;
 
 pub use client::{Client, ClientStats, Event, LostReason, Phase};

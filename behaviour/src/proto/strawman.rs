@@ -22,6 +22,7 @@ use super::client::{Event, LostReason, Phase};
 use super::clock::Timestamp;
 use super::config::Config;
 use super::error::{ClientError, ReplicaError};
+use super::rounds::{Rounds, Tally};
 use super::Time;
 
 /// Client to replica.
@@ -139,19 +140,14 @@ impl<C: Clone + Ord> Replica<C> {
 #[derive(Clone, Debug)]
 pub struct Client<C> {
     config: Config,
-    backoff: Backoff,
     ts: Timestamp<C>,
     phase: Phase,
-    round: u32,
-    /// Per replica, this round: `None` unanswered, `Some(granted)`.
-    answers: Vec<Option<bool>>,
-    grants: usize,
+    /// This round's answers and send time (a granted vote's lease ends, conservatively,
+    /// at request send time + lease); the backoff between rounds.
+    rounds: Rounds,
     /// Round timeout while collecting; next attempt while backing off; renewal while
     /// holding.
     timer: Option<Time>,
-    backing_off: bool,
-    /// Conservative lease end per granted vote (request send time + lease).
-    sent_at: Time,
     valid_until: Time,
     outbox: VecDeque<(usize, ToReplica<C>)>,
     events: VecDeque<Event>,
@@ -162,18 +158,13 @@ pub struct Client<C> {
 impl<C: Clone + Ord> Client<C> {
     /// Starts an acquisition: round 1, REQUEST to all n.
     pub fn new(config: Config, backoff: Backoff, ts: Timestamp<C>, now: Time) -> Self {
-        let n = config.n;
+        let rounds = Rounds::new(config.n, config.m, backoff, false, now);
         let mut c = Client {
             config,
-            backoff,
             ts,
             phase: Phase::Waiting,
-            round: 0,
-            answers: vec![None; n],
-            grants: 0,
+            rounds,
             timer: None,
-            backing_off: false,
-            sent_at: now,
             valid_until: now,
             outbox: VecDeque::new(),
             events: VecDeque::new(),
@@ -193,23 +184,16 @@ impl<C: Clone + Ord> Client<C> {
     }
     /// Current round (1-based).
     pub fn round(&self) -> u32 {
-        self.round
+        self.rounds.round()
     }
     /// Replicas that granted their vote in the current round.
     pub fn granted(&self) -> Vec<usize> {
-        self.answers.iter().enumerate().filter(|(_, a)| **a == Some(true)).map(|(i, _)| i).collect()
+        self.rounds.granted().collect()
     }
 
     fn start_round(&mut self, now: Time) {
-        self.round += 1;
-        self.backing_off = false;
-        self.grants = 0;
-        self.answers.iter_mut().for_each(|a| *a = None);
-        self.sent_at = now;
-        self.timer = Some(now + self.config.request_timeout);
-        for i in 0..self.answers.len() {
-            self.outbox.push_back((i, ToReplica::Request { ts: self.ts.clone(), round: self.round }));
-        }
+        let request = |round| ToReplica::Request { ts: self.ts.clone(), round };
+        self.timer = Some(self.rounds.start(now, self.config.request_timeout, &mut self.outbox, request));
     }
 
     /// Applies a reply from replica `from`.
@@ -220,42 +204,36 @@ impl<C: Clone + Ord> Client<C> {
         reply: Reply<C>,
         rng: &mut R,
     ) -> Result<(), ClientError> {
-        let n = self.answers.len();
+        let n = self.rounds.n();
         if from >= n {
             return Err(ClientError::ReplicaOutOfRange { index: from, n });
         }
         if reply.ts != self.ts {
             return Err(ClientError::WrongAcquisition);
         }
-        let current = reply.round == self.round && self.phase != Phase::Released;
-        if !current || (self.phase == Phase::Waiting && self.backing_off) {
+        let round = self.rounds.round();
+        let current = reply.round == round && self.phase != Phase::Released;
+        if !current || (self.phase == Phase::Waiting && self.rounds.backing_off()) {
             // A grant from an abandoned round (or after release) is given back at once.
             if reply.granted {
                 self.outbox.push_back((from, ToReplica::Release { ts: self.ts.clone(), round: reply.round }));
             }
-            return if current || reply.round < self.round { Ok(()) } else { Err(ClientError::Stale) };
+            return if current || reply.round < round { Ok(()) } else { Err(ClientError::Stale) };
         }
         match self.phase {
-            Phase::Waiting => {
-                if self.answers[from].is_none() {
-                    self.answers[from] = Some(reply.granted);
-                    if reply.granted {
-                        self.grants += 1;
-                    }
-                }
-                let answered = self.answers.iter().filter(|a| a.is_some()).count();
-                if self.grants >= self.config.m {
+            Phase::Waiting => match self.rounds.record(from, reply.granted) {
+                Tally::Won => {
                     self.phase = Phase::Holding;
-                    self.valid_until = self.sent_at + self.config.lease;
-                    self.timer = Some(self.sent_at + self.config.renew_interval);
-                    let votes = self.grants;
+                    self.valid_until = self.rounds.sent_at() + self.config.lease;
+                    self.timer = Some(self.rounds.sent_at() + self.config.renew_interval);
+                    let votes = self.rounds.grants();
                     self.events.push_back(Event::Acquired { token: 0, votes, valid_until: self.valid_until });
-                } else if self.grants + (n - answered) < self.config.m {
-                    self.lose_round(now, rng);
                 }
-            }
+                Tally::Lost => self.lose_round(now, rng),
+                Tally::Open => {}
+            },
             Phase::Holding if reply.granted => {
-                self.valid_until = self.valid_until.max(self.sent_at + self.config.lease);
+                self.valid_until = self.valid_until.max(self.rounds.sent_at() + self.config.lease);
             }
             Phase::Holding => {
                 self.phase = Phase::Lost;
@@ -270,13 +248,8 @@ impl<C: Clone + Ord> Client<C> {
     /// Releases the granted votes of this round and schedules the next one.
     fn lose_round<R: Rng + ?Sized>(&mut self, now: Time, rng: &mut R) {
         self.collisions += 1;
-        for (i, a) in self.answers.iter().enumerate() {
-            if *a == Some(true) {
-                self.outbox.push_back((i, ToReplica::Release { ts: self.ts.clone(), round: self.round }));
-            }
-        }
-        self.backing_off = true;
-        self.timer = Some(now + self.backoff.delay(self.collisions, rng));
+        let release = |round| ToReplica::Release { ts: self.ts.clone(), round };
+        self.timer = Some(self.rounds.lose(now, self.collisions, &mut self.outbox, release, rng));
     }
 
     /// Round timeout (unanswered replicas count as rejections), end of backoff, renewal.
@@ -286,7 +259,7 @@ impl<C: Clone + Ord> Client<C> {
             return;
         }
         match self.phase {
-            Phase::Waiting if self.backing_off => self.start_round(now),
+            Phase::Waiting if self.rounds.backing_off() => self.start_round(now),
             Phase::Waiting => self.lose_round(now, rng),
             Phase::Holding => {
                 if self.valid_until <= now {
@@ -295,12 +268,11 @@ impl<C: Clone + Ord> Client<C> {
                     self.events.push_back(Event::Lost(LostReason::LeaseExpired));
                     return;
                 }
-                self.sent_at = now;
+                self.rounds.restamp(now);
                 self.timer = Some(now + self.config.renew_interval);
-                for i in 0..self.answers.len() {
-                    if self.answers[i] == Some(true) {
-                        self.outbox.push_back((i, ToReplica::Request { ts: self.ts.clone(), round: self.round }));
-                    }
+                let round = self.rounds.round();
+                for i in self.rounds.granted() {
+                    self.outbox.push_back((i, ToReplica::Request { ts: self.ts.clone(), round }));
                 }
             }
             Phase::Lost | Phase::Released => self.timer = None,
@@ -322,13 +294,10 @@ impl<C: Clone + Ord> Client<C> {
         if self.phase == Phase::Released {
             return;
         }
-        let backing_off = self.backing_off;
         self.phase = Phase::Released;
         self.timer = None;
-        for i in 0..self.answers.len() {
-            if self.answers[i] == Some(true) && !backing_off {
-                self.outbox.push_back((i, ToReplica::Release { ts: self.ts.clone(), round: self.round }));
-            }
+        if !self.rounds.backing_off() {
+            self.rounds.release(&mut self.outbox, |round| ToReplica::Release { ts: self.ts.clone(), round });
         }
     }
 

@@ -148,13 +148,22 @@ pub struct CompareResult {
     pub summary: String,
 }
 
+/// What a run is for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Scenario {
+    /// Throughput against λ at `latencies()[i]`, no fault.
+    Sweep(usize),
+    /// Resets with this mean lifetime (s), λ = MODERATE.
+    Resets(f64),
+    /// Message loss, λ = MODERATE.
+    Loss,
+}
+
 #[derive(Clone, Debug)]
 struct Job {
     protocol: String,
+    scenario: Scenario,
     lambda: f64,
-    latency: Latency,
-    lifetime: Option<f64>,
-    loss: f64,
     seed: u64,
 }
 
@@ -192,49 +201,50 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
     let mut jobs = Vec::new();
     for protocol in &protocols {
         let base = 1000 * PROTOCOLS.iter().position(|p| p == protocol).unwrap_or_default() as u64;
-        let mut job = |scenario: u64, lambda, latency, lifetime, loss| {
+        let mut job = |number: u64, scenario, lambda| {
             let protocol = protocol.clone();
-            jobs.push(Job { protocol, lambda, latency, lifetime, loss, seed: opts.seed + base + scenario });
+            jobs.push(Job { protocol, scenario, lambda, seed: opts.seed + base + number });
         };
-        for (i, latency) in latencies().into_iter().enumerate() {
+        for i in 0..latencies().len() {
             for (j, &lambda) in lambdas.iter().enumerate() {
-                job(100 * i as u64 + j as u64, lambda, latency, None, 0.0);
+                job(100 * i as u64 + j as u64, Scenario::Sweep(i), lambda);
             }
         }
         for (i, life) in LIFETIMES.into_iter().enumerate() {
-            job(900 + i as u64, MODERATE, latencies()[0], Some(life), 0.0);
+            job(900 + i as u64, Scenario::Resets(life), MODERATE);
         }
-        job(950, MODERATE, latencies()[0], None, LOSS);
+        job(950, Scenario::Loss, MODERATE);
     }
     let reports = run_jobs(&jobs, opts.threads, |_, job| {
-        let seed = job.seed;
-        let cfg = SimConfig {
+        let latency = match job.scenario {
+            Scenario::Sweep(i) => latencies()[i],
+            Scenario::Resets(_) | Scenario::Loss => latencies()[0],
+        };
+        let base = SimConfig {
             warmup,
             measure,
             // Every run drains, so that "still waiting" means stuck, not just late.
             drain,
-            mean_lifetime: job.lifetime.map(Duration::from_secs_f64),
-            loss: job.loss,
-            cs: if job.lifetime.is_some() || job.loss > 0.0 { FAULT_CS } else { Duration::ZERO },
             max_backlog: COLLAPSING.contains(&job.protocol.as_str()).then_some(STRAWMAN_MAX_BACKLOG),
-            ..SimConfig::paper(job.lambda, job.latency, seed)
+            ..SimConfig::paper(job.lambda, latency, job.seed)
         };
+        let life = |s| Some(Duration::from_secs_f64(s));
+        let cfg = match job.scenario {
+            Scenario::Sweep(_) => base,
+            Scenario::Resets(s) => SimConfig { cs: FAULT_CS, mean_lifetime: life(s), ..base },
+            Scenario::Loss => SimConfig { cs: FAULT_CS, loss: LOSS, ..base },
+        };
+        // The names were checked above: run_protocol cannot fail here.
         run_protocol(&job.protocol, &params, cfg).unwrap_or_default()
     });
     write_runs_csv(&opts.out.join("runs.csv"), &reports)?;
 
-    let lossy: Vec<bool> = jobs.iter().map(|j| j.loss > 0.0).collect();
-    let pick_where = |proto: &str, latency: &Latency, lifetime: Option<f64>, with_loss: bool| -> Vec<&Report> {
-        reports
-            .iter()
-            .zip(&lossy)
-            .filter(|(r, l)| {
-                r.protocol == proto && r.latency == latency.to_string() && r.lifetime_s == lifetime && **l == with_loss
-            })
-            .map(|(r, _)| r)
-            .collect()
+    let runs: Vec<(&Job, &Report)> = jobs.iter().zip(&reports).collect();
+    let pick = |proto: &str, scenario: Scenario| -> Vec<&Report> {
+        runs.iter().filter(|(j, _)| j.protocol == proto && j.scenario == scenario).map(|(_, r)| *r).collect()
     };
-    let pick = |proto: &str, latency: &Latency, lifetime: Option<f64>| pick_where(proto, latency, lifetime, false);
+    let first =
+        |proto: &str, scenario: Scenario| pick(proto, scenario).first().map(|r| (*r).clone()).unwrap_or_default();
     let curve = |rs: &[&Report], f: fn(&Report) -> f64| rs.iter().map(|r| (r.lambda, f(r))).collect::<Vec<_>>();
 
     // Plots: throughput and messages per entry against λ, open-system protocols and
@@ -247,12 +257,12 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
         if members.is_empty() {
             continue;
         }
-        for latency in latencies() {
+        for (i, latency) in latencies().into_iter().enumerate() {
             let series = members
                 .iter()
                 .map(|p| Series {
                     name: (*p).clone(),
-                    points: curve(&pick(p, &latency, None), |r| r.throughput),
+                    points: curve(&pick(p, Scenario::Sweep(i)), |r| r.throughput),
                     style: SeriesStyle::Line,
                 })
                 .collect();
@@ -273,7 +283,7 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
             .iter()
             .map(|p| Series {
                 name: (*p).clone(),
-                points: curve(&pick(p, &latencies()[0], None), |r| r.window_messages_per_entry),
+                points: curve(&pick(p, Scenario::Sweep(0)), |r| r.window_messages_per_entry),
                 style: SeriesStyle::Line,
             })
             .collect();
@@ -293,15 +303,11 @@ pub fn run(opts: &CompareOptions) -> Result<CompareResult> {
     let rows: Vec<Row> = protocols
         .iter()
         .map(|p| {
-            let peak = latencies().map(|l| pick(p, &l, None).iter().map(|r| r.throughput).fold(0.0, f64::max));
+            let peak = [0, 1].map(|i| pick(p, Scenario::Sweep(i)).iter().map(|r| r.throughput).fold(0.0, f64::max));
             let moderate =
-                pick(p, &latencies()[0], None).into_iter().find(|r| r.lambda == MODERATE).cloned().unwrap_or_default();
-            let resets = LIFETIMES
-                .iter()
-                .filter_map(|life| pick(p, &latencies()[0], Some(*life)).first().map(|r| (*r).clone()))
-                .collect();
-            let lossy = pick_where(p, &latencies()[0], None, true).first().map(|r| (*r).clone()).unwrap_or_default();
-            Row { protocol: p.clone(), peak, moderate, resets, lossy }
+                pick(p, Scenario::Sweep(0)).into_iter().find(|r| r.lambda == MODERATE).cloned().unwrap_or_default();
+            let resets = LIFETIMES.map(|life| first(p, Scenario::Resets(life))).to_vec();
+            Row { protocol: p.clone(), peak, moderate, resets, lossy: first(p, Scenario::Loss) }
         })
         .collect();
     write_table_csv(&opts.out.join("compare.csv"), &rows)?;

@@ -56,7 +56,13 @@ pub struct Config {
     request_timeout: Duration,
     max_redirects: u8,
     finished_memory: usize,
+    max_concurrent_streams: usize,
 }
+
+/// Default bound on concurrent request-response streams per connection: yamux's own
+/// stream limit. (libp2p's default, 100, drops inbound requests by the thousand when a
+/// paused peer comes back to a backlog of retries.)
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: usize = 512;
 
 impl Default for Config {
     fn default() -> Self {
@@ -65,6 +71,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(5),
             max_redirects: 3,
             finished_memory: 4096,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
         }
     }
 }
@@ -78,6 +85,13 @@ impl Config {
     /// Timeout of one request-response exchange.
     pub fn with_request_timeout(mut self, d: Duration) -> Self {
         self.request_timeout = d;
+        self
+    }
+    /// Bound on concurrent request-response streams (inbound + outbound) per
+    /// connection; beyond it an inbound request is dropped and its sender times out and
+    /// retries.
+    pub fn with_max_concurrent_streams(mut self, n: usize) -> Self {
+        self.max_concurrent_streams = n.max(1);
         self
     }
     /// Protocol parameters.
@@ -344,7 +358,9 @@ impl Behaviour {
         let rr = request_response::Behaviour::with_codec(
             wire::Codec::new(codec_stats.clone()),
             [(wire::PROTOCOL, ProtocolSupport::Full)],
-            request_response::Config::default().with_request_timeout(config.request_timeout),
+            request_response::Config::default()
+                .with_request_timeout(config.request_timeout)
+                .with_max_concurrent_streams(config.max_concurrent_streams),
         );
         Behaviour {
             inner: Inner { kad, rr },

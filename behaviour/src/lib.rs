@@ -14,5 +14,5 @@ pub mod wire;
 
 pub use behaviour::{
     AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Config, Counters, Event, Inner, InnerEvent, ProbeId,
-    ReplicaInfo, ReplicaTotals, KAD_PROTOCOL,
+    ReplicaInfo, ReplicaTotals, DEFAULT_MAX_CONCURRENT_STREAMS, KAD_PROTOCOL,
 };

@@ -109,6 +109,19 @@ pub enum AcquireError {
     /// The quorum is not a strict majority, or n is too large.
     #[error(transparent)]
     Quorum(#[from] proto::ConfigError),
+    /// A per-lock quorum must keep the swarm's n (the replica set every client of the
+    /// lock uses) and ask for at least the swarm's m.
+    #[error("per-lock quorum n = {n}, m = {m} refused: this swarm uses n = {swarm_n}, m ≥ {swarm_m}")]
+    SwarmQuorum {
+        /// Replicas asked for.
+        n: usize,
+        /// Votes asked for.
+        m: usize,
+        /// The swarm's replica count.
+        swarm_n: usize,
+        /// The swarm's quorum.
+        swarm_m: usize,
+    },
 }
 
 /// Events for the application.
@@ -207,6 +220,10 @@ pub struct Counters {
     pub lookups: u64,
     /// Replicas this peer started hosting with empty memory (resets seen from inside).
     pub replicas_created: u64,
+    /// Replicas dropped because a closer peer became live (it hosts them now).
+    pub replicas_handed_over: u64,
+    /// Responses refused by a local acquisition (stale, too far ahead, …), by reason.
+    pub responses_refused: BTreeMap<&'static str, u64>,
     /// Acquisitions started, won, lost.
     pub acquisitions: u64,
     /// Acquisitions that won.
@@ -291,24 +308,63 @@ struct Pending {
     hops: u8,
 }
 
-/// Maps the core's `Time` (µs-aligned with the wall clock at start, monotonic after)
-/// to `Instant`s.
+/// The core's `Time`: the wall clock at start (so hybrid timestamps and grant stamps
+/// are wall-aligned µs), advanced by a clock that keeps counting while the machine is
+/// suspended (`CLOCK_BOOTTIME` on Linux). `Instant` (`CLOCK_MONOTONIC`) stops during a
+/// suspend: a laptop suspended for a minute while holding a 10 s lease would resume
+/// still "valid" beside the next holder.
 #[derive(Clone, Copy, Debug)]
 struct Clock {
-    start: Instant,
+    boot: Duration,
     wall: Duration,
 }
 
 impl Clock {
     fn new() -> Self {
-        Clock { start: Instant::now(), wall: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default() }
+        Clock { boot: boottime(), wall: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default() }
     }
     fn now(&self) -> Time {
-        self.wall + self.start.elapsed()
+        self.wall + boottime().saturating_sub(self.boot)
     }
+    /// The `Instant` at which `now()` will read `t`, as far as the monotonic clock can
+    /// tell (a suspend in between makes it later; see [`MAX_TIMER`]).
     fn instant(&self, t: Time) -> Instant {
-        self.start + t.saturating_sub(self.wall)
+        let (now, instant) = (self.now(), Instant::now());
+        if t >= now {
+            instant + (t - now)
+        } else {
+            instant.checked_sub(now - t).unwrap_or(instant)
+        }
     }
+}
+
+/// Timers sleep on the monotonic clock, which stops during a suspend: the behaviour
+/// wakes at least this often, so a lease that ran out while the machine slept is noticed
+/// within this time of resuming.
+const MAX_TIMER: Duration = Duration::from_secs(1);
+
+/// Time since boot, suspends included.
+#[cfg(target_os = "linux")]
+fn boottime() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on every Linux
+    // since 2.6.39 and the call has no other effect.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return monotonic();
+    }
+    Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+/// Elsewhere, the monotonic clock (it may stop during a suspend).
+#[cfg(not(target_os = "linux"))]
+fn boottime() -> Duration {
+    monotonic()
+}
+
+fn monotonic() -> Duration {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
 }
 
 /// The Sigma network behaviour.
@@ -351,7 +407,7 @@ impl Behaviour {
     pub fn new(local: PeerId, config: Config) -> Self {
         // Our own Kademlia protocol: sigma peers form their own DHT and never join another
         // network's by accident.
-        let kad_config = kad::Config::new(KAD_PROTOCOL);
+        let kad_config = kad::Config::new(kad_protocol(config.proto.n()));
         let mut kad = kad::Behaviour::with_config(local, MemoryStore::new(local), kad_config);
         kad.set_mode(Some(kad::Mode::Server));
         let codec_stats = Arc::new(wire::CodecStats::default());
@@ -404,8 +460,9 @@ impl Behaviour {
         if *peer == self.local {
             return;
         }
-        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) {
-            self.routable.insert(*peer);
+        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) && self.routable.insert(*peer)
+        {
+            self.hand_over(*peer);
         }
     }
 
@@ -444,11 +501,17 @@ impl Behaviour {
         t
     }
 
-    /// Starts acquiring `resource` with the configured quorum, or `(n, m)`.
+    /// Starts acquiring `resource` with the configured quorum, or `(n, m)`: n must be
+    /// the swarm's (replicas are shared by every client of a lock, so a client on fewer
+    /// replicas could win beside one on more) and m at least the swarm's.
     pub fn acquire(&mut self, resource: &str, quorum: Option<(usize, usize)>) -> Result<AcquisitionId, AcquireError> {
         wire::validate_resource(resource).map_err(|_| AcquireError::BadName)?;
         let mut config = self.config.proto.clone();
         if let Some((n, m)) = quorum {
+            let (swarm_n, swarm_m) = (config.n(), config.m());
+            if n != swarm_n || m < swarm_m || m > n {
+                return Err(AcquireError::SwarmQuorum { n, m, swarm_n, swarm_m });
+            }
             config = config.with_quorum(n, m);
         }
         config.validate()?;
@@ -537,6 +600,29 @@ impl Behaviour {
             .filter(|(d, _)| *d < mine)
             .min()
             .map(|(_, p)| p)
+    }
+
+    /// Drops the hosted replicas that `peer` is closer to, once it is a live sigma peer
+    /// (connected and in the routing table): it hosts them now. A copy kept here would
+    /// go on expiring leases and promoting waiters that have moved to the new host,
+    /// granting those votes a second time; if `peer` leaves, this peer starts them again
+    /// with empty memory (a reset).
+    fn hand_over(&mut self, peer: PeerId) {
+        if !self.connected.contains_key(&peer) || !self.routable.contains(&peer) {
+            return;
+        }
+        let theirs = KBucketKey::from(peer);
+        let before = self.replicas.len();
+        let local_key = &self.local_key;
+        self.replicas.retain(|(resource, index), _| {
+            let key = Self::key(resource, *index);
+            local_key.distance(&key) < theirs.distance(&key)
+        });
+        let dropped = before - self.replicas.len();
+        if dropped > 0 {
+            self.counters.replicas_handed_over += dropped as u64;
+            tracing::debug!(%peer, dropped, "replicas handed over to a closer peer");
+        }
     }
 
     /// The host of a replica: cached, else the closest of this peer and its routing table.
@@ -670,6 +756,7 @@ impl Behaviour {
                 ReplicaError::NotHolder => Rejection::NotHolder,
                 ReplicaError::Finished => Rejection::Finished,
                 ReplicaError::QueueFull(_) => Rejection::QueueFull,
+                ReplicaError::Ahead { .. } => Rejection::Ahead,
             });
         }
         let mut mine = Vec::new();
@@ -698,7 +785,13 @@ impl Behaviour {
     /// that is already finished is given back at once.
     fn deliver(&mut self, resource: &str, index: u16, resp: Response<PeerId>) {
         let now = self.clock.now();
-        self.lamport.observe(resp.owner.counter);
+        // Lamport's receive rule, within the clock-offset bound (a value near u64::MAX
+        // would pin the clock there and give later acquisitions equal timestamps).
+        let bound =
+            proto::clock::micros(now).saturating_add(proto::clock::micros(self.config.proto.max_clock_offset()));
+        if resp.owner.counter <= bound {
+            self.lamport.observe(resp.owner.counter);
+        }
         let Some(id) = self.by_ts.get(&resp.ts).copied() else {
             if resp.owner == resp.ts && self.finished.contains_key(&resp.ts) {
                 // The replica count is not in a RESPONSE; any n above the index passes
@@ -711,7 +804,15 @@ impl Behaviour {
         };
         if let Some(a) = self.acquisitions.get_mut(&id) {
             if a.resource == resource {
-                let _ = a.client.handle_response(now, usize::from(index), resp);
+                if let Err(e) = a.client.handle_response(now, usize::from(index), resp) {
+                    let reason = match e {
+                        proto::ClientError::Stale => "stale",
+                        proto::ClientError::Ahead { .. } => "ahead",
+                        proto::ClientError::WrongAcquisition => "wrong_acquisition",
+                        proto::ClientError::ReplicaOutOfRange { .. } => "replica_out_of_range",
+                    };
+                    Counters::bump(&mut self.counters.responses_refused, reason);
+                }
             }
         }
         self.drain_acquisition(id);
@@ -789,6 +890,9 @@ impl Behaviour {
                 Request::Replica { msg, .. } if msg.ts().client != peer => {
                     Reply::Rejected(Rejection::ForeignAcquisition)
                 }
+                Request::Replica { n, .. } if usize::from(n) != self.config.proto.n() => {
+                    Reply::Rejected(Rejection::QuorumMismatch)
+                }
                 Request::Replica { resource, index, msg, .. } => {
                     if let Some(closer) = self.closer_live_peer(&resource, index) {
                         self.counters.redirects_sent += 1;
@@ -819,6 +923,10 @@ impl Behaviour {
                 Request::Notify { resource, index, resp } => {
                     if resp.ts.client != self.local {
                         Reply::Rejected(Rejection::NotForMe)
+                    } else if self.hosts.get(&(resource.clone(), index)) != Some(&peer) {
+                        // Only the peer this node sends that replica's messages to may
+                        // speak for it: any other could forge m promotions.
+                        Reply::Rejected(Rejection::NotHost)
                     } else {
                         self.deliver(&resource, index, resp);
                         Reply::Ack
@@ -923,7 +1031,9 @@ impl Behaviour {
             }
             InnerEvent::Rr(request_response::Event::ResponseSent { .. }) => {}
             InnerEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
-                self.routable.insert(peer);
+                if self.routable.insert(peer) {
+                    self.hand_over(peer);
+                }
             }
             InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
                 id,
@@ -999,8 +1109,18 @@ impl Behaviour {
     }
 }
 
-/// The Kademlia protocol of sigma's DHT.
+/// The Kademlia protocol of sigma's DHT for the default n = 32.
 pub const KAD_PROTOCOL: libp2p::StreamProtocol = libp2p::StreamProtocol::new("/sigma/kad/1.0.0");
+
+/// The Kademlia protocol of a swarm whose locks have `n` replicas. Peers configured
+/// with another n speak another protocol, so they never join the swarm's DHT nor host
+/// its replicas: two clients of one lock always share one replica set.
+pub fn kad_protocol(n: usize) -> libp2p::StreamProtocol {
+    if n == 32 {
+        return KAD_PROTOCOL;
+    }
+    libp2p::StreamProtocol::try_from_owned(format!("/sigma/kad/1.0.0/n{n}")).unwrap_or(KAD_PROTOCOL)
+}
 
 /// [`proto::MAX_REPLICAS`] as a wire `n`.
 const MAX_REPLICAS_U16: u16 = proto::MAX_REPLICAS as u16;
@@ -1053,6 +1173,7 @@ impl NetworkBehaviour for Behaviour {
         match &event {
             FromSwarm::ConnectionEstablished(e) => {
                 *self.connected.entry(e.peer_id).or_default() += 1;
+                self.hand_over(e.peer_id);
             }
             FromSwarm::ConnectionClosed(e) => {
                 if let Some(c) = self.connected.get_mut(&e.peer_id) {
@@ -1091,11 +1212,13 @@ impl NetworkBehaviour for Behaviour {
                 }
                 Poll::Pending => {}
             }
-            // One timer, reset only when the core's next deadline changes.
+            // One timer, reset only when the core's next deadline comes before it; at
+            // most MAX_TIMER away (see there). Waking early is harmless.
             match self.next_deadline() {
                 None => self.timer = None,
                 Some(at) => {
-                    if self.timer.as_ref().is_none_or(|(t, _)| *t != at) {
+                    if self.timer.as_ref().is_none_or(|(t, _)| *t > at) {
+                        let at = at.min(self.clock.now() + MAX_TIMER);
                         let deadline = tokio::time::Instant::from_std(self.clock.instant(at));
                         self.timer = Some((at, Box::pin(tokio::time::sleep_until(deadline))));
                     }

@@ -107,6 +107,14 @@ pub enum Rejection {
     QueueFull,
     /// A NOTIFY addressed to another peer.
     NotForMe,
+    /// A timestamp, floor or token too far ahead of the receiver's clock.
+    Ahead,
+    /// The request's replica count is not the swarm's: every peer of a swarm must use
+    /// the same n, or two clients could win on different replica sets.
+    QuorumMismatch,
+    /// A NOTIFY from a peer this node does not know as the host of that replica (a
+    /// forged promotion, or a host that has just been replaced).
+    NotHost,
 }
 
 impl Rejection {
@@ -120,6 +128,9 @@ impl Rejection {
             Rejection::Finished => "finished",
             Rejection::QueueFull => "queue_full",
             Rejection::NotForMe => "not_for_me",
+            Rejection::Ahead => "ahead",
+            Rejection::QuorumMismatch => "quorum_mismatch",
+            Rejection::NotHost => "not_host",
         }
     }
 }

@@ -21,9 +21,11 @@ fn ms(x: u64) -> Duration {
     Duration::from_millis(x)
 }
 
-/// n = 5, m = 3 unless a test says otherwise.
+/// n = 5, m = 3 unless a test says otherwise; no clock-drift margin, so that leases
+/// come out exact (`leases_are_shortened_by_the_drift_bound` tests the margin).
 fn config() -> Config {
     Config::default()
+        .with_max_drift_ppm(0)
         .with_quorum(5, 3)
         .with_lease(LEASE)
         .with_renew_interval(RENEW)
@@ -54,6 +56,7 @@ fn answer(owner: Ts, stamp: u64, echo: Time) -> Response<u32> {
         advice: if ours { Duration::ZERO } else { ADVICE },
         lease: LEASE,
         echo: micros(echo),
+        grant_delay: Duration::ZERO,
         promoted: false,
     }
 }
@@ -338,8 +341,9 @@ fn holding_client_renews_its_votes_with_its_token() {
     assert!(events(&mut c).is_empty());
 }
 
-// Reference: client doc: after the win, votes falling to n − m or fewer mean another
-// client could assemble a quorum: the lock is lost. n = 5, m = 3: 3 votes keep it.
+// Reference: client doc and the Fig. 2 argument: after the win, the holder must keep m
+// votes (fewer, and two quorums need not share 2m − n replicas that each reset). n = 5,
+// m = 3: 3 votes keep it, 2 lose it.
 #[test]
 fn votes_falling_to_n_minus_m_lose_the_lock() {
     let mut c = holding(config());
@@ -356,7 +360,7 @@ fn votes_falling_to_n_minus_m_lose_the_lock() {
 }
 
 // Reference: §4 failure 3 from the holder's side: without renewal acknowledgements the
-// lock is lost when more than n − m of its votes may have lapsed.
+// lock is lost when fewer than m of its votes may still be live.
 #[test]
 fn no_renewal_acks_lose_the_lock_at_valid_until() {
     let mut c = holding(config());
@@ -437,7 +441,8 @@ fn a_lapsed_vote_does_not_count_toward_the_win() {
     let mut c = client(config().with_quorum(3, 2));
     let late = T0 + LEASE + ms(1);
     c.handle_response(late, 0, answer(ME, 10, T0)).unwrap(); // answered at T0, delivered late
-    c.handle_response(late, 1, promotion(20)).unwrap();
+                                                             // Promoted a lease after the replica received our REQUEST: still live now.
+    c.handle_response(late, 1, Response { grant_delay: LEASE, ..promotion(20) }).unwrap();
     assert_eq!((c.votes(), c.phase()), (2, Phase::Waiting), "only one live vote");
     assert!(events(&mut c).is_empty());
     c.handle_response(late + ms(5), 0, answer(ME, 10, late)).unwrap(); // renewed
@@ -518,4 +523,67 @@ fn round_trip_estimate_follows_echoed_requests_only() {
     let before = c.srtt();
     c.handle_response(T0 + Duration::from_secs(3), 1, promotion(9)).unwrap();
     assert_eq!(c.srtt(), before);
+}
+
+// Reference: §4 (lease) and the Fig. 2 argument. n = 5, m = 3: a holder of all five
+// votes whose renewals reach only two replicas loses the lock when the third-latest
+// lease ends, not the (n − m + 1)-th: on two live votes another client could win with
+// the three others and a single reset (2m − n = 1 here, but n − m + 1 = 3 at 5/3
+// would have kept it valid on one vote).
+#[test]
+fn the_holder_is_valid_while_m_of_its_votes_are_live() {
+    let mut c = client(config());
+    for i in 0..5 {
+        c.handle_response(T0, i, answer(ME, 100 + i as u64, T0)).unwrap();
+    }
+    assert_eq!(c.phase(), Phase::Holding);
+    let later = T0 + RENEW;
+    for i in [3, 4] {
+        c.handle_response(later, i, answer(ME, 100 + i as u64, later)).unwrap();
+    }
+    assert_eq!(c.valid_until(), Some(T0 + LEASE), "the third-latest lease: replicas 0–2");
+    c.handle_timeout(T0 + LEASE);
+    assert_eq!(c.phase(), Phase::Lost);
+    assert_eq!(events(&mut c).last(), Some(&Event::Lost(LostReason::LeaseExpired)));
+}
+
+// Reference: §4 (lease), Fig. 6 `RespQueue`. A promotion notice counts from our own
+// REQUEST's send time plus the time the replica kept us queued, however long the notice
+// then spent in flight: a notice that arrives after its lease ended is no vote.
+#[test]
+fn a_promotion_counts_only_what_is_left_of_its_lease() {
+    let mut c = client(config().with_quorum(3, 2));
+    let queued = Duration::from_secs(2);
+    let notice = |stamp| Response { grant_delay: queued, ..promotion(stamp) };
+    let on_time = T0 + queued + ms(50);
+    c.handle_response(on_time, 0, notice(10)).unwrap();
+    assert_eq!(c.views()[0].vote_until, Some(T0 + queued + LEASE));
+    let late = T0 + queued + LEASE + ms(1); // held back past its lease
+    c.handle_response(late, 1, notice(20)).unwrap();
+    assert_eq!(c.phase(), Phase::Waiting, "the late notice is no live vote");
+    assert_eq!(c.views()[1].vote_until, Some(T0 + queued + LEASE));
+}
+
+// Reference: DESIGN "Safety is probabilistic" assumes clocks that agree on durations: a
+// lease is counted shorter by the drift bound (1,000 ppm by default), so a replica whose
+// clock runs slow does not hold the vote longer than the client believes.
+#[test]
+fn leases_are_shortened_by_the_drift_bound() {
+    let mut c = client(config().with_max_drift_ppm(1_000));
+    c.handle_response(T0 + ms(20), 0, answer(ME, 1, T0)).unwrap();
+    assert_eq!(c.views()[0].vote_until, Some(T0 + LEASE - LEASE / 1_000));
+}
+
+// Reference: §4 (Lamport clocks), bounded as hybrid logical clocks bound them: a grant
+// stamp or owner timestamp far ahead of the client's clock (u64::MAX from a faulty or
+// hostile host) is refused and changes nothing.
+#[test]
+fn responses_far_ahead_of_the_clock_are_refused() {
+    let mut c = client(config());
+    let now = T0 + ms(20);
+    let far = micros(now) + 3_600_000_000;
+    assert_eq!(c.handle_response(now, 0, answer(ME, u64::MAX, T0)), Err(ClientError::Ahead { value: u64::MAX }));
+    let owner = Timestamp { counter: far, client: 9 };
+    assert_eq!(c.handle_response(now, 1, answer(owner, 5, T0)), Err(ClientError::Ahead { value: far }));
+    assert_eq!((c.votes(), c.views()[0].stamp, c.views()[1].owner), (0, 0, None));
 }

@@ -5,15 +5,18 @@
 //! After every step (and after every batch of timers inside a time advance) the harness
 //! checks the replica invariants, bounded state, the client-side rules of Fig. 5 (a win
 //! needs m votes, a YIELD only when nobody can win), that timers always move forward,
-//! and, when the script has no reset, mutual exclusion, increasing fencing tokens and
-//! tombstones. A liveness property checks that, without loss and resets, every
-//! acquisition is eventually served. Deterministic scenarios at the end replay the
-//! schedules that once broke exclusion.
+//! mutual exclusion with the reset budget (two holders valid by their own clocks imply
+//! that at least 2m − n of the replicas both count were reset after the earlier of
+//! their two grants there) and, when the script has no reset, increasing fencing
+//! tokens and tombstones. A liveness property checks that, without loss and resets,
+//! every acquisition is eventually served. Deterministic scenarios at the end replay
+//! the schedules that once broke exclusion.
 //!
-//! Network model: a message is delivered at most `MAX_TRANSIT` after it was sent, or
-//! lost. The client assumes this bound for the unsolicited RESPONSE of a promotion, whose
-//! grant time it cannot observe (see `client` module doc); beyond it no lease accounting
-//! can be conservative.
+//! Network model: a message is delivered within `MAX_TRANSIT` of being sent, or lost,
+//! unless it is *late*: `Op::Delay` holds a message back for any time, and messages to
+//! a paused client wait for it. Clients have their own clock offsets (`Op::Skew`) and can
+//! be paused (`Op::Pause`: the process stops, its clock goes on, as `CLOCK_BOOTTIME`
+//! does across a suspend). The core assumes no bound on transit times.
 //!
 //! A failing case prints its (shrunk) script, and proptest records its seed in
 //! `properties.proptest-regressions` next to this file, replayed first on later runs.
@@ -41,9 +44,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(300);
 const MAX_ADVICE: Duration = Duration::from_secs(2);
 const QUEUE_GRACE: Duration = Duration::from_secs(1);
 const TOMBSTONE_TTL: Duration = Duration::from_secs(30);
-/// The client's assumed bound on a message's time in flight (its `max_transit` is the
-/// request timeout).
+/// Time in flight beyond which an ordinary message is lost (late ones are exempt).
 const MAX_TRANSIT: Duration = REQUEST_TIMEOUT;
+/// Largest client clock offset the scripts draw (below the core's `max_clock_offset`).
+const MAX_SKEW: Duration = Duration::from_millis(800);
 const MAX_TOMBSTONES: usize = 256;
 /// Bound on acquisitions not yet released, so that scripts stay small.
 const MAX_ACTIVE: usize = 4;
@@ -97,6 +101,15 @@ enum Op {
     Release(usize),
     /// Replica i loses its memory (paper §2, "random reset").
     Reset(usize),
+    /// Hold an in-flight message back: it may arrive any time later (a stalled
+    /// connection), beyond the request timeout.
+    Delay(usize),
+    /// A client's process stops for this long (GC, SIGSTOP): it handles no message and
+    /// no timer; its clock goes on. Messages to it wait.
+    Pause(Id, Duration),
+    /// A client's clock runs this far ahead of real time from now on (offsets only grow,
+    /// so no clock goes back).
+    Skew(Id, Duration),
 }
 
 #[derive(Clone, Debug)]
@@ -109,6 +122,8 @@ enum Msg {
 struct Flight {
     sent_at: Time,
     msg: Msg,
+    /// Exempt from the transit bound.
+    late: bool,
 }
 
 struct Acq {
@@ -135,6 +150,14 @@ struct World {
     resets: usize,
     /// When each replica was last reset.
     reset_at: Vec<Option<Time>>,
+    /// Every reset of each replica.
+    resets_of: Vec<Vec<Time>>,
+    /// When replica i issued the grant with stamp s (first seen).
+    grants: BTreeMap<(usize, u64), Time>,
+    /// Clock offset of each client (its clock reads real time + offset).
+    offsets: BTreeMap<Id, Duration>,
+    /// Paused clients and when they resume.
+    paused: BTreeMap<Id, Time>,
     last_token: u64,
     rng: ChaCha8Rng,
 }
@@ -155,6 +178,10 @@ impl World {
             lossless,
             resets: 0,
             reset_at: vec![None; n],
+            resets_of: vec![Vec::new(); n],
+            grants: BTreeMap::new(),
+            offsets: BTreeMap::new(),
+            paused: BTreeMap::new(),
             last_token: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
@@ -164,6 +191,22 @@ impl World {
         self.acqs.iter().position(|a| a.client.ts() == ts).expect("every message names a started acquisition")
     }
 
+    /// A client's own clock.
+    fn local(&self, id: Id) -> Time {
+        self.now + self.offsets.get(&id).copied().unwrap_or_default()
+    }
+
+    fn is_paused(&self, id: Id) -> bool {
+        self.paused.get(&id).is_some_and(|&until| self.now < until)
+    }
+
+    /// Notes the time of a replica's current grant, the first time it is seen.
+    fn note_grant(&mut self, i: usize) {
+        if let Some((_, stamp)) = self.replicas[i].owner() {
+            self.grants.entry((i, stamp)).or_insert(self.now);
+        }
+    }
+
     fn active(&self) -> Vec<usize> {
         (0..self.acqs.len()).filter(|&i| self.acqs[i].client.phase() != Phase::Released).collect()
     }
@@ -171,15 +214,35 @@ impl World {
     fn step(&mut self, op: &Op) {
         match *op {
             Op::Deliver(k) if !self.flight.is_empty() => {
-                let f = self.flight.remove(k % self.flight.len());
-                self.deliver(f);
+                let k = k % self.flight.len();
+                if self.deliverable(&self.flight[k]) {
+                    let f = self.flight.remove(k);
+                    self.deliver(f);
+                }
             }
             Op::DeliverMany(seed, count) => {
                 let mut pick = ChaCha8Rng::seed_from_u64(seed);
-                for _ in 0..count.min(self.flight.len()) {
-                    let f = self.flight.remove(pick.gen_range(0..self.flight.len()));
+                for _ in 0..count {
+                    let ready: Vec<usize> =
+                        (0..self.flight.len()).filter(|&k| self.deliverable(&self.flight[k])).collect();
+                    if ready.is_empty() {
+                        break;
+                    }
+                    let f = self.flight.remove(ready[pick.gen_range(0..ready.len())]);
                     self.deliver(f);
                 }
+            }
+            Op::Delay(k) if !self.flight.is_empty() && !self.lossless => {
+                let k = k % self.flight.len();
+                self.flight[k].late = true;
+            }
+            Op::Pause(id, d) if !self.lossless => {
+                let until = self.paused.get(&id).copied().unwrap_or_default().max(self.now + d);
+                self.paused.insert(id, until);
+            }
+            Op::Skew(id, d) if !self.lossless => {
+                let offset = self.offsets.entry(id).or_default();
+                *offset = (*offset).max(d.min(MAX_SKEW));
             }
             Op::DuplicateUp(k) => self.duplicate(k, |m| matches!(m, Msg::Up { .. })),
             Op::DuplicateDown(k) => self.duplicate(k, |m| matches!(m, Msg::Down { .. })),
@@ -201,6 +264,7 @@ impl World {
             Op::Reset(i) => {
                 self.replicas[i % self.n] = Replica::new(self.cfg.clone());
                 self.reset_at[i % self.n] = Some(self.now);
+                self.resets_of[i % self.n].push(self.now);
                 self.resets += 1;
             }
             _ => {}
@@ -216,21 +280,38 @@ impl World {
         }
     }
 
+    /// A message can be delivered now: it is not addressed to a paused client.
+    fn deliverable(&self, f: &Flight) -> bool {
+        match &f.msg {
+            Msg::Down { to, .. } => !self.is_paused(*to),
+            Msg::Up { .. } => true,
+        }
+    }
+
     fn start(&mut self, id: Id) {
-        let ts = self.clocks.entry(id).or_default().stamp(self.now, id);
-        let client = Client::new(self.cfg.clone(), ts, self.now);
+        if self.is_paused(id) {
+            return;
+        }
+        let local = self.local(id);
+        let ts = self.clocks.entry(id).or_default().stamp(local, id);
+        let client = Client::new(self.cfg.clone(), ts, local);
         self.acqs.push(Acq { client, acquired: false, released_at: vec![None; self.n], last_heard: self.now });
         self.drain_client(self.acqs.len() - 1);
     }
 
     fn release(&mut self, a: usize) {
-        self.acqs[a].client.release(self.now);
+        let id = self.acqs[a].client.ts().client;
+        if self.is_paused(id) {
+            return;
+        }
+        let local = self.local(id);
+        self.acqs[a].client.release(local);
         self.acqs[a].last_heard = self.now;
         self.drain_client(a);
     }
 
     fn deliver(&mut self, f: Flight) {
-        if self.now.saturating_sub(f.sent_at) > MAX_TRANSIT {
+        if !f.late && self.now.saturating_sub(f.sent_at) > MAX_TRANSIT {
             assert!(!self.lossless, "lossless network held a message too long");
             return; // the network's delivery bound: too late is lost
         }
@@ -259,13 +340,15 @@ impl World {
                     Ok(()) | Err(ReplicaError::NotHolder) | Err(ReplicaError::Finished) => {}
                     Err(e) => panic!("replica {to} rejected a well-formed message: {e}"),
                 }
+                self.note_grant(to);
                 self.drain_replica(to);
             }
             Msg::Down { from, to, r } => {
                 assert_eq!(to, r.ts.client, "a response goes to the client of its acquisition");
                 let a = self.acq_index(&r.ts);
                 let yields = self.acqs[a].client.stats().yield_rounds;
-                match self.acqs[a].client.handle_response(self.now, from, r) {
+                let local = self.local(to);
+                match self.acqs[a].client.handle_response(local, from, r) {
                     Ok(()) | Err(ClientError::Stale) => {}
                     Err(e) => panic!("client rejected a well-formed response: {e}"),
                 }
@@ -277,7 +360,8 @@ impl World {
 
     fn drain_replica(&mut self, i: usize) {
         while let Some((to, r)) = self.replicas[i].poll_transmit() {
-            self.flight.push(Flight { sent_at: self.now, msg: Msg::Down { from: i, to, r } });
+            let late = self.is_paused(to);
+            self.flight.push(Flight { sent_at: self.now, msg: Msg::Down { from: i, to, r }, late });
         }
     }
 
@@ -285,7 +369,7 @@ impl World {
         let from = self.acqs[a].client.ts().client;
         while let Some((to, msg)) = self.acqs[a].client.poll_transmit() {
             assert!(to < self.n, "client addressed replica {to} of {}", self.n);
-            self.flight.push(Flight { sent_at: self.now, msg: Msg::Up { from, to, msg } });
+            self.flight.push(Flight { sent_at: self.now, msg: Msg::Up { from, to, msg }, late: false });
         }
         while let Some(event) = self.acqs[a].client.poll_event() {
             self.on_event(a, event);
@@ -302,9 +386,10 @@ impl World {
                 assert_eq!(c.phase(), Phase::Holding);
                 let max_stamp = c.views().iter().filter(|v| v.owner.as_ref() == Some(c.ts())).map(|v| v.stamp).max();
                 assert_eq!(Some(token), max_stamp, "token is the largest grant stamp held");
-                assert!(valid_until > self.now, "acquired a lock already expired ({valid_until:?} <= {:?})", self.now);
+                let local = self.local(c.ts().client);
+                assert!(valid_until > local, "acquired a lock already expired ({valid_until:?} <= {local:?})");
+                self.check_exclusion();
                 if self.resets == 0 {
-                    self.check_exclusion();
                     assert!(token > self.last_token, "fencing token went back: {token} after {}", self.last_token);
                 }
                 self.last_token = self.last_token.max(token);
@@ -321,12 +406,7 @@ impl World {
             self.deliver_all();
         }
         for _ in 0..100_000 {
-            let next = self
-                .replicas
-                .iter()
-                .filter_map(|r| r.poll_timeout())
-                .chain(self.acqs.iter().filter_map(|a| a.client.poll_timeout()))
-                .min();
+            let next = self.replicas.iter().filter_map(|r| r.poll_timeout()).chain(self.client_deadlines()).min();
             match next {
                 Some(t) if t <= target => {
                     self.now = self.now.max(t);
@@ -339,12 +419,24 @@ impl World {
                 _ => {
                     self.now = target;
                     let now = self.now;
-                    self.flight.retain(|f| now.saturating_sub(f.sent_at) <= MAX_TRANSIT);
+                    self.flight.retain(|f| f.late || now.saturating_sub(f.sent_at) <= MAX_TRANSIT);
+                    self.check();
                     return;
                 }
             }
         }
         panic!("timers do not make progress");
+    }
+
+    /// The clients' next deadlines in real time: their own clock's minus their offset;
+    /// a paused client's timers wait for it to resume.
+    fn client_deadlines(&self) -> impl Iterator<Item = Time> + '_ {
+        self.acqs.iter().filter_map(|a| {
+            let id = a.client.ts().client;
+            let t = a.client.poll_timeout()?;
+            let t = t.saturating_sub(self.offsets.get(&id).copied().unwrap_or_default());
+            Some(self.paused.get(&id).map_or(t, |&resume| t.max(resume)))
+        })
     }
 
     fn fire_due(&mut self) {
@@ -353,10 +445,16 @@ impl World {
             if self.replicas[i].poll_timeout().is_some_and(|t| t <= now) {
                 self.replicas[i].handle_timeout(now);
                 assert!(self.replicas[i].poll_timeout().is_none_or(|t| t > now), "replica timer not re-armed");
+                self.note_grant(i);
                 self.drain_replica(i);
             }
         }
         for a in 0..self.acqs.len() {
+            let id = self.acqs[a].client.ts().client;
+            if self.is_paused(id) {
+                continue;
+            }
+            let now = self.local(id);
             let c = &mut self.acqs[a].client;
             if c.poll_timeout().is_some_and(|t| t <= now) {
                 let could_not_win = nobody_can_win(c.views(), self.n, self.m);
@@ -371,13 +469,17 @@ impl World {
         }
     }
 
-    /// Lossless network: deliver everything in flight, in a random order, until quiet.
+    /// Deliver everything in flight that can be delivered, in a random order, until
+    /// quiet (messages to paused clients stay in flight).
     fn deliver_all(&mut self) {
         for _ in 0..10_000 {
-            if self.flight.is_empty() {
+            let (batch, held): (Vec<Flight>, Vec<Flight>) =
+                std::mem::take(&mut self.flight).into_iter().partition(|f| self.deliverable(f));
+            self.flight = held;
+            if batch.is_empty() {
                 return;
             }
-            let mut batch = std::mem::take(&mut self.flight);
+            let mut batch = batch;
             batch.shuffle(&mut self.rng);
             for f in batch {
                 self.deliver(f);
@@ -410,22 +512,47 @@ impl World {
                 );
             }
         }
-        if self.resets == 0 {
-            self.check_exclusion();
-        }
+        self.check_exclusion();
     }
 
-    /// Mutual exclusion: at most one acquisition holds the lock with a validity
-    /// deadline in the future.
+    /// Mutual exclusion with the reset budget: two acquisitions that both hold the lock
+    /// with a validity deadline in the future (each by its own clock) must share at
+    /// least 2m − n counted votes whose replica was reset after the earlier of the two
+    /// grants there. Without resets: at most one holder.
     fn check_exclusion(&self) {
-        let holders: Vec<&Ts> = self
+        let holders: Vec<&Acq> = self
             .acqs
             .iter()
             .filter(|a| a.client.phase() == Phase::Holding)
-            .filter(|a| a.client.valid_until().is_some_and(|t| t > self.now))
-            .map(|a| a.client.ts())
+            .filter(|a| a.client.valid_until().is_some_and(|t| t > self.local(a.client.ts().client)))
             .collect();
-        assert!(holders.len() <= 1, "mutual exclusion violated at {:?}: {holders:?}", self.now);
+        let budget = 2 * self.m - self.n;
+        for (k, a) in holders.iter().enumerate() {
+            for b in &holders[k + 1..] {
+                let (va, vb) = (a.client.views(), b.client.views());
+                let shared: Vec<usize> = (0..self.n)
+                    .filter(|&i| {
+                        va[i].owner.as_ref() == Some(a.client.ts()) && vb[i].owner.as_ref() == Some(b.client.ts())
+                    })
+                    .collect();
+                let excused = shared
+                    .iter()
+                    .filter(|&&i| {
+                        let granted = |stamp| self.grants.get(&(i, stamp)).copied().unwrap_or_default();
+                        let earlier = granted(va[i].stamp).min(granted(vb[i].stamp));
+                        self.resets_of[i].iter().any(|&r| r >= earlier)
+                    })
+                    .count();
+                assert!(
+                    excused >= budget,
+                    "mutual exclusion violated at {:?}: {:?} and {:?} both hold; they share replicas {shared:?}, \
+                     of which {excused} were reset after the earlier grant (2m − n = {budget})",
+                    self.now,
+                    a.client.ts(),
+                    b.client.ts()
+                );
+            }
+        }
     }
 
     /// Index of the first in-flight message matching `pred` (scripted scenarios).
@@ -453,7 +580,6 @@ fn duration() -> impl Strategy<Value = Duration> {
 }
 
 fn op(resets: bool) -> impl Strategy<Value = Op> {
-    let reset_weight = if resets { 1 } else { 0 };
     prop_oneof![
         8 => any::<usize>().prop_map(Op::Deliver),
         4 => (any::<u64>(), 1usize..40).prop_map(|(seed, count)| Op::DeliverMany(seed, count)),
@@ -464,7 +590,10 @@ fn op(resets: bool) -> impl Strategy<Value = Op> {
         4 => duration().prop_map(Op::Advance),
         2 => (1u32..=3).prop_map(Op::Start),
         1 => any::<usize>().prop_map(Op::Release),
-        reset_weight => any::<usize>().prop_map(Op::Reset),
+        1 => any::<usize>().prop_map(move |i| if resets { Op::Reset(i) } else { Op::Deliver(i) }),
+        1 => any::<usize>().prop_map(Op::Delay),
+        1 => ((1u32..=3), (500u64..8_000)).prop_map(|(c, ms)| Op::Pause(c, Duration::from_millis(ms))),
+        1 => ((1u32..=3), (0u64..=800)).prop_map(|(c, ms)| Op::Skew(c, Duration::from_millis(ms))),
     ]
 }
 
@@ -474,8 +603,9 @@ proptest! {
     // cases), and a case costs well under a millisecond.
     #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
 
-    /// Reference: Fig. 5, Fig. 6 and §4 under message loss, duplication, reordering and
-    /// no reset: invariants, the rules of Fig. 5, mutual exclusion, fencing, tombstones.
+    /// Reference: Fig. 5, Fig. 6 and §4 under message loss, duplication, reordering, late
+    /// delivery, pauses, clock offsets and no reset: invariants, the rules of Fig. 5,
+    /// mutual exclusion, fencing, tombstones.
     #[test]
     fn safety_without_resets((n, m) in quorum(), script in prop::collection::vec(op(false), 1..250)) {
         let mut world = World::new(n, m, false, 0);
@@ -486,11 +616,12 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
-    /// Reference: §2 random reset, §4 informed backoff: with resets, exclusion is only
-    /// probabilistic (not checked), but the replica invariants, the bounds on state and
-    /// the client's rules hold whatever happens.
+    /// Reference: §2 random reset, §4 informed backoff, Fig. 2's bound: with resets, two
+    /// holders need at least 2m − n resets among the replicas they both count; the
+    /// replica invariants, the bounds on state and the client's rules hold whatever
+    /// happens.
     #[test]
-    fn invariants_with_resets((n, m) in quorum(), script in prop::collection::vec(op(true), 1..250)) {
+    fn exclusion_within_the_reset_budget((n, m) in quorum(), script in prop::collection::vec(op(true), 1..250)) {
         let mut world = World::new(n, m, false, 0);
         world.run(&script);
     }
@@ -632,4 +763,91 @@ fn a_duplicated_yield_does_not_take_back_the_new_grant() {
         w.step(&Op::Deliver(k));
     }
     assert_eq!(w.acqs[0].client.phase(), Phase::Waiting);
+}
+
+impl World {
+    /// Delivers every deliverable message in flight, in order, until quiet; messages
+    /// matching `lose` are lost instead.
+    fn settle(&mut self, lose: &impl Fn(&Msg) -> bool) {
+        for _ in 0..10_000 {
+            let Some(k) = (0..self.flight.len()).find(|&k| self.deliverable(&self.flight[k])) else { return };
+            if lose(&self.flight[k].msg) {
+                self.flight.remove(k);
+            } else {
+                self.step(&Op::Deliver(k));
+            }
+        }
+        panic!("messages never stop");
+    }
+
+    /// Lets `d` pass in steps of 50 ms, settling the network (with `lose`) in between.
+    fn run_for(&mut self, d: Duration, lose: &impl Fn(&Msg) -> bool) {
+        let end = self.now + d;
+        while self.now < end {
+            self.settle(lose);
+            self.step(&Op::Advance(Duration::from_millis(50)));
+        }
+        self.settle(lose);
+    }
+
+    fn phase(&self, a: usize) -> Phase {
+        self.acqs[a].client.phase()
+    }
+}
+
+/// Traffic between client `c` and the replicas in `replicas`.
+fn between(c: Id, replicas: std::ops::Range<usize>) -> impl Fn(&Msg) -> bool {
+    move |m| match m {
+        Msg::Up { from, to, .. } => *from == c && replicas.contains(to),
+        Msg::Down { from, to, .. } => *to == c && replicas.contains(from),
+    }
+}
+
+/// Reference: §4 (lease) and the Fig. 2 argument, which needs the holder to keep m
+/// votes. n = 5, m = 4 (2m − n = 3): A holds all five, B waits. A's traffic with
+/// replicas 0–2 is lost for more than a lease, so they expire A and promote B, while A's
+/// renewals to 3 and 4 succeed. A, on 2 = n − m + 1 live votes, once still counted itself
+/// valid; after one reset of replica 3 (granted to B's retry first) B won with 4 votes:
+/// two holders after one reset instead of three. A must lose the lock as soon as fewer
+/// than m of its votes are live.
+#[test]
+fn a_holder_with_fewer_than_m_live_votes_is_not_valid() {
+    let mut w = World::new(5, 4, false, 0);
+    w.step(&Op::Start(A));
+    w.settle(&|_| false);
+    assert_eq!(w.phase(0), Phase::Holding);
+    w.step(&Op::Start(B));
+    w.settle(&|_| false);
+    w.run_for(LEASE + Duration::from_secs(1), &between(A, 0..3));
+    assert!((0..3).all(|i| w.replicas[i].owner().is_some_and(|(ts, _)| ts.client == B)), "0–2 went to B");
+    assert_eq!(w.phase(0), Phase::Lost, "A counts only 2 live votes of the 4 it needs");
+    w.step(&Op::Reset(3));
+    // B's retry reaches the fresh replica 3 before A's renewal does.
+    w.run_for(Duration::from_secs(1), &between(A, 0..4));
+    assert_eq!(w.phase(1), Phase::Holding, "B holds replicas 0–3");
+}
+
+/// Reference: §4 (lease), Fig. 6 `RespQueue`. n = 3, m = 2, no reset: A releases, every
+/// replica promotes W, but W is stalled (its process paused) and its notices wait. W
+/// never renews: after a lease the replicas expire W and promote X, who wins. W's old
+/// notices then arrive, with stamps newer than any W has seen; once counted as fresh
+/// votes ("valid until now + lease − max transit"), they made W a second holder. A
+/// notice counts only for what is left of its lease, measured from W's own REQUEST.
+#[test]
+fn a_late_promotion_notice_is_no_fresh_vote() {
+    let mut w = World::new(3, 2, false, 0);
+    const W: Id = B;
+    const X: Id = C;
+    w.step(&Op::Start(A));
+    w.settle(&|_| false);
+    w.step(&Op::Start(W));
+    w.settle(&|_| false);
+    w.step(&Op::Start(X));
+    w.settle(&|_| false);
+    w.step(&Op::Pause(W, LEASE + Duration::from_secs(2)));
+    w.step(&Op::Release(0));
+    w.run_for(LEASE + Duration::from_secs(1), &|_| false);
+    assert_eq!(w.phase(2), Phase::Holding, "X won once W's leases ran out");
+    w.run_for(Duration::from_secs(2), &|_| false); // W resumes; its notices arrive late
+    assert_ne!(w.phase(1), Phase::Holding, "W's stale notices do not make it a holder");
 }

@@ -524,7 +524,7 @@ fn grant_stamps_strictly_increase_even_when_time_stands_still() {
 // carried and every token a RELEASE or a renewal carried.
 #[test]
 fn grant_stamps_exceed_every_floor_and_token_seen() {
-    let big = 5_000_000_000_000;
+    let big = micros(T0) + 4_000_000; // ahead of the clock, within `max_clock_offset`
     // Floor of a REQUEST on a free replica.
     let mut r = replica();
     request_floor(&mut r, T0, ts(1, 1), big).unwrap();
@@ -544,17 +544,17 @@ fn grant_stamps_exceed_every_floor_and_token_seen() {
     let mut r = Replica::new(config().with_queue_grace(Duration::from_secs(60)));
     request(&mut r, T0, a).unwrap();
     request(&mut r, T0, c).unwrap();
-    request_floor(&mut r, T0 + ms(1), a, big * 2).unwrap();
+    request_floor(&mut r, T0 + ms(1), a, big + 20).unwrap();
     r.handle_timeout(T0 + ms(1) + LEASE);
     assert_eq!(owner(&r), Some(c));
-    assert!(stamp(&r) > big * 2, "{} <= renewal token {}", stamp(&r), big * 2);
+    assert!(stamp(&r) > big + 20, "{} <= renewal token {}", stamp(&r), big + 20);
 
     // A waiter's RELEASE token counts too.
     let mut r = busy(a, &[b]);
-    release(&mut r, T0, b, big * 3).unwrap();
+    release(&mut r, T0, b, big + 30).unwrap();
     release(&mut r, T0, a, 0).unwrap();
     request(&mut r, T0, c).unwrap();
-    assert!(stamp(&r) > big * 3);
+    assert!(stamp(&r) > big + 30);
 }
 
 // Reference: DESIGN.md "Wire": "A RELEASE or YIELD only ever affects entries of the peer
@@ -654,4 +654,58 @@ fn spurious_timeouts_change_nothing() {
     }
     assert_eq!(snapshot(&r), before);
     assert!(drain(&mut r).is_empty());
+}
+
+// Reference: §4 (Lamport clocks), bounded as hybrid logical clocks bound them. One
+// REQUEST with `floor: u64::MAX` would pin every later grant stamp at u64::MAX (the
+// stale-response filter and the YIELD guard compare stamps); values further ahead of the
+// replica's clock than `max_clock_offset` are refused and change nothing.
+#[test]
+fn values_far_ahead_of_the_clock_are_refused() {
+    let mut r = replica();
+    let far = micros(T0) + 3_600_000_000;
+    assert_eq!(request_floor(&mut r, T0, ts(10, 1), u64::MAX), Err(ReplicaError::Ahead { value: u64::MAX }));
+    assert_eq!(request(&mut r, T0, ts(far, 2)), Err(ReplicaError::Ahead { value: far }));
+    assert_eq!(release(&mut r, T0, ts(10, 1), far), Err(ReplicaError::Ahead { value: far }));
+    assert!(r.owner().is_none() && drain(&mut r).is_empty());
+    request_floor(&mut r, T0, ts(10, 1), micros(T0) + 1_000).unwrap();
+    let stamp = r.owner().map(|(_, s)| s).unwrap();
+    assert_eq!(stamp, micros(T0) + 1_001, "a floor within the bound is absorbed");
+}
+
+// Reference: DESIGN "Fencing tokens": every replica that learns a holder's token grants
+// above it. A holder whose vote here lapsed (and went to B) still sends its RELEASE with
+// its token; the next grant here must exceed that token, though the RELEASE is refused.
+#[test]
+fn a_lapsed_holders_release_moves_the_stamps_past_its_token() {
+    let mut r = replica();
+    let (a, b, c) = (ts(10, 1), ts(20, 2), ts(30, 3));
+    request(&mut r, T0, a).unwrap();
+    r.handle_timeout(T0 + LEASE); // A's lease runs out; nobody waits
+    request(&mut r, T0 + LEASE, b).unwrap();
+    let token = micros(T0 + LEASE) + 1_000; // A's token, from another replica's stamp
+    assert_eq!(release(&mut r, T0 + LEASE + ms(1), a, token), Err(ReplicaError::NotHolder));
+    release(&mut r, T0 + LEASE + ms(2), b, 0).unwrap();
+    request(&mut r, T0 + LEASE + ms(3), c).unwrap();
+    let stamp = r.owner().map(|(_, s)| s).unwrap();
+    assert!(stamp > token, "next grant {stamp} above the lapsed holder's token {token}");
+}
+
+// Reference: Fig. 6 `RespQueue`. The promotion notice tells the waiter how long after its
+// last REQUEST arrived the lease started, so the waiter can bound the lease from its own
+// send time whatever the notice's transit time.
+#[test]
+fn a_promotion_reports_how_long_the_waiter_was_queued() {
+    let mut r = replica();
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    request(&mut r, T0, a).unwrap();
+    request(&mut r, T0 + ms(100), b).unwrap();
+    drain(&mut r);
+    release(&mut r, T0 + ms(700), a, 0).unwrap();
+    let out = drain(&mut r);
+    let notice = &out.iter().find(|(to, _)| *to == 2).expect("B is told").1;
+    assert!(notice.promoted);
+    assert_eq!((notice.echo, notice.grant_delay), (micros(T0 + ms(100)), ms(600)));
+    request(&mut r, T0 + ms(900), b).unwrap(); // a renewal: the lease restarts on arrival
+    assert_eq!(drain(&mut r)[0].1.grant_delay, Duration::ZERO);
 }

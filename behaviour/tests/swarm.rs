@@ -122,6 +122,21 @@ async fn bad_input_is_refused_counted_and_harmless() {
             },
             Rejection::NotHolder,
         ),
+        // Another replica count than the swarm's: two clients of one lock would win on
+        // different replica sets.
+        (Request::Replica { resource: owned.clone(), index: 0, n: 7, msg: request(me) }, Rejection::QuorumMismatch),
+        // A floor of u64::MAX would pin the replica's grant stamps there.
+        (
+            Request::Replica {
+                resource: owned.clone(),
+                index: 0,
+                n: 5,
+                msg: ToReplica::Request { ts: Timestamp::new(1, me), sent: 1, floor: u64::MAX },
+            },
+            Rejection::Ahead,
+        ),
+        // A promotion from a peer the target never sent that replica's messages to.
+        (Request::Notify { resource: owned.clone(), index: 0, resp: forged_promotion(target) }, Rejection::NotHost),
     ];
     for (request, expected) in cases {
         probe.behaviour_mut().send_request(&target, request.clone());
@@ -149,7 +164,7 @@ async fn bad_input_is_refused_counted_and_harmless() {
     }
     let c = s[0].behaviour().counters();
     let total: u64 = c.rejected.values().sum();
-    assert_eq!(total, 5, "rejections counted: {:?}", c.rejected);
+    assert_eq!(total, 8, "rejections counted: {:?}", c.rejected);
     // The node still serves everyone else.
     let id = s[1].behaviour_mut().acquire("after-bad-input", None).expect("valid");
     let (who, event) = with_timeout(next_event(&mut s)).await;
@@ -159,6 +174,99 @@ async fn bad_input_is_refused_counted_and_harmless() {
 
 fn request(client: PeerId) -> ToReplica<PeerId> {
     ToReplica::Request { ts: Timestamp::new(1, client), sent: 1, floor: 0 }
+}
+
+/// "You are the owner now", addressed to an acquisition of `to`.
+fn forged_promotion(to: PeerId) -> proto::Response<PeerId> {
+    let ts = Timestamp::new(1, to);
+    proto::Response {
+        ts,
+        owner: ts,
+        stamp: 1,
+        position: 0,
+        advice: Duration::ZERO,
+        lease: Duration::from_secs(5),
+        echo: 1,
+        grant_delay: Duration::ZERO,
+        promoted: true,
+    }
+}
+
+// Reference: DESIGN "Replicas in the DHT": one lock, one replica set. A client may not
+// take a lock on fewer replicas than the swarm's n (it could win on replicas 1–3 while
+// another wins on 4–5 and most of 1–3's neighbours), nor with fewer votes than the
+// swarm's m; more votes are fine.
+#[tokio::test]
+async fn a_per_lock_quorum_keeps_the_swarms_replica_set() {
+    let mut s = swarms(1).await;
+    let b = s[0].behaviour_mut();
+    for quorum in [(3, 2), (7, 5), (5, 2)] {
+        let e = b.acquire("orders", Some(quorum)).expect_err("refused");
+        assert!(matches!(e, sigma_behaviour::AcquireError::SwarmQuorum { swarm_n: 5, swarm_m: 3, .. }), "{e}");
+    }
+    b.acquire("orders", Some((5, 4))).expect("a stricter quorum on the same replicas");
+}
+
+/// Drives every swarm until `done` holds (checked after each swarm event).
+async fn drive_until(swarms: &mut [Swarm<Behaviour>], done: impl Fn(&[Swarm<Behaviour>]) -> bool) {
+    while !done(swarms) {
+        let futs = swarms.iter_mut().map(|x| Box::pin(x.select_next_some()));
+        select_all(futs).await;
+        // Swarm events can come back to back: let the timeout around this run.
+        tokio::task::yield_now().await;
+    }
+}
+
+// Reference: DESIGN "Replicas in the DHT" (a peer serves a key only while it is the
+// closest live peer). P, alone, hosts every replica of a lock it holds; Q joins, closer
+// to some of their keys, and hosts them from then on. P's copies must go: kept, they would expire the
+// holder's lease (its renewals now go to Q) and promote the waiters, granting each of
+// those votes a second time.
+#[tokio::test]
+async fn a_peer_hands_over_the_replicas_a_closer_peer_joins_for() {
+    let mut s = swarms(1).await;
+    let mut q = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config()));
+    q.listen().with_memory_addr_external().await;
+    let (p, qid) = (*s[0].local_peer_id(), *q.local_peer_id());
+    let closer = |name: &str, i: u16, a: PeerId, b: PeerId| {
+        let key = KBucketKey::new(wire::replica_name(name, i).into_bytes());
+        KBucketKey::from(a).distance(&key) < KBucketKey::from(b).distance(&key)
+    };
+    // A lock with a replica that Q is closer to than P.
+    let name = (0..)
+        .map(|k| format!("moving-{k}"))
+        .find(|name| (0..5).any(|i| closer(name, i, qid, p)))
+        .expect("some name has a replica that moves to Q");
+    let id = s[0].behaviour_mut().acquire(&name, None).expect("valid");
+    let (who, event) = with_timeout(next_event(&mut s)).await;
+    assert!(who == 0 && matches!(event, Event::Acquired { id: got, .. } if got == id), "{event:?}");
+    // Until P runs a replica of the lock that Q will take (the win may come first).
+    let hosts_moving =
+        |x: &[Swarm<Behaviour>]| x[0].behaviour().replicas(Some(&name)).iter().any(|r| closer(&name, r.index, qid, p));
+    with_timeout(drive_until(&mut s, hosts_moving)).await;
+
+    for x in s.iter_mut() {
+        q.connect(x).await;
+    }
+    let addrs: Vec<(PeerId, Vec<libp2p::Multiaddr>)> = s
+        .iter()
+        .chain(std::iter::once(&q))
+        .map(|x| (*x.local_peer_id(), x.external_addresses().cloned().collect()))
+        .collect();
+    let mut all: Vec<Swarm<Behaviour>> = s.into_iter().chain(std::iter::once(q)).collect();
+    for x in all.iter_mut() {
+        for (peer, a) in &addrs {
+            for addr in a {
+                x.behaviour_mut().add_address(peer, addr.clone());
+            }
+        }
+    }
+    // Until P sees Q as a live sigma peer (connected and routable).
+    with_timeout(drive_until(&mut all, |x| x[0].behaviour().connected_peers().any(|c| *c == qid))).await;
+    with_timeout(drive_until(&mut all, |x| x[0].behaviour().counters().replicas_handed_over > 0)).await;
+    let kept: Vec<u16> = all[0].behaviour().replicas(Some(&name)).iter().map(|r| r.index).collect();
+    assert!(kept.iter().all(|&i| !closer(&name, i, qid, p)), "P still runs replicas Q hosts: {kept:?}");
+    assert!(all[0].behaviour().counters().replicas_handed_over > 0);
 }
 
 // Reference: §2 system model, DESIGN "Replicas in the DHT": replica i of R lives on the

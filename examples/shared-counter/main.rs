@@ -79,7 +79,10 @@ impl Storage {
         self.state.borrow().value
     }
 
-    /// Writes `value` unless a write with a higher token has been accepted before.
+    /// Writes `value` unless a write with a higher token has been accepted before. An
+    /// equal token is the same holder writing again: sigma never gives two holders the
+    /// same token while its guarantee holds (ARCHITECTURE.md, "Fencing tokens"; the
+    /// testnet checker counts an equal token of a different holder as a regression).
     fn write(&self, value: u64, token: u64) -> Result<(), StaleWrite> {
         let mut result = Ok(());
         self.state.send_modify(|c| {

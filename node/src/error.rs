@@ -77,6 +77,10 @@ pub enum LockError {
     /// The requested quorum is not usable.
     #[error("invalid quorum: {0}")]
     Quorum(#[from] ConfigError),
+    /// A per-lock quorum other than the swarm's replica count (or fewer votes than the
+    /// swarm's quorum): it could let two clients hold the lock on different replica sets.
+    #[error("{0}")]
+    SwarmQuorum(String),
     /// The lock was not won in time; the attempt has been abandoned.
     #[error("timed out waiting for the lock")]
     Timeout,
@@ -86,4 +90,15 @@ pub enum LockError {
     /// The lock was lost while held: exclusion was not guaranteed until the release.
     #[error("the lock was lost before it was released")]
     Lost,
+}
+
+impl From<sigma_behaviour::AcquireError> for LockError {
+    fn from(e: sigma_behaviour::AcquireError) -> Self {
+        use sigma_behaviour::AcquireError as E;
+        match e {
+            E::BadName => LockError::BadName,
+            E::Quorum(e) => LockError::Quorum(e),
+            e @ E::SwarmQuorum { .. } => LockError::SwarmQuorum(e.to_string()),
+        }
+    }
 }

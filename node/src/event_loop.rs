@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{identify, Swarm};
-use sigma_behaviour::{AcquireError, AcquisitionId, Event, ReplicaInfo};
+use sigma_behaviour::{AcquisitionId, Event, ReplicaInfo};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -157,11 +157,8 @@ impl EventLoop {
     fn on_command(&mut self, command: Command) {
         match command {
             Command::Lock { name, quorum, timeout, reply } => match self.sigma().acquire(&name, quorum) {
-                Err(AcquireError::BadName) => {
-                    let _ = reply.send(Err(LockError::BadName));
-                }
-                Err(AcquireError::Quorum(e)) => {
-                    let _ = reply.send(Err(LockError::Quorum(e)));
+                Err(e) => {
+                    let _ = reply.send(Err(e.into()));
                 }
                 Ok(id) => {
                     tracing::debug!(lock = %name, %id, "acquiring");
@@ -199,11 +196,8 @@ impl EventLoop {
                 Ok(id) => {
                     self.probes.insert(id, reply);
                 }
-                Err(AcquireError::BadName) => {
-                    let _ = reply.send(Err(LockError::BadName));
-                }
-                Err(AcquireError::Quorum(e)) => {
-                    let _ = reply.send(Err(LockError::Quorum(e)));
+                Err(e) => {
+                    let _ = reply.send(Err(e.into()));
                 }
             },
             Command::Shutdown { reply } => {

@@ -330,7 +330,9 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
         Err(e) => {
             let (outcome, status) = match &e {
                 LockError::Timeout => (Outcome::Timeout, StatusCode::REQUEST_TIMEOUT),
-                LockError::BadName | LockError::Quorum(_) => (Outcome::Error, StatusCode::BAD_REQUEST),
+                LockError::BadName | LockError::Quorum(_) | LockError::SwarmQuorum(_) => {
+                    (Outcome::Error, StatusCode::BAD_REQUEST)
+                }
                 LockError::NodeStopped => (Outcome::Error, StatusCode::SERVICE_UNAVAILABLE),
                 LockError::Lost => (Outcome::Error, StatusCode::CONFLICT),
             };

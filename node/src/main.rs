@@ -96,10 +96,11 @@ struct LockArgs {
     /// Control API of the local daemon [default: $SIGMA_API or 127.0.0.1:7700].
     #[arg(long, value_name = "IP:PORT")]
     api: Option<String>,
-    /// Quorum for this lock: replicas (with --m); default: the daemon's.
+    /// Quorum for this lock: replicas (with --m). Must be the swarm's n (one lock, one
+    /// replica set); default: the daemon's.
     #[arg(long, requires = "m")]
     n: Option<usize>,
-    /// Quorum for this lock: votes needed (with --n).
+    /// Quorum for this lock: votes needed (with --n), at least the swarm's m.
     #[arg(long, requires = "n")]
     m: Option<usize>,
     /// After SIGTERM to a command whose lock was lost, wait this long before SIGKILL.

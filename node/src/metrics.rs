@@ -13,6 +13,8 @@
 //! | `sigma_replica_grants_total`, `_releases_total`, `_yields_total`, `_lease_expiries_total` | counter | |
 //! | `sigma_replicas_hosted` | gauge | |
 //! | `sigma_replicas_created_total` (replica resets seen from inside) | counter | |
+//! | `sigma_replicas_handed_over_total` (dropped for a closer live peer) | counter | |
+//! | `sigma_responses_refused_total` | counter | `reason` |
 //! | `sigma_redirects_sent_total`, `sigma_redirects_followed_total`, `sigma_lookups_total` | counter | |
 //! | `sigma_messages_in_total`, `sigma_messages_out_total` | counter | `kind` |
 //! | `sigma_messages_rejected_total` | counter | `reason` |
@@ -175,6 +177,19 @@ impl Collector for CounterCollector {
             "replicas_created",
             "Replicas this peer started hosting with empty memory (resets seen from inside)",
             c.replicas_created,
+        )?;
+        counter(
+            &mut e,
+            "replicas_handed_over",
+            "Replicas dropped because a closer peer became live and hosts them now",
+            c.replicas_handed_over,
+        )?;
+        labelled(
+            &mut e,
+            "responses_refused",
+            "Responses refused by local acquisitions (stale, too far ahead, ...), by reason",
+            "reason",
+            &c.responses_refused,
         )?;
         counter(&mut e, "redirects_sent", "Redirects sent (not the closest live peer for a key)", c.redirects_sent)?;
         counter(&mut e, "redirects_followed", "Redirects followed", c.redirects_followed)?;

@@ -81,8 +81,9 @@ impl Default for NodeConfig {
 /// Options of [`NodeHandle::lock_with`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockOptions {
-    /// `(n, m)`: replicas and votes needed; `None` for the node's configured quorum.
-    /// Every user of one lock must use the same quorum.
+    /// `(n, m)`: replicas and votes needed; `None` for the node's configured quorum. n
+    /// must be the swarm's (every client of a lock shares one replica set) and m at
+    /// least the swarm's; anything else is refused with [`crate::LockError::SwarmQuorum`].
     pub quorum: Option<(usize, usize)>,
     /// Give up (and abandon the attempt) after this long; `None` waits indefinitely.
     pub timeout: Option<Duration>,

@@ -140,13 +140,14 @@ async fn bad_names_and_quorums_are_refused() {
     for name in ["", "has space", "ünïcode", &"x".repeat(201)] {
         assert_eq!(h[0].lock(name).await.unwrap_err(), LockError::BadName, "{name:?}");
     }
-    for quorum in [(4, 2), (3, 4), (300, 200)] {
+    // One lock, one replica set: n is the swarm's (5 here), m at least the swarm's (3).
+    for quorum in [(4, 2), (3, 4), (300, 200), (7, 5), (5, 2), (5, 6)] {
         let err = h[0].lock_with("api/q", LockOptions { quorum: Some(quorum), timeout: None }).await.unwrap_err();
-        assert!(matches!(err, LockError::Quorum(_)), "{quorum:?}: {err:?}");
+        assert!(matches!(err, LockError::SwarmQuorum(_)), "{quorum:?}: {err:?}");
     }
-    // A different quorum for another lock works.
+    // More votes on the same replicas work.
     let g = h[0]
-        .lock_with("api/q", LockOptions { quorum: Some((7, 5)), timeout: Some(Duration::from_secs(5)) })
+        .lock_with("api/q", LockOptions { quorum: Some((5, 4)), timeout: Some(Duration::from_secs(5)) })
         .await
         .unwrap();
     g.release().await.unwrap();

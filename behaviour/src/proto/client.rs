@@ -3,7 +3,7 @@
 //! ```text
 //!  new() ─▶ Waiting ──(≥ m votes: case 1)──▶ Holding ──release()──▶ Released
 //!            │   ▲                              │
-//!            │   │ case 3, gated: YIELD every   │ votes ≤ n − m, or the
+//!            │   │ case 3, gated: YIELD every   │ votes < m, or the
 //!            └───┘ held vote, forget it         ▼ lease deadline passes
 //!                                              Lost ──release()──▶ Released
 //! ```
@@ -19,17 +19,21 @@
 //!   still shows votes for the previous owner, and yielding on that stale view is the
 //!   spurious-yield trap. The client yields only when case 3 has held with no progress
 //!   (no new vote for itself) for one smoothed round trip.
-//! - responses arriving after the win are applied (they may add votes) and never undo
-//!   it unless the client's votes fall to n − m or fewer, when another client could
-//!   assemble a quorum: that is a loss of the lock ([`Event::Lost`]).
+//! - responses arriving after the win are applied (they may add votes); the win is undone
+//!   as soon as fewer than m votes remain ([`Event::Lost`]): the safety argument (two
+//!   quorums share 2m − n replicas, each of which must reset to vote twice) needs the
+//!   holder to keep m votes, not merely more than n − m.
 //! - informed backoff: a waiter re-sends its REQUEST to replica i when replica i's
 //!   advice `T_w` runs out; a replica that never answered gets the REQUEST again after
 //!   the request timeout; a vote held while waiting is renewed every renew interval.
-//! - leases: the client's view of a vote's lease is conservative: the `sent` time of the
-//!   request the replica echoes, plus the lease. For an unsolicited promotion the grant
-//!   happened after the notice left the replica, which the client cannot time; it
-//!   assumes the notice spent at most `max_transit` in flight. The lock is guaranteed
-//!   exclusive until more than n − m of the votes may have lapsed ([`Client::valid_until`]).
+//! - leases: the client's view of a vote's lease is conservative and needs no bound on
+//!   transit times: the `sent` time of the REQUEST the replica echoes, plus how long
+//!   after receiving it the replica started the lease (`grant_delay`), plus the lease,
+//!   shortened by the clock-drift bound. A promotion notice that arrives late therefore
+//!   counts for what is left of its lease, not for a fresh one. The lock is guaranteed
+//!   exclusive while m votes are live ([`Client::valid_until`]).
+//! - remote values (grant stamps, owner timestamps) further ahead of the client's clock
+//!   than `max_clock_offset` are refused ([`ClientError::Ahead`]).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -58,7 +62,7 @@ pub enum Phase {
 pub enum LostReason {
     /// Renewals were not acknowledged in time: too many leases may have lapsed.
     LeaseExpired,
-    /// Replicas report other owners: only n − m or fewer votes remain.
+    /// Replicas report other owners: fewer than m votes remain.
     VotesTaken,
 }
 
@@ -138,7 +142,6 @@ pub struct Client<C> {
     srtt: Duration,
     /// Case 3 observed and not yet acted on: yield at this time unless progress.
     yield_at: Option<Time>,
-    max_transit: Duration,
     outbox: VecDeque<(usize, ToReplica<C>)>,
     events: VecDeque<Event>,
     stats: ClientStats,
@@ -153,7 +156,6 @@ impl<C: Clone + Ord> Client<C> {
         let n = config.n;
         let mut client = Client {
             srtt: config.initial_rtt,
-            max_transit: config.request_timeout,
             config,
             ts,
             phase: Phase::Waiting,
@@ -211,11 +213,11 @@ impl<C: Clone + Ord> Client<C> {
         self.srtt
     }
 
-    /// Until when exclusion is guaranteed: the time after which more than n − m of the
-    /// held votes may have lapsed (the (n − m + 1)-th latest vote lease). `None` when
-    /// fewer than n − m + 1 votes are held.
+    /// Until when exclusion is guaranteed: the time after which fewer than m of the held
+    /// votes are live (the m-th latest vote lease). `None` when fewer than m votes are
+    /// held.
     pub fn valid_until(&self) -> Option<Time> {
-        let k = self.config.n.saturating_sub(self.config.m) + 1;
+        let k = self.config.m.max(1);
         let mut leases: Vec<Time> = self.views.iter().filter_map(|v| v.vote_until.filter(|_| self.owns(v))).collect();
         if leases.len() < k {
             return None;
@@ -232,6 +234,10 @@ impl<C: Clone + Ord> Client<C> {
         let view = self.views.get(from).ok_or(ClientError::ReplicaOutOfRange { index: from, n })?;
         if r.ts != self.ts {
             return Err(ClientError::WrongAcquisition);
+        }
+        let bound = micros(now).saturating_add(micros(self.config.max_clock_offset));
+        if let Some(value) = [r.stamp, r.owner.counter].into_iter().find(|v| *v > bound) {
+            return Err(ClientError::Ahead { value });
         }
         if r.stamp < view.stamp || (r.owner == self.ts && view.yielded.is_some_and(|s| r.stamp <= s)) {
             self.stats.stale += 1;
@@ -256,10 +262,12 @@ impl<C: Clone + Ord> Client<C> {
         view.position = r.position;
         view.yielded = None;
         if ours {
-            let mut until = echo + lease;
-            if r.promoted {
-                until = until.max((now + lease).saturating_sub(self.max_transit));
-            }
+            // The replica received the echoed REQUEST after we sent it, and started the
+            // lease `grant_delay` after that, by its clock: shortened by the drift bound.
+            let held = r.grant_delay.saturating_add(lease);
+            let drift = held.mul_f64(f64::from(self.config.max_drift_ppm) / 1e6);
+            // Started before this response left the replica: it ends by `now + lease`.
+            let until = echo.saturating_add(held.saturating_sub(drift)).min(now + lease);
             view.vote_until = Some(view.vote_until.filter(|_| was_ours).map_or(until, |u| u.max(until)));
             view.next_contact = match self.phase {
                 Phase::Holding => Some(until.saturating_sub(lease.saturating_sub(self.config.renew_interval)).max(now)),
@@ -382,7 +390,7 @@ impl<C: Clone + Ord> Client<C> {
             }
             Phase::Waiting if self.nobody_can_win() => {}
             Phase::Waiting => self.yield_at = None, // case 2: wait to be notified
-            Phase::Holding if self.votes + self.config.m <= self.config.n => self.lose(LostReason::VotesTaken),
+            Phase::Holding if self.votes < self.config.m => self.lose(LostReason::VotesTaken),
             _ => {}
         }
     }

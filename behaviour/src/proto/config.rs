@@ -26,6 +26,8 @@ pub struct Config {
     pub(crate) max_queue: usize,
     pub(crate) max_tombstones: usize,
     pub(crate) retry_slack_percent: u32,
+    pub(crate) max_clock_offset: Duration,
+    pub(crate) max_drift_ppm: u32,
 }
 
 impl Default for Config {
@@ -45,6 +47,8 @@ impl Default for Config {
             max_queue: 100_000,
             max_tombstones: 100_000,
             retry_slack_percent: 25,
+            max_clock_offset: Duration::from_secs(5),
+            max_drift_ppm: 1_000,
         }
     }
 }
@@ -99,6 +103,20 @@ impl Config {
     /// A waiter re-sends its REQUEST after `T_w · (1 + slack) + 2·srtt` (slack in percent).
     pub fn retry_slack_percent(&self) -> u32 {
         self.retry_slack_percent
+    }
+
+    /// How far ahead of a peer's own clock a remote timestamp, floor, token or grant
+    /// stamp may be (hybrid logical clocks bound accepted values the same way). Beyond
+    /// it the message is refused: one value near `u64::MAX` would otherwise saturate a
+    /// replica's grant stamps or a client's Lamport clock for good.
+    pub fn max_clock_offset(&self) -> Duration {
+        self.max_clock_offset
+    }
+    /// Bound on the rate difference between two peers' clocks, in parts per million
+    /// (NTP slews a clock by up to 500 ppm; two clocks slewed apart differ by 1,000).
+    /// A client shortens every lease it counts by this fraction.
+    pub fn max_drift_ppm(&self) -> u32 {
+        self.max_drift_ppm
     }
 
     /// Replica count and quorum.
@@ -158,6 +176,17 @@ impl Config {
         self.retry_slack_percent = percent;
         self
     }
+    /// Bound on remote timestamps ahead of the local clock (see [`Config::max_clock_offset`]).
+    pub fn with_max_clock_offset(mut self, d: Duration) -> Self {
+        self.max_clock_offset = d;
+        self
+    }
+    /// Bound on the clock-rate difference between peers, in ppm (see
+    /// [`Config::max_drift_ppm`]).
+    pub fn with_max_drift_ppm(mut self, ppm: u32) -> Self {
+        self.max_drift_ppm = ppm;
+        self
+    }
     /// Bounds on per-replica state.
     pub fn with_state_bounds(mut self, max_queue: usize, max_tombstones: usize) -> Self {
         self.max_queue = max_queue;
@@ -188,6 +217,9 @@ impl Config {
         }
         if self.request_timeout * 2 > self.lease {
             return Err(ConfigError::RequestTimeoutNotBelowLease);
+        }
+        if self.max_drift_ppm >= 100_000 {
+            return Err(ConfigError::Drift(self.max_drift_ppm));
         }
         Ok(())
     }

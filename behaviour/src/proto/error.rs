@@ -20,6 +20,13 @@ pub enum ReplicaError {
     /// The queue is at its configured bound.
     #[error("queue full ({0} waiters)")]
     QueueFull(usize),
+    /// A timestamp, floor or token further ahead of the replica's clock than
+    /// `Config::max_clock_offset`: a clock far off, or a forged value.
+    #[error("timestamp {value} too far ahead of this replica's clock")]
+    Ahead {
+        /// The value refused.
+        value: u64,
+    },
 }
 
 /// Why a client rejected a message. Nothing changed.
@@ -39,6 +46,13 @@ pub enum ClientError {
     /// A response older than one already applied for that replica.
     #[error("stale response")]
     Stale,
+    /// A grant stamp or owner timestamp further ahead of the client's clock than
+    /// `Config::max_clock_offset`.
+    #[error("response stamp {value} too far ahead of this client's clock")]
+    Ahead {
+        /// The value refused.
+        value: u64,
+    },
 }
 
 /// Invalid configuration.
@@ -62,6 +76,9 @@ pub enum ConfigError {
     /// most half the lease.
     #[error("request timeout must be at most half the lease")]
     RequestTimeoutNotBelowLease,
+    /// The clock-drift bound must stay well below 10%.
+    #[error("clock drift bound {0} ppm must be below 100000")]
+    Drift(u32),
     /// A duration that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),

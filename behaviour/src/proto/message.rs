@@ -88,6 +88,11 @@ pub struct Response<C> {
     pub lease: Duration,
     /// The `sent` field of the last REQUEST from the addressee this replica processed.
     pub echo: u64,
+    /// For the owner: how long after receiving that REQUEST its current lease started
+    /// (0 for an immediate grant or a renewal; the time spent queued for a promotion).
+    /// The lease at the replica ends after `echo` + `grant_delay` + `lease` however
+    /// long this response spent in flight, which is what the client counts.
+    pub grant_delay: Duration,
     /// True when this is the unsolicited notice to a promoted queue head.
     pub promoted: bool,
 }

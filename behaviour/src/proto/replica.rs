@@ -65,6 +65,10 @@ struct Owner<C> {
     granted_at: Time,
     /// `sent` of the client's last processed REQUEST (echoed in responses).
     echo: u64,
+    /// When that REQUEST arrived: the client learns how long after it the current
+    /// lease started (`Response::grant_delay`), so it can bound the lease without
+    /// assuming anything about how long the response spends in flight.
+    heard_at: Time,
 }
 
 #[derive(Clone, Debug)]
@@ -73,6 +77,7 @@ struct Waiter<C> {
     /// Dropped at this time unless its client is heard of again.
     expires: Time,
     echo: u64,
+    heard_at: Time,
 }
 
 /// One logical replica: owner, queue, lease, informed backoff.
@@ -165,6 +170,8 @@ impl<C: Clone + Ord> Replica<C> {
         self.forget_tombstones(now);
         let result = if &msg.ts().client != from {
             Err(ReplicaError::ForeignAcquisition)
+        } else if let Some(value) = self.ahead(now, &msg) {
+            Err(ReplicaError::Ahead { value })
         } else {
             match msg {
                 ToReplica::Request { ts, sent, floor } => self.on_request(now, ts, sent, floor),
@@ -178,6 +185,18 @@ impl<C: Clone + Ord> Replica<C> {
         result
     }
 
+    /// The first value of `msg` further ahead of `now` than the configured clock offset
+    /// (timestamps, floors and tokens are hybrid clock readings).
+    fn ahead(&self, now: Time, msg: &ToReplica<C>) -> Option<u64> {
+        let bound = micros(now).saturating_add(micros(self.config.max_clock_offset));
+        let values = match msg {
+            ToReplica::Request { ts, floor, .. } => [ts.counter, *floor],
+            ToReplica::Release { ts, token } => [ts.counter, *token],
+            ToReplica::Yield { ts, .. } => [ts.counter, 0],
+        };
+        values.into_iter().find(|v| *v > bound)
+    }
+
     /// Fig. 6 `OnRequest`, plus renewal by the owner and refresh of a waiter.
     fn on_request(&mut self, now: Time, ts: Timestamp<C>, sent: u64, floor: u64) -> Result<(), ReplicaError> {
         if self.tombstones.contains_key(&ts) {
@@ -186,6 +205,7 @@ impl<C: Clone + Ord> Replica<C> {
         if let Some(owner) = self.owner.as_mut().filter(|o| o.ts == ts) {
             owner.lease_until = now + self.config.lease;
             owner.echo = sent;
+            owner.heard_at = now;
             // A holder's renewal carries its fencing token: the next grant goes above it
             // even if the holder never sends its RELEASE.
             self.last_stamp = self.last_stamp.max(floor);
@@ -196,16 +216,17 @@ impl<C: Clone + Ord> Replica<C> {
             self.expiries.remove(&(w.expires, ts.clone()));
             w.expires = expires;
             w.echo = sent;
+            w.heard_at = now;
             self.expiries.insert((expires, ts.clone()));
         } else if self.owner.is_none() {
             self.last_stamp = self.last_stamp.max(floor);
-            self.grant(now, ts.clone(), sent);
+            self.grant(now, ts.clone(), sent, now);
         } else {
             if self.queue.len() >= self.config.max_queue {
                 return Err(ReplicaError::QueueFull(self.queue.len()));
             }
             self.last_stamp = self.last_stamp.max(floor);
-            self.enqueue(now, ts.clone(), sent);
+            self.enqueue(now, ts.clone(), sent, now);
         }
         self.respond(ts, false);
         Ok(())
@@ -213,18 +234,18 @@ impl<C: Clone + Ord> Replica<C> {
 
     /// Fig. 6 `OnRelease`.
     fn on_release(&mut self, now: Time, ts: Timestamp<C>, token: u64) -> Result<(), ReplicaError> {
+        // Whoever releases, the next grant goes above its fencing token: a holder whose
+        // vote here lapsed (and went to someone else) still moves the stamps past it.
+        self.last_stamp = self.last_stamp.max(token);
         if self.owner.as_ref().is_some_and(|o| o.ts == ts) {
             let owner = self.owner.take().expect("checked above");
             let since = self.last_release.map_or(owner.granted_at, |r| r.max(owner.granted_at));
             let sample = now.saturating_sub(since);
             self.tcs = (self.tcs * 7 + sample) / 8;
             self.last_release = Some(now);
-            // The next owner's grant stamp must exceed the releaser's fencing token.
-            self.last_stamp = self.last_stamp.max(token);
             self.promote(now);
         } else if let Ok(i) = self.position(&ts) {
             self.remove_waiter(i);
-            self.last_stamp = self.last_stamp.max(token);
         } else if self.tombstones.contains_key(&ts) {
             return Err(ReplicaError::Finished);
         } else {
@@ -252,7 +273,7 @@ impl<C: Clone + Ord> Replica<C> {
     fn on_yield(&mut self, now: Time, ts: Timestamp<C>, stamp: u64) -> Result<(), ReplicaError> {
         if self.owner.as_ref().is_some_and(|o| o.ts == ts && o.stamp == stamp) {
             let owner = self.owner.take().expect("checked above");
-            self.enqueue(now, owner.ts, owner.echo);
+            self.enqueue(now, owner.ts, owner.echo, owner.heard_at);
             self.promote(now);
         } else if self.owner.as_ref().is_some_and(|o| o.ts == ts) {
             self.respond(ts, false);
@@ -329,17 +350,18 @@ impl<C: Clone + Ord> Replica<C> {
         self.last_stamp
     }
 
-    fn grant(&mut self, now: Time, ts: Timestamp<C>, echo: u64) {
+    fn grant(&mut self, now: Time, ts: Timestamp<C>, echo: u64, heard_at: Time) {
         let stamp = self.next_stamp(now);
-        self.owner = Some(Owner { ts, stamp, lease_until: now + self.config.lease, granted_at: now, echo });
+        let lease_until = now + self.config.lease;
+        self.owner = Some(Owner { ts, stamp, lease_until, granted_at: now, echo, heard_at });
         self.stats.grants += 1;
     }
 
-    fn enqueue(&mut self, now: Time, ts: Timestamp<C>, echo: u64) {
+    fn enqueue(&mut self, now: Time, ts: Timestamp<C>, echo: u64, heard_at: Time) {
         let i = match self.position(&ts) {
             Ok(i) => i,
             Err(i) => {
-                self.queue.insert(i, Waiter { ts: ts.clone(), expires: now, echo });
+                self.queue.insert(i, Waiter { ts: ts.clone(), expires: now, echo, heard_at });
                 i
             }
         };
@@ -348,6 +370,7 @@ impl<C: Clone + Ord> Replica<C> {
         self.expiries.remove(&(w.expires, ts.clone()));
         w.expires = expires;
         w.echo = echo;
+        w.heard_at = heard_at;
         self.expiries.insert((expires, ts));
     }
 
@@ -366,7 +389,7 @@ impl<C: Clone + Ord> Replica<C> {
                 continue;
             }
             let ts = w.ts.clone();
-            self.grant(now, w.ts, w.echo);
+            self.grant(now, w.ts, w.echo, w.heard_at);
             self.respond(ts, true);
             return;
         }
@@ -377,12 +400,13 @@ impl<C: Clone + Ord> Replica<C> {
         let Some(owner) = self.owner.as_ref() else {
             return;
         };
-        let (position, advice, echo) = if owner.ts == ts {
-            (0, Duration::ZERO, owner.echo)
+        let (position, advice, echo, grant_delay) = if owner.ts == ts {
+            let lease_from = owner.lease_until.saturating_sub(self.config.lease);
+            (0, Duration::ZERO, owner.echo, lease_from.saturating_sub(owner.heard_at))
         } else {
             match self.position(&ts) {
-                Ok(i) => (i + 1, self.advice(i), self.queue[i].echo),
-                Err(_) => (0, Duration::ZERO, 0),
+                Ok(i) => (i + 1, self.advice(i), self.queue[i].echo, Duration::ZERO),
+                Err(_) => (0, Duration::ZERO, 0, Duration::ZERO),
             }
         };
         let response = Response {
@@ -393,6 +417,7 @@ impl<C: Clone + Ord> Replica<C> {
             advice,
             lease: self.config.lease,
             echo,
+            grant_delay,
             promoted,
         };
         self.outbox.push_back((ts.client, response));

@@ -51,7 +51,10 @@ pub struct Overlap {
     pub later: Cs,
 }
 
-/// Successive holders (by enter time) whose tokens did not increase.
+/// Successive holders (by enter time) whose tokens did not increase. Distinct holders
+/// never share a token while sigma's guarantee holds, so an equal token is a regression
+/// here, while a fencing store accepts it (for it, an equal token is the same holder
+/// writing again; see the shared-counter example).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Regression {
     /// The earlier holder.

@@ -282,6 +282,18 @@ async fn bad_input_on_the_wire_is_refused_counted_and_harmless() {
             },
             Rejection::NotHolder,
         ),
+        // (i) A replica count other than the swarm's, and a floor far ahead of the clock
+        // (u64::MAX would pin the replica's grant stamps there).
+        (Request::Replica { resource: owned.clone(), index: 0, n: N - 1, msg: request(me) }, Rejection::QuorumMismatch),
+        (
+            Request::Replica {
+                resource: owned.clone(),
+                index: 0,
+                n: N,
+                msg: ToReplica::Request { ts: Timestamp::new(1, me), sent: 1, floor: u64::MAX },
+            },
+            Rejection::Ahead,
+        ),
     ];
     for (req, expected) in cases {
         match exchange(&mut swarm, target, Via::Sigma, Vec::new(), Some(req.clone())).await {
@@ -303,6 +315,8 @@ async fn bad_input_on_the_wire_is_refused_counted_and_harmless() {
         ("sigma_messages_rejected_total{reason=\"bad_index\"}", 1),
         ("sigma_messages_rejected_total{reason=\"foreign_acquisition\"}", 1),
         ("sigma_messages_rejected_total{reason=\"not_holder\"}", 1),
+        ("sigma_messages_rejected_total{reason=\"quorum_mismatch\"}", 1),
+        ("sigma_messages_rejected_total{reason=\"ahead\"}", 1),
         ("sigma_inbound_failures_total{kind=\"malformed\"}", 3),
         ("sigma_inbound_failures_total{kind=\"oversized\"}", 1),
         ("sigma_messages_in_total{kind=\"ping\"}", 2),

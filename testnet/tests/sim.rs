@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use rand::SeedableRng;
+use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use sigma_behaviour::proto::{backoff::Backoff, Config};
+use sigma_behaviour::proto::{backoff::Backoff, client::Phase, Config, Event, Time, Timestamp, ToReplica};
 use sigma_testnet::sim::analysis::saturated_handoff;
-use sigma_testnet::sim::engine::{run, Report, SimConfig};
+use sigma_testnet::sim::engine::{run, Clock, Report, SimConfig};
 use sigma_testnet::sim::latency::Latency;
-use sigma_testnet::sim::protocol::{Sigma, Strawman};
+use sigma_testnet::sim::protocol::{ClientId, Counters, Protocol, Sigma, Strawman};
 
 fn u0200() -> Latency {
     Latency::Uniform { lo: Duration::ZERO, hi: Duration::from_millis(200) }
@@ -95,6 +95,7 @@ fn violations_need_two_m_minus_n_resets() {
             v.shared_voters_reset
         );
     }
+    assert_eq!(r.budget_violations, 0, "seed 41: {}", budget_line(5, 4, &r));
 }
 
 #[test]
@@ -119,4 +120,216 @@ fn rare_resets_cost_little() {
         churn.throughput,
         base.throughput
     );
+}
+
+/// The safety review's set-up: a lease of 2 s (renewals every ⅔ s, request timeout
+/// ½ s), critical sections of 2–3 leases (holders live on their renewals, lost like any
+/// other message), 2% duplicates, clock offsets within ±300 ms slewed at 200–400 ppm
+/// (two clocks differ by at most 800 ppm, inside the core's 1,000 ppm drift bound), a
+/// fraction of the copies delivered ½ to 2 leases late, replica resets; U(0,200) latency.
+struct Adversarial {
+    n: usize,
+    m: usize,
+    lambda: f64,
+    loss: f64,
+    late: f64,
+    lifetime_s: u64,
+    measure_s: u64,
+    seed: u64,
+}
+
+const LEASE: Duration = Duration::from_secs(2);
+
+impl Adversarial {
+    fn config(&self) -> Config {
+        Config::default().with_quorum(self.n, self.m).with_lease(LEASE)
+    }
+
+    fn sim(&self) -> SimConfig {
+        SimConfig {
+            cs: LEASE * 2,
+            cs_spread: LEASE,
+            loss: self.loss,
+            duplicate: 0.02,
+            late: self.late,
+            late_delay: Latency::Uniform { lo: LEASE / 2, hi: LEASE * 2 },
+            clock_skew: Duration::from_millis(300),
+            drift_ppm: 400.0,
+            mean_lifetime: Some(Duration::from_secs(self.lifetime_s)),
+            warmup: Duration::from_secs(10),
+            measure: Duration::from_secs(self.measure_s),
+            ..SimConfig::paper(self.lambda, u0200(), self.seed)
+        }
+    }
+}
+
+fn budget_line(n: usize, m: usize, r: &Report) -> String {
+    let min_switched = r.violations.iter().map(|v| v.shared_switched).min();
+    format!(
+        "seed {}: n={n} m={m}: {} CS entries, {} resets, {} late copies, {} losses told; {} violations, {} budget \
+         violations (fewer than 2m−n = {} shared voters reset between the grants; fewest: {})",
+        r.seed,
+        r.completed,
+        r.resets,
+        r.late_deliveries,
+        r.lost,
+        r.violations.len(),
+        r.budget_violations,
+        (2 * m).saturating_sub(n),
+        min_switched.map_or("-".into(), |x| x.to_string())
+    )
+}
+
+// Reference: §3 safety analysis (two quorums share 2m − n replicas, each of which must
+// reset to vote twice), §4 failures 3 (leases) and 4 (lost messages). Whatever the
+// reset rate, a violation with fewer than 2m − n shared voters reset between the two
+// grants is a bug in the protocol, not the paper's bound: votes that lapse while their
+// holder still counts them, late promotion notices, skewed clocks must never cause one.
+// n=5, m=4 with frequent resets: a holder must not count on fewer than m live votes
+// while lapsed ones are handed on. n=3, m=2 saturated, with many late copies: a
+// promotion notice that arrives after its lease ran out is no vote.
+#[test]
+fn exclusion_holds_within_the_reset_budget_under_lapses_skew_and_late_delivery() {
+    let cases = [
+        Adversarial { n: 5, m: 4, lambda: 0.1, loss: 0.2, late: 0.05, lifetime_s: 3, measure_s: 40_000, seed: 91 },
+        Adversarial { n: 3, m: 2, lambda: 0.2, loss: 0.1, late: 0.2, lifetime_s: 60, measure_s: 20_000, seed: 92 },
+    ];
+    let mut failures = Vec::new();
+    for case in &cases {
+        let (n, m, seed) = (case.n, case.m, case.seed);
+        let r = run(&Sigma(case.config()), case.sim());
+        println!("{}", budget_line(n, m, &r));
+        for v in r.violations.iter().filter(|v| v.shared_switched < (2 * m).saturating_sub(n)).take(3) {
+            println!("  seed {seed}: {v:?}");
+        }
+        assert!(r.completed > 2_000, "seed {seed}: only {} CS entries", r.completed);
+        assert!(r.resets > 300 && r.late_deliveries > 10_000, "seed {seed}: too few faults: {}", budget_line(n, m, &r));
+        if r.budget_violations > 0 {
+            failures.push(budget_line(n, m, &r));
+        }
+    }
+    assert!(failures.is_empty(), "exclusion broke within the reset budget:\n{}", failures.join("\n"));
+}
+
+/// Sigma whose replicas silently lose their memory on every REQUEST from a client
+/// whose id is a multiple of 7: resets the engine does not see, so the double votes
+/// they cause are not paid for by the reset budget.
+struct Amnesic(Sigma);
+
+impl Protocol for Amnesic {
+    type Replica = <Sigma as Protocol>::Replica;
+    type Client = <Sigma as Protocol>::Client;
+    type Up = <Sigma as Protocol>::Up;
+    type Down = <Sigma as Protocol>::Down;
+
+    fn name(&self) -> String {
+        "amnesic".into()
+    }
+    fn config(&self) -> &Config {
+        self.0.config()
+    }
+    fn new_replica(&self) -> Self::Replica {
+        self.0.new_replica()
+    }
+    fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
+        if from.is_multiple_of(7) && matches!(msg, ToReplica::Request { .. }) {
+            *r = self.0.new_replica();
+        }
+        self.0.replica_handle(r, now, from, msg)
+    }
+    fn replica_timeout(&self, r: &mut Self::Replica, now: Time) {
+        self.0.replica_timeout(r, now)
+    }
+    fn replica_poll_timeout(&self, r: &Self::Replica) -> Option<Time> {
+        self.0.replica_poll_timeout(r)
+    }
+    fn replica_transmit(&self, r: &mut Self::Replica) -> Option<(ClientId, Self::Down)> {
+        self.0.replica_transmit(r)
+    }
+    fn new_client(&self, ts: Timestamp<ClientId>, now: Time) -> Self::Client {
+        self.0.new_client(ts, now)
+    }
+    fn client_handle(
+        &self,
+        c: &mut Self::Client,
+        now: Time,
+        from: usize,
+        msg: Self::Down,
+        rng: &mut dyn RngCore,
+    ) -> bool {
+        self.0.client_handle(c, now, from, msg, rng)
+    }
+    fn client_timeout(&self, c: &mut Self::Client, now: Time, rng: &mut dyn RngCore) {
+        self.0.client_timeout(c, now, rng)
+    }
+    fn client_poll_timeout(&self, c: &Self::Client) -> Option<Time> {
+        self.0.client_poll_timeout(c)
+    }
+    fn client_transmit(&self, c: &mut Self::Client) -> Option<(usize, Self::Up)> {
+        self.0.client_transmit(c)
+    }
+    fn client_event(&self, c: &mut Self::Client) -> Option<Event> {
+        self.0.client_event(c)
+    }
+    fn client_release(&self, c: &mut Self::Client, now: Time) {
+        self.0.client_release(c, now)
+    }
+    fn client_phase(&self, c: &Self::Client) -> Phase {
+        self.0.client_phase(c)
+    }
+    fn voters(&self, c: &Self::Client) -> Vec<usize> {
+        self.0.voters(c)
+    }
+    fn holds(&self, c: &Self::Client, now: Time) -> bool {
+        self.0.holds(c, now)
+    }
+    fn client_counters(&self, c: &Self::Client) -> Counters {
+        self.0.client_counters(c)
+    }
+    fn up_owner(msg: &Self::Up) -> ClientId {
+        <Sigma as Protocol>::up_owner(msg)
+    }
+}
+
+// The budget check itself: replicas that forget without a reset the engine sees give
+// violations with no shared voter switched by a reset, and they are counted (resets
+// alone give none: `violations_need_two_m_minus_n_resets`).
+#[test]
+fn the_budget_check_catches_amnesia_the_engine_does_not_see() {
+    let cfg = SimConfig {
+        cs: Duration::from_secs(1),
+        warmup: Duration::from_secs(10),
+        measure: Duration::from_secs(600),
+        ..SimConfig::paper(2.0, u0200(), 95)
+    };
+    let r = run(&Amnesic(Sigma(Config::default().with_quorum(5, 4))), cfg);
+    assert_eq!(r.resets, 0, "seed 95: resets the engine saw");
+    assert!(r.budget_violations > 0, "seed 95: amnesic replicas not caught: {}", budget_line(5, 4, &r));
+}
+
+// The simulator's node clocks: a timer set for a reading fires at the first true time
+// the clock shows it, for fixed offsets, free-running and slewed clocks alike.
+#[test]
+fn node_clocks_invert_exactly() {
+    let h = Duration::from_secs(3_600);
+    let clocks = [
+        Clock::default(),
+        Clock::new(h, -300_000_000, 0),
+        Clock::new(h, 250_000_000, 400_000),
+        Clock::new(h, 0, -400_000),
+        Clock::slewed(h, Duration::from_millis(300), 400_000, Duration::from_secs(700)),
+        Clock::slewed(h, Duration::from_millis(1), 90_000_000, Duration::ZERO),
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(97);
+    for (k, clock) in clocks.iter().enumerate() {
+        for i in 0..2_000u64 {
+            let t = Duration::from_nanos(rng.gen_range(0..50_000_000_000_000)) + Duration::from_nanos(i);
+            let reading = clock.local(t);
+            let fires = clock.global(reading);
+            assert!(fires <= t && clock.local(fires) >= reading, "seed 97, clock {k}: {t:?} reads {reading:?}");
+            assert!(fires.is_zero() || clock.local(fires - Duration::from_nanos(1)) < reading, "seed 97, clock {k}");
+            let later = clock.local(t + Duration::from_millis(1));
+            assert!(later >= reading, "seed 97, clock {k}: goes back after {t:?}");
+        }
+    }
 }

@@ -6,6 +6,20 @@
 //! One run is one [`SimConfig`] and one [`Protocol`]; it returns a [`Report`]. Runs are
 //! deterministic: the same seed and configuration give the same report.
 //!
+//! Adversarial knobs, all off by default (a run with them off is the run it always was:
+//! the draws they need come from their own seeded streams, never from the main one):
+//! critical sections of random length ([`SimConfig::cs_spread`], e.g. longer than the
+//! lease, so that holders depend on renewals, which are lost like any other message),
+//! per-node clock offsets and rate errors ([`SimConfig::clock_skew`],
+//! [`SimConfig::drift_ppm`]), and late delivery ([`SimConfig::late`]).
+//!
+//! The exclusion check runs at every entry, against every other client that is inside
+//! the critical section *and* counts its lock valid by its own clock
+//! ([`Protocol::holds`]). Each [`Violation`] also says how many of the replicas both
+//! clients count switched sides through a reset (their two grants came from different
+//! incarnations); one with fewer than 2m − n such replicas broke the protocol's own
+//! guarantee, not the paper's probabilistic bound: [`Report::budget_violations`].
+//!
 //! Closed-system protocols ([`Protocol::LOCAL_CLIENTS`]) run their acquisitions on one
 //! of the `n` processes (the "replicas"), chosen uniformly at arrival: client ↔ process
 //! messages are local (no latency, never lost, not counted), a process's messages to
@@ -55,6 +69,30 @@ pub struct SimConfig {
     /// Time run after the measured window with no new arrivals, for waiters to be
     /// served; who still waits at the end is stuck.
     pub drain: Duration,
+    /// Each critical section lasts `cs` plus a uniform draw in `[0, cs_spread]`
+    /// (0: every one lasts `cs`). With `cs` above the lease a holder depends on its
+    /// renewals, which are lost, duplicated and delayed like every other message.
+    pub cs_spread: Duration,
+    /// Every node's clock (replica, client; a closed system's acquisition uses its
+    /// process's) is offset by a fixed amount drawn uniformly in `±clock_skew` (with a
+    /// `drift_ppm`, an offset that wanders within that bound). The core is driven with
+    /// the node's reading: the true time, shifted by an epoch large enough that no
+    /// reading is negative (an hour plus the skew), plus the offset. A replica keeps its
+    /// clock across resets.
+    pub clock_skew: Duration,
+    /// Clock-rate error, parts per million. With a `clock_skew`, every node's offset
+    /// wanders up and down within `±clock_skew` (a triangle wave with a random phase: a
+    /// clock kept in sync by slewing) at a rate drawn uniformly in
+    /// `[drift_ppm / 2, drift_ppm]`, so two clocks measure a duration differently by up
+    /// to `2 · drift_ppm`; without one, every clock runs fast or slow by a fixed rate
+    /// drawn in `±drift_ppm` and its offset grows without bound (short runs only).
+    pub drift_ppm: f64,
+    /// Probability that a delivered message (each copy) arrives late: it takes
+    /// `late_delay` on top of its latency.
+    pub late: f64,
+    /// Extra delay of a late message (say one or two leases: far beyond the request
+    /// timeout, so that the receiver has moved on).
+    pub late_delay: Latency,
 }
 
 impl SimConfig {
@@ -73,8 +111,137 @@ impl SimConfig {
             max_backlog: None,
             arrivals_until: None,
             drain: Duration::ZERO,
+            cs_spread: Duration::ZERO,
+            clock_skew: Duration::ZERO,
+            drift_ppm: 0.0,
+            late: 0.0,
+            late_delay: Latency::Constant(Duration::ZERO),
         }
     }
+}
+
+/// A node's clock: the true (virtual) time plus a shift (the run's epoch and the node's
+/// offset) and, with a rate error, an offset that changes at that rate: without bound
+/// (a free-running clock), or as a triangle wave within `±amplitude` (a clock slewed
+/// back and forth within a synchronisation bound, as NTP does). The identity (no
+/// offset, no drift) maps every time to itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Clock {
+    /// Reading at true time 0 without the wave, in ns (≥ 0).
+    shift_ns: i128,
+    /// Rate error in parts per billion: signed for a free-running clock, the slope of
+    /// the wave (> 0) for a slewed one. |ppb| ≤ 10⁸.
+    ppb: i64,
+    /// Half the range of the wave, in ns (0: free-running).
+    amplitude_ns: i128,
+    /// Where in the wave the clock is at true time 0, in ns.
+    phase_ns: i128,
+}
+
+const NS_PER_S: i128 = 1_000_000_000;
+
+impl Clock {
+    /// A clock reading `shift + offset` at true time 0 and running `ppb` parts per billion
+    /// fast (negative: slow) forever. `shift + offset` is clamped to ≥ 0, `ppb` to ±10⁸.
+    pub fn new(shift: Duration, offset_ns: i64, ppb: i64) -> Self {
+        Clock {
+            shift_ns: (shift.as_nanos() as i128 + i128::from(offset_ns)).max(0),
+            ppb: ppb.clamp(-100_000_000, 100_000_000),
+            amplitude_ns: 0,
+            phase_ns: 0,
+        }
+    }
+
+    /// A clock whose offset from `shift` runs up and down between `−amplitude` and
+    /// `+amplitude` at `ppb` parts per billion (a triangle wave), starting `phase` into
+    /// its period (`4 · amplitude / rate`). `shift` must be at least `amplitude`.
+    pub fn slewed(shift: Duration, amplitude: Duration, ppb: i64, phase: Duration) -> Self {
+        let ppb = ppb.clamp(1, 100_000_000);
+        Clock {
+            shift_ns: shift.as_nanos() as i128,
+            ppb,
+            amplitude_ns: amplitude.as_nanos() as i128,
+            phase_ns: phase.as_nanos() as i128,
+        }
+    }
+
+    /// Period of the wave in ns (0 for a free-running clock).
+    fn period_ns(&self) -> i128 {
+        if self.amplitude_ns == 0 {
+            return 0;
+        }
+        2 * (2 * self.amplitude_ns * NS_PER_S).div_euclid(i128::from(self.ppb))
+    }
+
+    fn read_ns(&self, t_ns: i128) -> i128 {
+        let period = self.period_ns();
+        if period == 0 {
+            return t_ns + self.shift_ns + (t_ns * i128::from(self.ppb)).div_euclid(NS_PER_S);
+        }
+        let (half, p) = (period / 2, (t_ns + self.phase_ns).rem_euclid(period));
+        let rate = |d: i128| (d * i128::from(self.ppb)).div_euclid(NS_PER_S);
+        let wave = if p < half { rate(p) - self.amplitude_ns } else { self.amplitude_ns - rate(p - half) };
+        t_ns + self.shift_ns + wave
+    }
+
+    /// The clock's reading at true time `t`.
+    pub fn local(&self, t: Time) -> Time {
+        if *self == Clock::default() {
+            return t;
+        }
+        from_ns(self.read_ns(t.as_nanos() as i128))
+    }
+
+    /// The earliest true time at which the clock reads at least `reading` (0 if it
+    /// always does): where a timer the node set for `reading` fires. (Readings never
+    /// decrease with true time; the rate error is at most 10%.)
+    pub fn global(&self, reading: Time) -> Time {
+        if *self == Clock::default() {
+            return reading;
+        }
+        let target = reading.as_nanos() as i128;
+        let mut t = (target - self.shift_ns).max(0);
+        for _ in 0..64 {
+            let error = target - self.read_ns(t);
+            if error == 0 || (error > 0 && error < 4) || (t == 0 && error < 0) {
+                break;
+            }
+            t = (t + error).max(0);
+        }
+        while self.read_ns(t) < target {
+            t += 1;
+        }
+        while t > 0 && self.read_ns(t - 1) >= target {
+            t -= 1;
+        }
+        from_ns(t)
+    }
+}
+
+/// A node's clock under `cfg` (see [`SimConfig::clock_skew`], [`SimConfig::drift_ppm`]):
+/// the identity with ideal clocks, and then no draw.
+fn draw_clock(cfg: &SimConfig, epoch: Duration, rng: &mut ChaCha8Rng) -> Clock {
+    if cfg.clock_skew.is_zero() && cfg.drift_ppm == 0.0 {
+        return Clock::default();
+    }
+    let skew = i64::try_from(cfg.clock_skew.as_nanos()).unwrap_or(i64::MAX / 2);
+    let ppb = (cfg.drift_ppm.abs() * 1_000.0).min(1e8) as i64;
+    if ppb == 0 {
+        return Clock::new(epoch, rng.gen_range(-skew..=skew), 0);
+    }
+    if skew == 0 {
+        return Clock::new(epoch, 0, rng.gen_range(-ppb..=ppb));
+    }
+    let rate = rng.gen_range((ppb + 1) / 2..=ppb);
+    let clock = Clock::slewed(epoch, cfg.clock_skew, rate, Duration::ZERO);
+    let phase = rng.gen_range(0..u64::try_from(clock.period_ns()).unwrap_or(u64::MAX).max(1));
+    Clock::slewed(epoch, cfg.clock_skew, rate, Duration::from_nanos(phase))
+}
+
+fn from_ns(ns: i128) -> Time {
+    let ns = ns.max(0);
+    let secs = u64::try_from(ns / NS_PER_S).unwrap_or(u64::MAX);
+    Duration::new(secs, (ns % NS_PER_S) as u32)
 }
 
 /// Two clients in the critical section at once.
@@ -94,6 +261,14 @@ pub struct Violation {
     pub shared_voters_reset: usize,
     /// Votes the holder had when it entered.
     pub holder_votes: usize,
+    /// Replicas the holder counts as its voters now (its current view).
+    pub holder_votes_now: usize,
+    /// Replicas both count now (the holder's current view, the newcomer's at its win).
+    pub shared_now: usize,
+    /// Of those, replicas whose two grants came from different incarnations: they
+    /// switched sides through a reset after the earlier grant. Fewer than 2m − n is a
+    /// budget violation: the protocol's own guarantee broke, no reset explains it.
+    pub shared_switched: usize,
 }
 
 /// Figures of one run.
@@ -126,6 +301,12 @@ pub struct Report {
     pub window_messages_per_entry: f64,
     /// Mutual-exclusion violations (anywhere in the run).
     pub violations: Vec<Violation>,
+    /// Violations in which fewer than 2m − n of the replicas both clients count were
+    /// reset between their two grants ([`Violation::shared_switched`]): exclusion broke
+    /// where the protocol guarantees it, whatever the reset rate. Must be 0.
+    pub budget_violations: u64,
+    /// Message copies delivered late ([`SimConfig::late`]).
+    pub late_deliveries: u64,
     /// Entries whose voters suffered enough resets during their CS that another client
     /// could have assembled a quorum (n − votes + resets ≥ m).
     pub exposures: u64,
@@ -178,6 +359,8 @@ enum Kind<U, D> {
         client: ClientId,
         replica: usize,
         msg: D,
+        /// Incarnation of the replica when it sent the message.
+        incarnation: u32,
     },
     /// Replica → replica (protocols with peer messages).
     PeerUp {
@@ -239,12 +422,19 @@ struct Slot<C> {
     timer: Option<Time>,
     messages: u32,
     counters: Counters,
+    clock: Clock,
+    /// Per replica, the incarnation of the last message the client applied from it
+    /// (empty until the first): where the grant it counts came from.
+    heard: Vec<u32>,
 }
 
 struct ReplicaSlot<R> {
     replica: R,
     timer: Option<Time>,
     last_reset: Option<Time>,
+    /// Resets so far: a reset replica is a new incarnation.
+    incarnation: u32,
+    clock: Clock,
 }
 
 /// One simulation run in progress.
@@ -273,6 +463,13 @@ pub struct Sim<'p, P: Protocol> {
     out_of_order: u64,
     /// Per process → process channel, the latest delivery scheduled (FIFO protocols).
     channel_floor: Vec<Time>,
+    /// Clock readings at true time 0 before the node's offset (0 with ideal clocks).
+    epoch: Duration,
+    /// Separate seeded streams for the optional knobs, so that the main stream's draws
+    /// (and with every knob off the whole run) stay what they were without them.
+    clock_rng: ChaCha8Rng,
+    late_rng: ChaCha8Rng,
+    cs_rng: ChaCha8Rng,
 }
 
 /// Runs `proto` under `cfg` and reports.
@@ -285,6 +482,29 @@ impl<'p, P: Protocol> Sim<'p, P> {
     pub fn new(proto: &'p P, cfg: SimConfig) -> Self {
         let n = proto.config().n();
         let cfg_warmup = cfg.warmup;
+        let seed = cfg.seed;
+        let stream = move |k: u64| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            rng.set_stream(k);
+            rng
+        };
+        let ideal = cfg.clock_skew.is_zero() && cfg.drift_ppm == 0.0;
+        // Readings start an hour (plus the skew) after true time 0: no offset makes one
+        // negative, and no node's clock starts near 0.
+        let epoch = if ideal { Duration::ZERO } else { cfg.clock_skew + Duration::from_secs(3_600) };
+        let mut clock_rng = stream(1);
+        let replicas = (0..n)
+            .map(|i| {
+                let clock = draw_clock(&cfg, epoch, &mut clock_rng);
+                ReplicaSlot {
+                    replica: proto.new_replica_at(i, false, clock.local(Time::ZERO)),
+                    timer: None,
+                    last_reset: None,
+                    incarnation: 0,
+                    clock,
+                }
+            })
+            .collect();
         let report = Report {
             protocol: proto.name(),
             seed: cfg.seed,
@@ -302,13 +522,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
             cfg,
             seq: 0,
             queue: BinaryHeap::new(),
-            replicas: (0..n)
-                .map(|i| ReplicaSlot {
-                    replica: proto.new_replica_at(i, false, Time::ZERO),
-                    timer: None,
-                    last_reset: None,
-                })
-                .collect(),
+            replicas,
             clients: Vec::new(),
             holders: Vec::new(),
             report,
@@ -318,6 +532,10 @@ impl<'p, P: Protocol> Sim<'p, P> {
             waiting: BTreeSet::new(),
             out_of_order: 0,
             channel_floor: if P::FIFO { vec![Time::ZERO; n * n] } else { Vec::new() },
+            epoch,
+            clock_rng,
+            late_rng: stream(2),
+            cs_rng: stream(3),
         }
     }
 
@@ -375,11 +593,17 @@ impl<'p, P: Protocol> Sim<'p, P> {
         match kind {
             Kind::Arrival => {
                 let id = ClientId::try_from(self.clients.len()).unwrap_or(ClientId::MAX);
-                let ts = LamportClock::new().stamp(now, id);
                 let home = P::LOCAL_CLIENTS.then(|| self.rng.gen_range(0..self.replicas.len()));
+                // An acquisition of a closed system runs on its process, by its clock.
+                let clock = match home {
+                    Some(home) => self.replicas[home].clock,
+                    None => draw_clock(&self.cfg, self.epoch, &mut self.clock_rng),
+                };
+                let local = clock.local(now);
+                let ts = LamportClock::new().stamp(local, id);
                 let client = match home {
-                    Some(home) => self.proto.new_client_at(ts, now, home),
-                    None => self.proto.new_client(ts, now),
+                    Some(home) => self.proto.new_client_at(ts, local, home),
+                    None => self.proto.new_client(ts, local),
                 };
                 self.clients.push(Slot {
                     client: Some(client),
@@ -390,6 +614,8 @@ impl<'p, P: Protocol> Sim<'p, P> {
                     timer: None,
                     messages: 0,
                     counters: Counters::default(),
+                    clock,
+                    heard: Vec::new(),
                 });
                 self.backlog += 1;
                 self.waiting.insert(id);
@@ -403,28 +629,37 @@ impl<'p, P: Protocol> Sim<'p, P> {
             }
             Kind::Up { replica, from, msg } => {
                 let slot = &mut self.replicas[replica];
-                if !self.proto.replica_handle(&mut slot.replica, now, from, msg) {
+                if !self.proto.replica_handle(&mut slot.replica, slot.clock.local(now), from, msg) {
                     self.report.rejected += 1;
                 }
                 self.after_replica(replica);
             }
             Kind::PeerUp { replica, from, msg } => {
                 let slot = &mut self.replicas[replica];
-                if !self.proto.replica_handle_peer(&mut slot.replica, now, from, msg) {
+                if !self.proto.replica_handle_peer(&mut slot.replica, slot.clock.local(now), from, msg) {
                     self.report.rejected += 1;
                 }
                 self.after_replica(replica);
             }
             Kind::PeerDown { client, from, msg } => {
-                let Some(c) = self.clients.get_mut(client as usize).and_then(|s| s.client.as_mut()) else { return };
-                if !self.proto.client_handle_peer(c, now, from, msg) {
+                let Some(slot) = self.clients.get_mut(client as usize) else { return };
+                let local = slot.clock.local(now);
+                let Some(c) = slot.client.as_mut() else { return };
+                if !self.proto.client_handle_peer(c, local, from, msg) {
                     self.report.rejected += 1;
                 }
                 self.after_client(client);
             }
-            Kind::Down { client, replica, msg } => {
-                let Some(c) = self.clients[client as usize].client.as_mut() else { return };
-                if !self.proto.client_handle(c, now, replica, msg, &mut self.rng) {
+            Kind::Down { client, replica, msg, incarnation } => {
+                let slot = &mut self.clients[client as usize];
+                let local = slot.clock.local(now);
+                let Some(c) = slot.client.as_mut() else { return };
+                if self.proto.client_handle(c, local, replica, msg, &mut self.rng) {
+                    if slot.heard.len() != self.replicas.len() {
+                        slot.heard = vec![0; self.replicas.len()];
+                    }
+                    slot.heard[replica] = incarnation;
+                } else {
                     self.report.rejected += 1;
                 }
                 self.after_client(client);
@@ -435,8 +670,9 @@ impl<'p, P: Protocol> Sim<'p, P> {
                     return; // superseded
                 }
                 slot.timer = None;
+                let local = slot.clock.local(now);
                 if let Some(c) = slot.client.as_mut() {
-                    self.proto.client_timeout(c, now, &mut self.rng);
+                    self.proto.client_timeout(c, local, &mut self.rng);
                 }
                 self.after_client(client);
             }
@@ -446,16 +682,17 @@ impl<'p, P: Protocol> Sim<'p, P> {
                     return;
                 }
                 slot.timer = None;
-                self.proto.replica_timeout(&mut slot.replica, now);
+                self.proto.replica_timeout(&mut slot.replica, slot.clock.local(now));
                 self.after_replica(replica);
             }
             Kind::Reset { replica } => {
                 // §2: the peer hosting the replica crashed; a neighbour with empty
                 // memory takes over. Messages in flight reach the new incarnation.
                 let slot = &mut self.replicas[replica];
-                slot.replica = self.proto.new_replica_at(replica, true, now);
+                slot.replica = self.proto.new_replica_at(replica, true, slot.clock.local(now));
                 slot.timer = None;
                 slot.last_reset = Some(now);
+                slot.incarnation = slot.incarnation.wrapping_add(1);
                 self.report.resets += 1;
                 if P::LOCAL_CLIENTS {
                     self.crash_clients_of(replica);
@@ -485,6 +722,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
             let slot = &mut self.clients[id as usize];
             slot.client = None;
             slot.timer = None;
+            slot.heard = Vec::new();
             if slot.entered.is_none() {
                 self.backlog -= 1;
                 self.waiting.remove(&id);
@@ -495,14 +733,15 @@ impl<'p, P: Protocol> Sim<'p, P> {
 
     /// Drains a replica's outputs and re-arms its timer.
     fn after_replica(&mut self, replica: usize) {
+        let incarnation = self.replicas[replica].incarnation;
         while let Some((client, msg)) = self.proto.replica_transmit(&mut self.replicas[replica].replica) {
             if P::LOCAL_CLIENTS {
-                self.schedule(self.now, Kind::Down { client, replica, msg });
+                self.schedule(self.now, Kind::Down { client, replica, msg, incarnation });
                 continue;
             }
             self.count_message(client);
             for at in self.deliveries() {
-                self.schedule(at, Kind::Down { client, replica, msg: msg.clone() });
+                self.schedule(at, Kind::Down { client, replica, msg: msg.clone(), incarnation });
             }
         }
         while let Some((to, msg)) = self.proto.replica_transmit_peer(&mut self.replicas[replica].replica) {
@@ -523,7 +762,7 @@ impl<'p, P: Protocol> Sim<'p, P> {
             }
         }
         let slot = &mut self.replicas[replica];
-        let next = self.proto.replica_poll_timeout(&slot.replica).map(|t| t.max(self.now));
+        let next = self.proto.replica_poll_timeout(&slot.replica).map(|t| slot.clock.global(t).max(self.now));
         if next != slot.timer {
             slot.timer = next;
             if let Some(at) = next {
@@ -560,10 +799,11 @@ impl<'p, P: Protocol> Sim<'p, P> {
         let now = self.now;
         let slot = &mut self.clients[id as usize];
         let Some(c) = slot.client.as_ref() else { return };
-        let next = self.proto.client_poll_timeout(c).map(|t| t.max(now));
+        let next = self.proto.client_poll_timeout(c).map(|t| slot.clock.global(t).max(now));
         if next.is_none() && self.proto.client_phase(c) == Phase::Released {
             slot.counters = self.proto.client_counters(c);
             slot.client = None; // done: free its memory, keep its figures
+            slot.heard = Vec::new();
             return;
         }
         if next != slot.timer {
@@ -580,14 +820,30 @@ impl<'p, P: Protocol> Sim<'p, P> {
             Event::Acquired { .. } => {
                 let voters =
                     self.clients[id as usize].client.as_ref().map(|c| self.proto.voters(c)).unwrap_or_default();
-                let arrived = self.clients[id as usize].arrived;
+                let (n, m) = (self.proto.config().n(), self.proto.config().m());
+                let budget = (2 * m).saturating_sub(n);
+                let newcomer = &self.clients[id as usize];
                 for &holder in &self.holders {
                     let h = &self.clients[holder as usize];
+                    // Inside by the engine's account (won, CS not over, not told `Lost`)
+                    // and by its own: it still counts its lock valid on its clock.
+                    let Some(hc) = h.client.as_ref().filter(|c| self.proto.holds(c, h.clock.local(now))) else {
+                        continue;
+                    };
                     let entered = h.entered.unwrap_or(now);
                     let reset_since = |v: &usize, t: Time| self.replicas[*v].last_reset.is_some_and(|r| r >= t);
                     // A replica voting for both switched sides: only a reset (or an
                     // expired lease) can do that, at some time after the earlier arrival.
-                    let since = h.arrived.min(arrived);
+                    let since = h.arrived.min(newcomer.arrived);
+                    // The guarantee: a replica whose two grants came from one incarnation
+                    // voted for both without a reset.
+                    let heard = |s: &Slot<P::Client>, v: usize| s.heard.get(v).copied().unwrap_or(0);
+                    let now_voters = self.proto.voters(hc);
+                    let shared_now: Vec<usize> = now_voters.iter().copied().filter(|v| voters.contains(v)).collect();
+                    let switched = shared_now.iter().filter(|v| heard(h, **v) != heard(newcomer, **v)).count();
+                    if switched < budget {
+                        self.report.budget_violations += 1;
+                    }
                     self.report.violations.push(Violation {
                         at: now.as_secs_f64(),
                         holder,
@@ -600,6 +856,9 @@ impl<'p, P: Protocol> Sim<'p, P> {
                             .filter(|v| voters.contains(v) && reset_since(v, since))
                             .count(),
                         holder_votes: h.voters.len(),
+                        holder_votes_now: now_voters.len(),
+                        shared_now: shared_now.len(),
+                        shared_switched: switched,
                     });
                 }
                 if self.clients[id as usize].entered.is_none() {
@@ -613,11 +872,14 @@ impl<'p, P: Protocol> Sim<'p, P> {
                 slot.entered = Some(now);
                 slot.voters = voters;
                 self.holders.push(id);
-                if self.cfg.cs.is_zero() {
+                let mut cs = self.cfg.cs;
+                if !self.cfg.cs_spread.is_zero() {
+                    cs += Latency::Uniform { lo: Duration::ZERO, hi: self.cfg.cs_spread }.sample(&mut self.cs_rng);
+                }
+                if cs.is_zero() {
                     self.exit(id);
                 } else {
-                    let at = now + self.cfg.cs;
-                    self.schedule(at, Kind::CsExit { client: id });
+                    self.schedule(now + cs, Kind::CsExit { client: id });
                 }
             }
             Event::Lost(_) => {
@@ -645,8 +907,10 @@ impl<'p, P: Protocol> Sim<'p, P> {
         if n - votes + reset >= m {
             self.report.exposures += 1;
         }
-        if let Some(c) = self.clients[id as usize].client.as_mut() {
-            self.proto.client_release(c, now);
+        let slot = &mut self.clients[id as usize];
+        let local = slot.clock.local(now);
+        if let Some(c) = slot.client.as_mut() {
+            self.proto.client_release(c, local);
         }
         self.after_client(id);
     }
@@ -657,7 +921,16 @@ impl<'p, P: Protocol> Sim<'p, P> {
             return Vec::new();
         }
         let copies = if self.cfg.duplicate > 0.0 && self.rng.gen_bool(self.cfg.duplicate.min(1.0)) { 2 } else { 1 };
-        (0..copies).map(|_| self.now + self.cfg.latency.sample(&mut self.rng)).collect()
+        let mut times: Vec<Time> = (0..copies).map(|_| self.now + self.cfg.latency.sample(&mut self.rng)).collect();
+        if self.cfg.late > 0.0 {
+            for at in &mut times {
+                if self.late_rng.gen_bool(self.cfg.late.min(1.0)) {
+                    *at += self.cfg.late_delay.sample(&mut self.late_rng);
+                    self.report.late_deliveries += 1;
+                }
+            }
+        }
+        times
     }
 
     fn count_message(&mut self, owner: ClientId) {

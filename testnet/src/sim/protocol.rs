@@ -78,6 +78,12 @@ pub trait Protocol {
     fn client_phase(&self, c: &Self::Client) -> Phase;
     /// Replicas voting for the client, as it knows them (for the violation analysis).
     fn voters(&self, c: &Self::Client) -> Vec<usize>;
+    /// Whether a client that won, has not left and has not been told it lost still
+    /// counts its lock valid at `now` by its own clock: the exclusion check counts it
+    /// as a holder only then. Default: always (from the win to the exit or the loss).
+    fn holds(&self, _c: &Self::Client, _now: Time) -> bool {
+        true
+    }
     /// Message counters of the acquisition so far (reports; 0 where n/a).
     fn client_counters(&self, c: &Self::Client) -> Counters;
 
@@ -189,6 +195,11 @@ impl Protocol for Sigma {
     fn voters(&self, c: &Self::Client) -> Vec<usize> {
         let me = c.ts();
         c.views().iter().enumerate().filter(|(_, v)| v.owner.as_ref() == Some(me)).map(|(i, _)| i).collect()
+    }
+    /// The client's own account: holding, and before [`proto::Client::valid_until`]
+    /// (what a `LockGuard` watches); past it the application must have stopped.
+    fn holds(&self, c: &Self::Client, now: Time) -> bool {
+        c.phase() == Phase::Holding && c.valid_until().is_some_and(|t| t > now)
     }
     fn client_counters(&self, c: &Self::Client) -> Counters {
         let s = c.stats();

@@ -525,7 +525,7 @@ fn grant_stamps_strictly_increase_even_when_time_stands_still() {
 #[test]
 fn grant_stamps_exceed_every_floor_and_token_seen() {
     let big = micros(T0) + 4_000_000; // ahead of the clock, within `max_clock_offset`
-    // Floor of a REQUEST on a free replica.
+                                      // Floor of a REQUEST on a free replica.
     let mut r = replica();
     request_floor(&mut r, T0, ts(1, 1), big).unwrap();
     assert!(stamp(&r) > big);

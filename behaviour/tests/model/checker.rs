@@ -1,0 +1,1290 @@
+//! The model checker itself: state, actions, fingerprint, invariant, BFS, traces.
+//! See the module doc of `tests/model.rs` for the model.
+
+use std::collections::{BTreeSet, HashSet};
+use std::fmt::Write as _;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use sigma_behaviour::proto::{
+    Client, ClientError, Config, Event, LamportClock, Phase, Replica, ReplicaError, Response, Time, Timestamp,
+    ToReplica,
+};
+
+type Id = u32;
+type Ts = Timestamp<Id>;
+
+/// Lease granted by a replica: short, so that it lapses within a few steps.
+pub const LEASE: Duration = Duration::from_secs(3);
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The style of `properties.rs` (lease 3 s, renewals every second), with coarser
+/// retries so that a lease spans few timer events: a REQUEST is re-sent after 500 ms,
+/// and `T_cs` = 1 s makes the first waiter retry every ~0.7 s (advice 0.5 s, 25%
+/// slack, two round trips) and keeps its place for 2 s (twice the advice plus 1 s).
+fn config(n: usize, m: usize) -> Config {
+    Config::default()
+        .with_quorum(n, m)
+        .with_lease(LEASE)
+        .with_request_timeout(REQUEST_TIMEOUT)
+        .with_initial_rtt(Duration::from_millis(50))
+        .with_initial_tcs(Duration::from_secs(1))
+        .with_advice_bounds(Duration::from_millis(20), Duration::from_secs(2))
+        .with_queue_grace(Duration::from_secs(1))
+        .with_tombstone_ttl(Duration::from_secs(30))
+        .with_state_bounds(64, 256)
+}
+
+/// How timers fire (see the module doc of `tests/model.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timers {
+    /// The clock jumps to the earliest deadline and an actor due then fires; overdue
+    /// timers (after a pause) fire before the clock moves on.
+    Prompt,
+    /// The clock jumps to any actor's future deadline; overdue timers fire whenever, or
+    /// never.
+    Lazy,
+}
+
+/// How the network schedules messages (see the module doc of `tests/model.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Network {
+    /// Any message in flight may be delivered next, at any time.
+    Exhaustive,
+    /// FIFO and instant by default, timers on time; the adversary's budgeted choices
+    /// (cut and heal links, pause, reset, copy, lose) and the clients' releases are the
+    /// only branching.
+    Scheduled,
+}
+
+/// What the search explores.
+#[derive(Clone, Debug)]
+pub struct Bounds {
+    pub n: usize,
+    pub m: usize,
+    pub clients: usize,
+    pub network: Network,
+    /// Actions from the initial state.
+    pub depth: usize,
+    /// (Scheduled) links cut in all; a cut link holds its messages until healed.
+    pub cuts: u8,
+    /// Replica resets (0 or 1).
+    pub resets: u8,
+    /// Duplicated messages in all (each message is copied at most once).
+    pub copies: u8,
+    /// Lost messages in all.
+    pub losses: u8,
+    /// Clock advances by one lease.
+    pub pauses: u8,
+    pub timers: Timers,
+    /// Clients start one by one at explored times; otherwise all at time 0.
+    pub explored_starts: bool,
+    /// Releases in all, by clients that hold (or lost) the lock.
+    pub releases: u8,
+    /// (Scheduled) heals of cut links in all.
+    pub heals: u8,
+    /// Fingerprints are taken up to a permutation of the replicas.
+    pub symmetry: bool,
+}
+
+impl Bounds {
+    /// n replicas, quorum m, `clients` clients; everything else at its default.
+    pub fn new(n: usize, m: usize, clients: usize) -> Self {
+        Bounds {
+            n,
+            m,
+            clients,
+            network: Network::Exhaustive,
+            depth: 10,
+            cuts: 0,
+            resets: 1,
+            copies: 1,
+            losses: 0,
+            pauses: 0,
+            timers: Timers::Prompt,
+            explored_starts: false,
+            releases: clients as u8,
+            heals: 0,
+            symmetry: true,
+        }
+    }
+
+    /// `key=value` pairs separated by spaces over [`Bounds::new`]'s defaults (n, m and
+    /// clients first); see `explore_from_env` in `tests/model.rs`.
+    pub fn parse(spec: &str) -> Self {
+        let get =
+            |key: &str| spec.split_whitespace().find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')));
+        let num = |key: &str, default: usize| get(key).map_or(default, |v| v.parse().expect("a number"));
+        let mut b = Bounds::new(num("n", 3), num("m", 2), num("clients", 2));
+        b.depth = num("depth", b.depth);
+        b.cuts = num("cuts", b.cuts.into()) as u8;
+        match get("network") {
+            Some("exhaustive") => b.network = Network::Exhaustive,
+            Some("scheduled") => {
+                b.network = Network::Scheduled;
+                b.symmetry = false;
+            }
+            None => {}
+            Some(t) => panic!("network={t}: exhaustive or scheduled"),
+        }
+        b.resets = num("resets", b.resets.into()) as u8;
+        b.copies = num("copies", b.copies.into()) as u8;
+        b.losses = num("losses", b.losses.into()) as u8;
+        b.pauses = num("pauses", b.pauses.into()) as u8;
+        b.releases = num("releases", b.releases.into()) as u8;
+        b.heals = num("heals", b.heals.into()) as u8;
+        b.symmetry = num("symmetry", b.symmetry.into()) != 0;
+        match get("timers") {
+            Some("lazy") => b.timers = Timers::Lazy,
+            Some("prompt") => b.timers = Timers::Prompt,
+            None => {}
+            Some(t) => panic!("timers={t}: lazy or prompt"),
+        }
+        match get("starts") {
+            Some("explored") => b.explored_starts = true,
+            Some("fixed") => b.explored_starts = false,
+            None => {}
+            Some(s) => panic!("starts={s}: fixed or explored"),
+        }
+        b
+    }
+}
+
+/// One actor with a timer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Actor {
+    Replica(u8),
+    Client(u8),
+}
+
+/// One step of the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    /// The next client starts its acquisition.
+    Start(u8),
+    /// Deliver the message at this index of `flight`.
+    Deliver(u16),
+    /// Deliver it and leave a copy in flight (the network duplicated it).
+    DeliverKeepCopy(u16),
+    /// The network loses it.
+    Lose(u16),
+    /// Move the clock to the actor's deadline if it is ahead, then fire its timer.
+    Fire(Actor),
+    /// (Lazy timers) move the clock to the actor's future deadline, fire nothing.
+    Advance(Actor),
+    /// Move the clock by one lease, fire nothing.
+    Pause,
+    /// The client releases its acquisition.
+    Release(u8),
+    /// The replica loses its memory.
+    Reset(u8),
+    /// (Scheduled) the default: deliver the oldest message not held, or else fire the
+    /// earliest timer (moving the clock to it).
+    Step,
+    /// (Scheduled) the link between client and replica goes down: its messages, in
+    /// flight and later, are held.
+    Cut(u8, u8),
+    /// (Scheduled) the link comes back: its held messages join the queue, oldest first.
+    Heal(u8, u8),
+}
+
+#[derive(Clone, Debug)]
+enum Msg {
+    Up { from: Id, to: usize, msg: ToReplica<Id> },
+    Down { from: usize, to: Id, r: Response<Id> },
+}
+
+impl Msg {
+    /// The replica end of the message.
+    fn replica(&self) -> usize {
+        match self {
+            Msg::Up { to, .. } => *to,
+            Msg::Down { from, .. } => *from,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Flight {
+    msg: Msg,
+    /// The network may still duplicate it.
+    copyable: bool,
+    /// (Scheduled) held on a cut link.
+    held: bool,
+    /// Fingerprint of the message and the flag, without its replica index (which the
+    /// symmetry reduction permutes).
+    fp: u128,
+}
+
+impl Flight {
+    fn new(msg: Msg, copyable: bool) -> Self {
+        let text = match &msg {
+            Msg::Up { from, msg, .. } => format!("up {from} {msg:?} {copyable}"),
+            Msg::Down { to, r, .. } => format!("down {to} {r:?} {copyable}"),
+        };
+        Flight { fp: h128(text.as_bytes()), msg, copyable, held: false }
+    }
+
+    /// The link it travels: (client, replica).
+    fn link(&self) -> (usize, usize) {
+        match &self.msg {
+            Msg::Up { from, to, .. } => (*from as usize, *to),
+            Msg::Down { from, to, .. } => (*to as usize, *from),
+        }
+    }
+}
+
+/// Budgets spent so far.
+#[derive(Clone, Copy, Debug, Default, Hash)]
+struct Used {
+    resets: u8,
+    copies: u8,
+    losses: u8,
+    pauses: u8,
+    cuts: u8,
+    heals: u8,
+    releases: u8,
+    started: u8,
+}
+
+#[derive(Clone)]
+struct State {
+    now: Time,
+    replicas: Vec<Replica<Id>>,
+    /// Client `c` (id `c`); `None` until it starts.
+    clients: Vec<Option<Client<Id>>>,
+    flight: Vec<Flight>,
+    used: Used,
+    /// Grants `(replica, owner, stamp)` made before a reset of that replica and still
+    /// referenced somewhere (ghost state for the invariant).
+    wiped: BTreeSet<(usize, Ts, u64)>,
+    /// (Scheduled) cut links, bit `client * n + replica`.
+    cut: u64,
+    /// The actor the last action changed (whose fingerprint to refresh).
+    touched: Option<Actor>,
+    /// Cached component fingerprints.
+    fp_replicas: Vec<u128>,
+    /// Per client: the fingerprint without the views, and one per view.
+    fp_clients: Vec<(u128, Vec<u128>)>,
+}
+
+/// Two SipHash-1-3 hashes with different prefixes: 128 bits, so that collisions among
+/// hundreds of millions of states are out of the question.
+fn h128(bytes: &[u8]) -> u128 {
+    let mut a = DefaultHasher::new();
+    bytes.hash(&mut a);
+    let mut b = DefaultHasher::new();
+    0x5a_u8.hash(&mut b);
+    bytes.hash(&mut b);
+    (u128::from(a.finish()) << 64) | u128::from(b.finish())
+}
+
+/// A cheap 128-bit combiner of words that are hashes already (two multiply-rotate lanes,
+/// each a bijection of its state for a given word, then a final avalanche).
+struct Mix(u64, u64);
+
+impl Mix {
+    fn new() -> Self {
+        Mix(0x243f_6a88_85a3_08d3, 0x1319_8a2e_0370_7344)
+    }
+    fn word(&mut self, w: u64) {
+        self.0 = (self.0 ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+        self.1 = (self.1 ^ w).wrapping_mul(0xc2b2_ae3d_27d4_eb4f).rotate_left(31);
+    }
+    fn wide(&mut self, w: u128) {
+        self.word(w as u64);
+        self.word((w >> 64) as u64);
+    }
+    fn finish(&self) -> u128 {
+        fn fmix(mut h: u64) -> u64 {
+            h ^= h >> 33;
+            h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+            h ^= h >> 33;
+            h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+            h ^ (h >> 33)
+        }
+        (u128::from(fmix(self.0 ^ self.1.rotate_left(17))) << 64) | u128::from(fmix(self.1 ^ self.0.rotate_left(41)))
+    }
+}
+
+/// Cuts `name: value` (and its separating comma) out of a `Debug` rendering for each
+/// of `names`, where the value may nest `{}`, `[]` and `()`. Used to leave out `config`
+/// and `stats`. Structural characters are ASCII, so bytes are scanned.
+fn cut_fields(s: &str, names: &[&str]) -> String {
+    let mut s = s.to_string();
+    for name in names {
+        let key = format!("{name}: ");
+        let Some(start) = s.find(&key) else { continue };
+        let bytes = s.as_bytes();
+        let mut depth = 0i32;
+        let mut end = s.len();
+        for (k, &ch) in bytes.iter().enumerate().skip(start + key.len()) {
+            match ch {
+                b'{' | b'[' | b'(' => depth += 1,
+                b'}' | b']' | b')' if depth == 0 => {
+                    end = k;
+                    break;
+                }
+                b'}' | b']' | b')' => depth -= 1,
+                b',' if depth == 0 => {
+                    end = k + 1; // with its comma
+                    break;
+                }
+                _ => {}
+            }
+        }
+        while end < s.len() && s.as_bytes()[end] == b' ' {
+            end += 1;
+        }
+        s.replace_range(start..end, "");
+    }
+    s
+}
+
+fn replica_fp(r: &Replica<Id>) -> u128 {
+    let text = cut_fields(&format!("{r:?}"), &["config", "stats"]);
+    h128(text.as_bytes())
+}
+
+fn client_fp(c: &Option<Client<Id>>) -> (u128, Vec<u128>) {
+    match c {
+        None => (0, Vec::new()),
+        Some(c) => {
+            let text = cut_fields(&format!("{c:?}"), &["config", "views", "stats"]);
+            let views = c.views().iter().map(|v| h128(format!("{v:?}").as_bytes())).collect();
+            (h128(text.as_bytes()), views)
+        }
+    }
+}
+
+/// Every permutation of `0..n` (Heap's algorithm), identity first.
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    fn heap(k: usize, a: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if k <= 1 {
+            out.push(a.clone());
+            return;
+        }
+        for i in 0..k {
+            heap(k - 1, a, out);
+            let j = if k % 2 == 0 { i } else { 0 };
+            if i + 1 < k {
+                a.swap(j, k - 1);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    heap(n, &mut (0..n).collect(), &mut out);
+    out
+}
+
+/// The checker's fixed inputs.
+struct Model {
+    b: Bounds,
+    cfg: Config,
+    /// Permutations used by the fingerprint (only the identity without symmetry).
+    perms: Vec<Vec<usize>>,
+}
+
+fn name(id: Id) -> char {
+    (b'A' + id as u8) as char
+}
+
+fn secs(t: Time) -> String {
+    let s = format!("{:.6}", t.as_secs_f64());
+    let s = s.trim_end_matches('0');
+    format!("{}s", s.strip_suffix('.').map_or(s.to_string(), |s| format!("{s}.0")))
+}
+
+fn micros_as_time(us: u64) -> String {
+    secs(Duration::from_micros(us))
+}
+
+fn show_msg(msg: &Msg) -> String {
+    match msg {
+        Msg::Up { from, to, msg } => {
+            let body = match msg {
+                ToReplica::Request { sent, floor, .. } => {
+                    format!("REQUEST(sent {}, floor {floor})", micros_as_time(*sent))
+                }
+                ToReplica::Release { token, .. } => format!("RELEASE(token {token})"),
+                ToReplica::Yield { stamp, .. } => format!("YIELD(stamp {stamp})"),
+            };
+            format!("{} -> replica {to}: {body}", name(*from))
+        }
+        Msg::Down { from, to, r } => format!(
+            "replica {from} -> {}: RESPONSE(owner {}, stamp {}, position {}, echo {}, advice {:?}{})",
+            name(*to),
+            name(r.owner.client),
+            r.stamp,
+            r.position,
+            micros_as_time(r.echo),
+            r.advice,
+            if r.promoted { ", promoted" } else { "" }
+        ),
+    }
+}
+
+impl State {
+    fn initial(model: &Model) -> Self {
+        let b = &model.b;
+        let mut s = State {
+            now: Duration::ZERO,
+            replicas: (0..b.n).map(|_| Replica::new(model.cfg.clone())).collect(),
+            clients: (0..b.clients).map(|_| None).collect(),
+            flight: Vec::new(),
+            used: Used::default(),
+            wiped: BTreeSet::new(),
+            cut: 0,
+            touched: None,
+            fp_replicas: Vec::new(),
+            fp_clients: Vec::new(),
+        };
+        if !b.explored_starts {
+            for c in 0..b.clients {
+                s.start(model, c);
+                s.drain_client(model, c).expect("a client that just started");
+            }
+        }
+        s.fp_replicas = s.replicas.iter().map(replica_fp).collect();
+        s.fp_clients = s.clients.iter().map(client_fp).collect();
+        s
+    }
+
+    fn start(&mut self, model: &Model, c: usize) {
+        let id = c as Id;
+        let ts = LamportClock::new().stamp(self.now, id);
+        self.clients[c] = Some(Client::new(model.cfg.clone(), ts, self.now));
+        self.used.started += 1;
+    }
+
+    fn deadline(&self, x: Actor) -> Option<Time> {
+        match x {
+            Actor::Replica(i) => self.replicas[i as usize].poll_timeout(),
+            Actor::Client(c) => self.clients[c as usize].as_ref().and_then(|c| c.poll_timeout()),
+        }
+    }
+
+    fn actors(&self) -> impl Iterator<Item = Actor> + '_ {
+        let replicas = (0..self.replicas.len()).map(|i| Actor::Replica(i as u8));
+        replicas.chain((0..self.clients.len()).map(|c| Actor::Client(c as u8)))
+    }
+
+    /// Every action enabled in this state, in a fixed order.
+    fn actions(&self, model: &Model) -> Vec<Action> {
+        match model.b.network {
+            Network::Exhaustive => self.exhaustive_actions(model),
+            Network::Scheduled => self.scheduled_actions(model),
+        }
+    }
+
+    fn exhaustive_actions(&self, model: &Model) -> Vec<Action> {
+        let b = &model.b;
+        let mut out = Vec::new();
+        if b.explored_starts && (self.used.started as usize) < b.clients {
+            out.push(Action::Start(self.used.started));
+        }
+        // Copies of one message (same content, same flag) lead to the same state.
+        let mut seen = HashSet::new();
+        for (k, f) in self.flight.iter().enumerate() {
+            if !seen.insert((f.fp, f.msg.replica())) {
+                continue;
+            }
+            let k = k as u16;
+            out.push(Action::Deliver(k));
+            if f.copyable && self.used.copies < b.copies {
+                out.push(Action::DeliverKeepCopy(k));
+            }
+            if self.used.losses < b.losses {
+                out.push(Action::Lose(k));
+            }
+        }
+        let deadlines: Vec<(Actor, Time)> = self.actors().filter_map(|x| self.deadline(x).map(|t| (x, t))).collect();
+        match b.timers {
+            Timers::Prompt => {
+                let overdue = deadlines.iter().any(|&(_, t)| t <= self.now);
+                let earliest = deadlines.iter().map(|&(_, t)| t).min();
+                for &(x, t) in &deadlines {
+                    if (overdue && t <= self.now) || (!overdue && Some(t) == earliest) {
+                        out.push(Action::Fire(x));
+                    }
+                }
+            }
+            Timers::Lazy => {
+                for &(x, t) in &deadlines {
+                    if t <= self.now {
+                        out.push(Action::Fire(x));
+                    }
+                }
+                let mut times = BTreeSet::new();
+                for &(x, t) in &deadlines {
+                    if t > self.now && times.insert(t) {
+                        out.push(Action::Advance(x));
+                    }
+                }
+            }
+        }
+        self.decisions(model, &mut out);
+        out
+    }
+
+    /// The choices of the application and of the adversary that do not concern one
+    /// message: pause, release, reset.
+    fn decisions(&self, model: &Model, out: &mut Vec<Action>) {
+        let b = &model.b;
+        if self.used.pauses < b.pauses {
+            out.push(Action::Pause);
+        }
+        if self.used.releases < b.releases {
+            for (c, client) in self.clients.iter().enumerate() {
+                if client.as_ref().is_some_and(|c| matches!(c.phase(), Phase::Holding | Phase::Lost)) {
+                    out.push(Action::Release(c as u8));
+                }
+            }
+        }
+        if self.used.resets < b.resets {
+            out.extend((0..b.n).map(|i| Action::Reset(i as u8)));
+        }
+    }
+
+    /// Index of the oldest message not held (the scheduled network's next delivery).
+    fn front(&self) -> Option<usize> {
+        self.flight.iter().position(|f| !f.held)
+    }
+
+    /// The timer the scheduled default fires next: the earliest, the first actor on ties.
+    fn next_timer(&self) -> Option<Actor> {
+        let mut best: Option<(Time, Actor)> = None;
+        for x in self.actors() {
+            if let Some(t) = self.deadline(x) {
+                if best.is_none_or(|(bt, _)| t < bt) {
+                    best = Some((t, x));
+                }
+            }
+        }
+        best.map(|(_, x)| x)
+    }
+
+    fn scheduled_actions(&self, model: &Model) -> Vec<Action> {
+        let b = &model.b;
+        let mut out = Vec::new();
+        match self.front() {
+            Some(k) => {
+                out.push(Action::Step);
+                let k = k as u16;
+                if self.flight[k as usize].copyable && self.used.copies < b.copies {
+                    out.push(Action::DeliverKeepCopy(k));
+                }
+                if self.used.losses < b.losses {
+                    out.push(Action::Lose(k));
+                }
+            }
+            None => {
+                // Quiescent: nothing deliverable now. The adversary and the
+                // applications act here, between two instants of the clock.
+                if self.next_timer().is_some() {
+                    out.push(Action::Step);
+                }
+                if b.explored_starts && (self.used.started as usize) < b.clients {
+                    out.push(Action::Start(self.used.started));
+                }
+                for c in 0..b.clients {
+                    for i in 0..b.n {
+                        let bit = 1u64 << (c * b.n + i);
+                        if self.cut & bit != 0 {
+                            if self.used.heals < b.heals {
+                                out.push(Action::Heal(c as u8, i as u8));
+                            }
+                        } else if self.used.cuts < b.cuts {
+                            out.push(Action::Cut(c as u8, i as u8));
+                        }
+                    }
+                }
+                self.decisions(model, &mut out);
+            }
+        }
+        out
+    }
+
+    fn describe(&self, a: Action) -> String {
+        match a {
+            Action::Start(c) => format!("{} starts", name(c.into())),
+            Action::Deliver(k) => format!("deliver {}", show_msg(&self.flight[k as usize].msg)),
+            Action::DeliverKeepCopy(k) => {
+                format!("deliver (a copy stays in flight) {}", show_msg(&self.flight[k as usize].msg))
+            }
+            Action::Lose(k) => format!("lose {}", show_msg(&self.flight[k as usize].msg)),
+            Action::Fire(x) => {
+                let t = self.deadline(x).expect("enabled");
+                let late = if t < self.now { format!(" (due at {}, late)", secs(t)) } else { String::new() };
+                format!("timer of {}{late}", self.actor_name(x))
+            }
+            Action::Advance(x) => {
+                format!(
+                    "clock advances to {} (deadline of {})",
+                    secs(self.deadline(x).expect("enabled")),
+                    self.actor_name(x)
+                )
+            }
+            Action::Pause => format!("clock advances by one lease ({LEASE:?}), timers unfired"),
+            Action::Release(c) => format!("{} releases", name(c.into())),
+            Action::Reset(i) => format!("replica {i} is RESET (memory wiped)"),
+            Action::Step => match self.front() {
+                Some(k) => format!("deliver {}", show_msg(&self.flight[k].msg)),
+                None => self.describe(Action::Fire(self.next_timer().expect("enabled"))),
+            },
+            Action::Cut(c, i) => format!("link {} -- replica {i} is CUT (its messages are held)", name(c.into())),
+            Action::Heal(c, i) => format!("link {} -- replica {i} is HEALED (held messages follow)", name(c.into())),
+        }
+    }
+
+    fn actor_name(&self, x: Actor) -> String {
+        match x {
+            Actor::Replica(i) => format!("replica {i}"),
+            Actor::Client(c) => format!("client {}", name(c.into())),
+        }
+    }
+
+    /// Applies `a`; `Err` when the core broke one of its own rules on the way.
+    fn apply(&mut self, model: &Model, a: Action) -> Result<(), String> {
+        self.touched = None;
+        let result = match a {
+            Action::Start(c) => {
+                self.start(model, c as usize);
+                self.touched = Some(Actor::Client(c));
+                self.drain_client(model, c as usize)
+            }
+            Action::Deliver(k) => {
+                let f = self.flight.remove(k as usize);
+                self.deliver(model, f.msg)
+            }
+            Action::DeliverKeepCopy(k) => {
+                let f = self.flight.remove(k as usize);
+                // The copy travels on its own and arrives later (it is not copied again).
+                self.used.copies += 1;
+                self.send(model, Flight::new(f.msg.clone(), false));
+                self.deliver(model, f.msg)
+            }
+            Action::Lose(k) => {
+                self.flight.remove(k as usize);
+                self.used.losses += 1;
+                Ok(())
+            }
+            Action::Step => match self.front() {
+                Some(k) => self.apply(model, Action::Deliver(k as u16)),
+                None => self.apply(model, Action::Fire(self.next_timer().expect("enabled"))),
+            },
+            Action::Fire(x) => {
+                let t = self.deadline(x).expect("enabled");
+                self.now = self.now.max(t);
+                let now = self.now;
+                self.touched = Some(x);
+                match x {
+                    Actor::Replica(i) => {
+                        self.replicas[i as usize].handle_timeout(now);
+                        self.drain_replica(model, i as usize);
+                        Ok(())
+                    }
+                    Actor::Client(c) => {
+                        self.clients[c as usize].as_mut().expect("started").handle_timeout(now);
+                        self.drain_client(model, c as usize)
+                    }
+                }
+            }
+            Action::Advance(x) => {
+                self.now = self.deadline(x).expect("enabled");
+                Ok(())
+            }
+            Action::Pause => {
+                self.now += LEASE;
+                self.used.pauses += 1;
+                Ok(())
+            }
+            Action::Release(c) => {
+                self.used.releases += 1;
+                self.clients[c as usize].as_mut().expect("started").release(self.now);
+                self.touched = Some(Actor::Client(c));
+                self.drain_client(model, c as usize)
+            }
+            Action::Reset(i) => {
+                self.reset(model, i as usize);
+                Ok(())
+            }
+            Action::Cut(c, i) => {
+                self.cut |= 1 << (c as usize * model.b.n + i as usize);
+                for f in &mut self.flight {
+                    if f.link() == (c as usize, i as usize) {
+                        f.held = true;
+                    }
+                }
+                self.used.cuts += 1;
+                Ok(())
+            }
+            Action::Heal(c, i) => {
+                self.cut &= !(1 << (c as usize * model.b.n + i as usize));
+                let (mut healed, rest): (Vec<Flight>, Vec<Flight>) =
+                    std::mem::take(&mut self.flight).into_iter().partition(|f| f.link() == (c as usize, i as usize));
+                self.flight = rest;
+                for f in &mut healed {
+                    f.held = false;
+                }
+                self.flight.extend(healed);
+                self.used.heals += 1;
+                Ok(())
+            }
+        };
+        if matches!(a, Action::Step) {
+            return result; // done by the action it stood for
+        }
+        self.forget_dead_messages();
+        self.forget_unreferenced_grants();
+        self.refresh_fingerprints();
+        result
+    }
+
+    /// Replica `i` loses its memory.
+    fn reset(&mut self, model: &Model, i: usize) {
+        // Every grant of this replica that anything still refers to was made before
+        // the reset.
+        let mut grants: Vec<(Ts, u64)> = self.replicas[i].owner().map(|(ts, s)| (*ts, s)).into_iter().collect();
+        for c in self.clients.iter().flatten() {
+            let v = &c.views()[i];
+            if let Some(o) = v.owner {
+                grants.push((o, v.stamp));
+            }
+        }
+        for f in &self.flight {
+            if let Msg::Down { from, r, .. } = &f.msg {
+                if *from == i {
+                    grants.push((r.owner, r.stamp));
+                }
+            }
+        }
+        self.wiped.extend(grants.into_iter().map(|(ts, s)| (i, ts, s)));
+        self.replicas[i] = Replica::new(model.cfg.clone());
+        self.used.resets += 1;
+        self.touched = Some(Actor::Replica(i as u8));
+    }
+
+    /// Puts a message on the network (held if its link is cut).
+    fn send(&mut self, model: &Model, mut f: Flight) {
+        let (c, i) = f.link();
+        f.held = self.cut & (1 << (c * model.b.n + i)) != 0;
+        self.flight.push(f);
+    }
+
+    /// Drops responses their client will discard whenever they arrive: older than the
+    /// grant it already knows (its stamps only grow), or addressed to a released
+    /// acquisition. Delivering them changes nothing but counters, so this only merges
+    /// states.
+    fn forget_dead_messages(&mut self) {
+        let clients = &self.clients;
+        self.flight.retain(|f| match &f.msg {
+            Msg::Down { from, to, r } => match &clients[*to as usize] {
+                Some(c) => c.phase() != Phase::Released && r.stamp >= c.views()[*from].stamp,
+                None => true,
+            },
+            Msg::Up { .. } => true,
+        });
+    }
+
+    fn deliver(&mut self, model: &Model, msg: Msg) -> Result<(), String> {
+        let now = self.now;
+        match msg {
+            Msg::Up { from, to, msg } => {
+                self.touched = Some(Actor::Replica(to as u8));
+                match self.replicas[to].handle(now, &from, msg) {
+                    Ok(()) | Err(ReplicaError::NotHolder) | Err(ReplicaError::Finished) => {}
+                    Err(e) => return Err(format!("replica {to} rejected a well-formed message: {e}")),
+                }
+                self.drain_replica(model, to);
+            }
+            Msg::Down { from, to, r } => {
+                let c = to as usize;
+                self.touched = Some(Actor::Client(to as u8));
+                let client = self.clients[c].as_mut().expect("a response goes to a started client");
+                match client.handle_response(now, from, r) {
+                    Ok(()) | Err(ClientError::Stale) => {}
+                    Err(e) => return Err(format!("client {} rejected a well-formed response: {e}", name(to))),
+                }
+                self.drain_client(model, c)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn drain_replica(&mut self, model: &Model, i: usize) {
+        while let Some((to, r)) = self.replicas[i].poll_transmit() {
+            self.send(model, Flight::new(Msg::Down { from: i, to, r }, true));
+        }
+    }
+
+    fn drain_client(&mut self, model: &Model, c: usize) -> Result<(), String> {
+        let client = self.clients[c].as_mut().expect("started");
+        let from = client.ts().client;
+        let mut out = Vec::new();
+        while let Some((to, msg)) = client.poll_transmit() {
+            out.push(Flight::new(Msg::Up { from, to, msg }, true));
+        }
+        let mut result = Ok(());
+        while let Some(event) = client.poll_event() {
+            if let Event::Acquired { votes, .. } = event {
+                if votes < model.b.m || client.votes() < model.b.m {
+                    result = Err(format!("{} won with {votes} votes, m = {}", name(from), model.b.m));
+                }
+            }
+        }
+        for f in out {
+            self.send(model, f);
+        }
+        result
+    }
+
+    /// Drops wiped grants nothing refers to any more: they cannot come back.
+    fn forget_unreferenced_grants(&mut self) {
+        if self.wiped.is_empty() {
+            return;
+        }
+        let mut live = BTreeSet::new();
+        for c in self.clients.iter().flatten() {
+            for (i, v) in c.views().iter().enumerate() {
+                if let Some(o) = v.owner {
+                    live.insert((i, o, v.stamp));
+                }
+            }
+        }
+        for f in &self.flight {
+            if let Msg::Down { from, r, .. } = &f.msg {
+                live.insert((*from, r.owner, r.stamp));
+            }
+        }
+        for (i, r) in self.replicas.iter().enumerate() {
+            if let Some((ts, s)) = r.owner() {
+                live.insert((i, *ts, s));
+            }
+        }
+        self.wiped.retain(|g| live.contains(g));
+    }
+
+    fn refresh_fingerprints(&mut self) {
+        // Only the actor the action touched changed; messages carry their own.
+        match self.touched {
+            Some(Actor::Replica(i)) => self.fp_replicas[i as usize] = replica_fp(&self.replicas[i as usize]),
+            Some(Actor::Client(c)) => self.fp_clients[c as usize] = client_fp(&self.clients[c as usize]),
+            None => {}
+        }
+    }
+
+    /// The state's fingerprint: the least over the replica permutations.
+    fn fingerprint(&self, model: &Model) -> u128 {
+        let n = self.replicas.len();
+        let mut best = u128::MAX;
+        let mut msgs: Vec<u128> = Vec::with_capacity(self.flight.len());
+        let mut wiped: Vec<(usize, Ts, u64)> = Vec::with_capacity(self.wiped.len());
+        let mut inv = vec![0; n];
+        for p in &model.perms {
+            // p[i] is the new index of replica i; inv[j] the old index at j.
+            for (i, &j) in p.iter().enumerate() {
+                inv[j] = i;
+            }
+            let mut h = Mix::new();
+            h.word(self.now.as_nanos() as u64);
+            let mut u = DefaultHasher::new();
+            self.used.hash(&mut u);
+            h.word(u.finish());
+            for &i in &inv {
+                h.wide(self.fp_replicas[i]);
+            }
+            for (core, views) in &self.fp_clients {
+                h.wide(*core);
+                if !views.is_empty() {
+                    for &i in &inv {
+                        h.wide(views[i]);
+                    }
+                }
+            }
+            // Exhaustive: the messages in flight are a multiset. Scheduled: those not
+            // held are a queue (order matters), the held ones a multiset.
+            let ordered = model.b.network == Network::Scheduled;
+            let key = |f: &Flight| {
+                let j = p[f.msg.replica()] as u128 + 1;
+                f.fp ^ j.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)
+            };
+            if ordered {
+                for f in self.flight.iter().filter(|f| !f.held) {
+                    h.wide(key(f));
+                }
+                h.word(u64::MAX);
+            }
+            msgs.clear();
+            msgs.extend(self.flight.iter().filter(|f| !ordered || f.held).map(key));
+            msgs.sort_unstable();
+            h.word(msgs.len() as u64);
+            for &m in &msgs {
+                h.wide(m);
+            }
+            h.word(self.cut);
+            wiped.clear();
+            wiped.extend(self.wiped.iter().map(|&(i, ts, s)| (p[i], ts, s)));
+            wiped.sort_unstable();
+            for (i, ts, s) in &wiped {
+                h.word(*i as u64);
+                h.word(ts.counter);
+                h.word(u64::from(ts.client));
+                h.word(*s);
+            }
+            best = best.min(h.finish());
+        }
+        best
+    }
+
+    /// The invariant (see the module doc of `tests/model.rs`).
+    /// `Ok(true)` when two valid holders coexist, excused by resets.
+    fn check(&self, model: &Model) -> Result<bool, String> {
+        for (i, r) in self.replicas.iter().enumerate() {
+            r.check_invariants().map_err(|e| format!("replica {i}: {e}"))?;
+        }
+        let holders: Vec<&Client<Id>> = self
+            .clients
+            .iter()
+            .flatten()
+            .filter(|c| c.phase() == Phase::Holding && c.valid_until().is_some_and(|t| t > self.now))
+            .collect();
+        let need = 2 * model.b.m - model.b.n;
+        let mut excused = false;
+        for (k, a) in holders.iter().enumerate() {
+            for b in &holders[k + 1..] {
+                let mut shared = Vec::new();
+                let mut reset = 0;
+                for i in 0..model.b.n {
+                    let (va, vb) = (&a.views()[i], &b.views()[i]);
+                    if va.owner.as_ref() == Some(a.ts()) && vb.owner.as_ref() == Some(b.ts()) {
+                        shared.push(i);
+                        if self.wiped.contains(&(i, *a.ts(), va.stamp)) || self.wiped.contains(&(i, *b.ts(), vb.stamp))
+                        {
+                            reset += 1;
+                        }
+                    }
+                }
+                if reset < need {
+                    return Err(format!(
+                        "two valid holders: {} (valid until {}) and {} (valid until {}) at {}; shared voters {shared:?}, \
+                         {reset} of them reset after the earlier grant, 2m - n = {need}",
+                        name(a.ts().client),
+                        secs(a.valid_until().expect("holder")),
+                        name(b.ts().client),
+                        secs(b.valid_until().expect("holder")),
+                        secs(self.now),
+                    ));
+                }
+                excused = true;
+            }
+        }
+        Ok(excused)
+    }
+
+    /// Everything an engineer needs to read a trace's last state.
+    fn show(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "  time {}", secs(self.now));
+        for (i, r) in self.replicas.iter().enumerate() {
+            let owner = match r.owner() {
+                Some((ts, s)) => format!(
+                    "owner {} (stamp {s}, lease until {})",
+                    name(ts.client),
+                    secs(r.lease_until().expect("owner"))
+                ),
+                None => "free".to_string(),
+            };
+            let queue: Vec<char> = r.queue().map(|ts| name(ts.client)).collect();
+            let _ = writeln!(out, "  replica {i}: {owner}, queue {queue:?}");
+        }
+        for c in self.clients.iter().flatten() {
+            let valid = c.valid_until().map_or("-".to_string(), secs);
+            let _ = writeln!(
+                out,
+                "  client {} ts ({}, {}): {:?}, {} votes, valid_until {valid}, token {}",
+                name(c.ts().client),
+                c.ts().counter,
+                c.ts().client,
+                c.phase(),
+                c.votes(),
+                c.token()
+            );
+            for (i, v) in c.views().iter().enumerate() {
+                let owner = v.owner.map_or("-".to_string(), |o| name(o.client).to_string());
+                let until = v.vote_until.map_or("-".to_string(), secs);
+                let _ = writeln!(
+                    out,
+                    "      view of replica {i}: owner {owner}, stamp {}, vote_until {until}{}",
+                    v.stamp,
+                    v.yielded.map_or(String::new(), |s| format!(", yielded {s}"))
+                );
+            }
+        }
+        for f in &self.flight {
+            let _ = writeln!(out, "  in flight: {}", show_msg(&f.msg));
+        }
+        for (i, ts, s) in &self.wiped {
+            let _ = writeln!(out, "  grant wiped by the reset: replica {i}, owner {}, stamp {s}", name(ts.client));
+        }
+        out
+    }
+
+    /// What changed between `self` (before) and `after`, for a trace.
+    fn effects(&self, after: &State) -> String {
+        let mut out = String::new();
+        for (i, (r0, r1)) in self.replicas.iter().zip(&after.replicas).enumerate() {
+            let o0 = r0.owner().map(|(ts, s)| (*ts, s));
+            let o1 = r1.owner().map(|(ts, s)| (*ts, s));
+            let q0: Vec<char> = r0.queue().map(|ts| name(ts.client)).collect();
+            let q1: Vec<char> = r1.queue().map(|ts| name(ts.client)).collect();
+            if o0 != o1 || q0 != q1 {
+                let owner = match o1 {
+                    Some((ts, s)) => format!(
+                        "owner {} (stamp {s}, lease until {})",
+                        name(ts.client),
+                        secs(r1.lease_until().expect("owner"))
+                    ),
+                    None => "free".into(),
+                };
+                let _ = writeln!(out, "        replica {i}: {owner}, queue {q1:?}");
+            }
+        }
+        for (c0, c1) in self.clients.iter().zip(&after.clients) {
+            let Some(c1) = c1 else { continue };
+            let changed = c0.as_ref().is_none_or(|c0| c0.phase() != c1.phase() || c0.votes() != c1.votes());
+            if changed {
+                let valid = c1.valid_until().map_or("-".to_string(), secs);
+                let _ = writeln!(
+                    out,
+                    "        {}: {:?}, {} votes, valid_until {valid}",
+                    name(c1.ts().client),
+                    c1.phase(),
+                    c1.votes()
+                );
+            }
+        }
+        let before: Vec<String> = self.flight.iter().map(|f| show_msg(&f.msg)).collect();
+        let mut before_left = before.clone();
+        for f in &after.flight {
+            let s = show_msg(&f.msg);
+            if let Some(k) = before_left.iter().position(|b| *b == s) {
+                before_left.swap_remove(k);
+            } else {
+                let _ = writeln!(out, "        sends {s}");
+            }
+        }
+        out
+    }
+}
+
+/// The outcome of one search.
+pub struct Report {
+    /// Distinct states (fingerprints) reached, the initial state included.
+    pub states: usize,
+    /// Of which with two valid holders that the resets excuse (2m − n shared voters
+    /// reset): shows that the reset budget is exercised.
+    pub excused: usize,
+    /// The trace to the first of them.
+    pub first_excused: Option<String>,
+    /// The latest clock reading of any state.
+    pub clock: Time,
+    /// Transitions taken (actions applied).
+    pub transitions: usize,
+    /// Deepest level that produced a new state.
+    pub depth: usize,
+    pub elapsed: Duration,
+    /// The counterexample, printed, if the invariant failed.
+    pub violation: Option<String>,
+}
+
+impl Report {
+    /// Panics with the counterexample if there is one.
+    pub fn assert_holds(&self) {
+        if let Some(v) = &self.violation {
+            panic!("invariant violated:\n{v}");
+        }
+    }
+}
+
+/// Breadth-first search of `b`; stops at the first violation.
+pub fn run(b: &Bounds) -> Report {
+    let cfg = config(b.n, b.m);
+    cfg.validate().expect("model configuration is valid");
+    assert!(b.resets <= 1, "the invariant is written for at most one reset");
+    // The scheduled network's default order depends on the replica indices (FIFO from
+    // the initial REQUESTs to replica 0, 1, ...; timer ties): no symmetry there.
+    let symmetry = b.symmetry && b.network == Network::Exhaustive;
+    let b = &Bounds { symmetry, ..b.clone() };
+    let perms = if symmetry { permutations(b.n) } else { vec![(0..b.n).collect()] };
+    assert!(b.clients * b.n <= 64, "cut links are bits of a u64");
+    let model = Model { b: b.clone(), cfg, perms };
+    let started = Instant::now();
+    println!("model: {b:?}");
+
+    let init = State::initial(&model);
+    // Per state found: its parent and the action that led to it (for the trace).
+    let mut parents: Vec<(u32, Action)> = vec![(u32::MAX, Action::Pause)];
+    let mut seen: HashSet<u128> = HashSet::new();
+    seen.insert(init.fingerprint(&model));
+    let mut report = Report {
+        states: 1,
+        excused: 0,
+        first_excused: None,
+        clock: Duration::ZERO,
+        transitions: 0,
+        depth: 0,
+        elapsed: Duration::ZERO,
+        violation: None,
+    };
+    if let Err(e) = init.check(&model) {
+        report.violation = Some(format!("{e}\ninitial state:\n{}", init.show()));
+        return report;
+    }
+    // The states of one level, expanded into the next. States of the next level are
+    // first kept as (parent, action) only and rebuilt when their level is expanded, so
+    // that at most one level of states is in memory (and the last level never is).
+    let mut frontier: Vec<(u32, State)> = vec![(0, init)];
+    for depth in 1..=b.depth {
+        let first_new = parents.len();
+        for (id, s) in &frontier {
+            for a in s.actions(&model) {
+                let mut t = s.clone();
+                report.transitions += 1;
+                let result = t.apply(&model, a);
+                let new = seen.insert(t.fingerprint(&model));
+                let result = result.and_then(|()| if new { t.check(&model) } else { Ok(false) });
+                if result == Ok(true) {
+                    report.excused += 1;
+                    if report.first_excused.is_none() {
+                        report.states = seen.len();
+                        report.elapsed = started.elapsed();
+                        let path = path_to(&parents, *id, a);
+                        let heading = "EXCUSED (not a violation): two valid holders, the shared voters were reset";
+                        report.first_excused = Some(trace(&model, &path, heading, &report));
+                    }
+                }
+                if new {
+                    report.clock = report.clock.max(t.now);
+                }
+                if let Err(e) = result {
+                    report.depth = depth;
+                    report.states = seen.len();
+                    report.elapsed = started.elapsed();
+                    let path = path_to(&parents, *id, a);
+                    report.violation = Some(trace(&model, &path, &format!("COUNTEREXAMPLE: {e}"), &report));
+                    println!("{}", report.violation.as_ref().expect("set"));
+                    return report;
+                }
+                if new {
+                    parents.push((*id, a));
+                }
+            }
+        }
+        let found = parents.len() - first_new;
+        if found == 0 {
+            break;
+        }
+        report.depth = depth;
+        println!(
+            "  depth {depth:>3}: {found:>10} new states, {:>11} in all, {:>12} transitions, clock up to {}, {:.1?}",
+            seen.len(),
+            report.transitions,
+            secs(report.clock),
+            started.elapsed()
+        );
+        if depth == b.depth {
+            break;
+        }
+        // Rebuild the new level from its parents (in id order, as they were found).
+        let mut next = Vec::with_capacity(found);
+        let mut parents_left = frontier.into_iter().peekable();
+        for id in first_new..parents.len() {
+            let (p, a) = parents[id];
+            while parents_left.peek().is_some_and(|(pid, _)| *pid != p) {
+                parents_left.next(); // every child of this parent is rebuilt: drop it
+            }
+            let (_, parent) = parents_left.peek().expect("parents come in id order");
+            let mut t = parent.clone();
+            t.apply(&model, a).expect("replays as before");
+            next.push((id as u32, t));
+        }
+        frontier = next;
+    }
+    report.states = seen.len();
+    report.elapsed = started.elapsed();
+    println!(
+        "model: {} states ({} with two valid holders excused by a reset), {} transitions, depth {} reached, \
+         clock up to {}, {:.1?}: invariant holds",
+        report.states,
+        report.excused,
+        report.transitions,
+        report.depth,
+        secs(report.clock),
+        report.elapsed
+    );
+    report
+}
+
+/// The actions from the initial state to state `id`, then `last`.
+fn path_to(parents: &[(u32, Action)], id: u32, last: Action) -> Vec<Action> {
+    let mut path = vec![last];
+    let mut at = id;
+    while at != 0 {
+        let (p, a) = parents[at as usize];
+        path.push(a);
+        at = p;
+    }
+    path.reverse();
+    path
+}
+
+/// Replays `path` from the initial state and prints every step and the final views.
+fn trace(model: &Model, path: &[Action], heading: &str, report: &Report) -> String {
+    let b = &model.b;
+    let mut out = String::new();
+    let _ = writeln!(out, "{heading}");
+    let _ = writeln!(
+        out,
+        "configuration: lease {LEASE:?}, request timeout {REQUEST_TIMEOUT:?}, renew every {:?}; {b:?}",
+        model.cfg.renew_interval()
+    );
+    let _ = writeln!(
+        out,
+        "found at depth {} after {} states, {} transitions, {:.1?}:",
+        path.len(),
+        report.states,
+        report.transitions,
+        report.elapsed,
+    );
+    let mut s = State::initial(model);
+    if !b.explored_starts {
+        let _ = writeln!(out, "   0. t=0s: every client starts and sends REQUEST to every replica");
+    }
+    for (k, &a) in path.iter().enumerate() {
+        let what = s.describe(a);
+        let before = s.clone();
+        let result = s.apply(model, a);
+        let _ = writeln!(out, "  {:>2}. t={}: {what}", k + 1, secs(s.now));
+        out.push_str(&before.effects(&s));
+        if let Err(e) = result {
+            let _ = writeln!(out, "        ERROR: {e}");
+        }
+    }
+    let _ = writeln!(out, "final state:");
+    out.push_str(&s.show());
+    out
+}
+
+#[test]
+fn fingerprints_leave_out_config_and_stats() {
+    let s = "Outer { config: Config { n: 3, lease: 3s }, a: [1, (2, 3)], stats: Stats { x: 1 } }";
+    assert_eq!(cut_fields(s, &["config", "stats"]), "Outer { a: [1, (2, 3)], }");
+    // A rejected message changes a replica's counters only.
+    let fresh = Replica::<Id>::new(config(3, 2));
+    let mut rejected = fresh.clone();
+    let foreign = ToReplica::Release { ts: Timestamp::new(1, 0), token: 0 };
+    assert!(rejected.handle(Duration::ZERO, &1, foreign).is_err());
+    assert_ne!(format!("{fresh:?}"), format!("{rejected:?}"));
+    assert_eq!(replica_fp(&fresh), replica_fp(&rejected));
+}

@@ -17,19 +17,19 @@
 //! that leases, renewals, retries and waiter expiries happen within a few dozen steps.
 //! One virtual clock, starting at 0; messages take no time unless the model delays them.
 //!
-//! Two networks ([`Network`]):
+//! Two networks (`checker::Network`):
 //!
 //! - **Exhaustive**: any message in flight may be delivered next (unbounded reordering,
 //!   no delivery deadline: a message may arrive after its sender's request timeout, after
 //!   leases lapsed, after a reset); a message may be delivered *and* copied (at most one
 //!   copy per message, within a budget) or lost (budget, 0 by default: for safety a lost
 //!   message is one never delivered, which the search covers already). Timers
-//!   ([`Timers`]): `Prompt` moves the clock to the earliest deadline among all actors and
+//!   (`checker::Timers`): `Prompt` moves the clock to the earliest deadline among all actors and
 //!   fires one actor due then (several due at once fire in any order, deliveries in
 //!   between); `Lazy` lets the clock jump to any actor's future deadline and any overdue
 //!   actor fire now, later or never (a slow process: sound, as a client whose own
 //!   deadline passed unnoticed counts for nothing in the invariant). Every interleaving is
-//!   explored, so the state space grows about sevenfold per step: depth 6–8.
+//!   explored, so the state space grows six- to eightfold per step: depth 6–8.
 //! - **Scheduled**: the network is FIFO and instant and timers fire on time, in deadline
 //!   order: the default run is deterministic (the `Step` action). Branching comes only
 //!   from budgeted choices of an adversary and of the applications: at *quiescent*
@@ -61,7 +61,9 @@
 //! voter counts when either acquisition's grant there is such a wiped grant (then the
 //! earlier one is). With one reset at most: at n=4, m=3 (2m − n = 2) two valid holders
 //! are always a bug; at n=3, m=2 they need the reset to have hit a shared voter after the
-//! earlier grant.
+//! earlier grant. Each run counts the states where two valid holders are excused by the
+//! reset, and keeps the trace to the first (`Report::first_excused`; printed by
+//! `explore_from_env`): evidence that the reset budget is exercised, not vacuous.
 //!
 //! # The fingerprint
 //!
@@ -83,17 +85,20 @@
 //! # Running
 //!
 //! ```text
-//! cargo test -p sigma-behaviour --test model                     # CI, about a minute
+//! cargo test -p sigma-behaviour --test model                      # CI: ~70 s, 1.3 GB
 //! cargo test -p sigma-behaviour --release --test model -- --ignored --nocapture --test-threads 1
-//! SIGMA_MODEL_DEPTH=9 cargo test -p sigma-behaviour --release --test model long_exhaustive_3_2 -- --ignored --nocapture
+//! SIGMA_MODEL_DEPTH=200 cargo test -p sigma-behaviour --release --test model \
+//!     long_scheduled_4_3_lapsed_votes -- --ignored --nocapture
 //! SIGMA_MODEL="n=4 m=3 clients=2 network=scheduled cuts=2 resets=1 releases=0 depth=120" \
 //!     cargo test -p sigma-behaviour --release --test model explore_from_env -- --ignored --nocapture
 //! ```
 //!
-//! The second line runs the long configurations (`#[ignore]`); `SIGMA_MODEL_DEPTH`
-//! overrides their depth, `SIGMA_MODEL` runs any configuration (keys of
-//! `Bounds::parse`). Every run prints, per level, the new states, the states and
-//! transitions so far and the time (`--nocapture` to see them).
+//! The second line runs the long configurations (`#[ignore]`: about 8 minutes on two
+//! busy cores, up to 7.5 GB for `long_scheduled_3_2_late_notices`); `SIGMA_MODEL_DEPTH`
+//! overrides their depth (memory grows with the widest level, ~6 KB a state),
+//! `SIGMA_MODEL` runs any configuration (keys of `Bounds::parse`). Every run prints,
+//! per level, the new states, the states and transitions so far, how far the clock got
+//! and the time taken (`--nocapture` to see them), then the totals.
 
 // A test crate's root resolves `mod x;` next to itself (tests/x.rs, which cargo would
 // build as a test of its own): the checker lives in tests/model/.

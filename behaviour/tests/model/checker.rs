@@ -366,7 +366,7 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
         }
         for i in 0..k {
             heap(k - 1, a, out);
-            let j = if k % 2 == 0 { i } else { 0 };
+            let j = if k.is_multiple_of(2) { i } else { 0 };
             if i + 1 < k {
                 a.swap(j, k - 1);
             }
@@ -1199,8 +1199,7 @@ pub fn run(b: &Bounds) -> Report {
         // Rebuild the new level from its parents (in id order, as they were found).
         let mut next = Vec::with_capacity(found);
         let mut parents_left = frontier.into_iter().peekable();
-        for id in first_new..parents.len() {
-            let (p, a) = parents[id];
+        for (id, &(p, a)) in parents.iter().enumerate().skip(first_new) {
             while parents_left.peek().is_some_and(|(pid, _)| *pid != p) {
                 parents_left.next(); // every child of this parent is rebuilt: drop it
             }

@@ -57,6 +57,35 @@ pub struct Config {
     max_redirects: u8,
     finished_memory: usize,
     max_concurrent_streams: usize,
+    boot_clock: BootClock,
+}
+
+/// The source of time since boot (suspends included) that leases are counted on.
+/// The default reads `CLOCK_BOOTTIME`; tests substitute a clock that jumps, as a
+/// suspended machine's does when it resumes.
+#[derive(Clone)]
+pub struct BootClock(Arc<dyn Fn() -> Duration + Send + Sync>);
+
+impl BootClock {
+    /// A clock read by `f` (monotonic, never going back).
+    pub fn new(f: impl Fn() -> Duration + Send + Sync + 'static) -> Self {
+        BootClock(Arc::new(f))
+    }
+    fn read(&self) -> Duration {
+        (self.0)()
+    }
+}
+
+impl Default for BootClock {
+    fn default() -> Self {
+        BootClock::new(boottime)
+    }
+}
+
+impl std::fmt::Debug for BootClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BootClock")
+    }
 }
 
 /// Default bound on concurrent request-response streams per connection: yamux's own
@@ -72,6 +101,7 @@ impl Default for Config {
             max_redirects: 3,
             finished_memory: 4096,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            boot_clock: BootClock::default(),
         }
     }
 }
@@ -92,6 +122,11 @@ impl Config {
     /// retries.
     pub fn with_max_concurrent_streams(mut self, n: usize) -> Self {
         self.max_concurrent_streams = n.max(1);
+        self
+    }
+    /// The clock leases are counted on (default: time since boot, suspends included).
+    pub fn with_boot_clock(mut self, clock: BootClock) -> Self {
+        self.boot_clock = clock;
         self
     }
     /// Protocol parameters.
@@ -313,18 +348,20 @@ struct Pending {
 /// suspended (`CLOCK_BOOTTIME` on Linux). `Instant` (`CLOCK_MONOTONIC`) stops during a
 /// suspend: a laptop suspended for a minute while holding a 10 s lease would resume
 /// still "valid" beside the next holder.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Clock {
+    source: BootClock,
     boot: Duration,
     wall: Duration,
 }
 
 impl Clock {
-    fn new() -> Self {
-        Clock { boot: boottime(), wall: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default() }
+    fn new(source: BootClock) -> Self {
+        let boot = source.read();
+        Clock { source, boot, wall: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default() }
     }
     fn now(&self) -> Time {
-        self.wall + boottime().saturating_sub(self.boot)
+        self.wall + self.source.read().saturating_sub(self.boot)
     }
     /// The `Instant` at which `now()` will read `t`, as far as the monotonic clock can
     /// tell (a suspend in between makes it later; see [`MAX_TIMER`]).
@@ -418,12 +455,13 @@ impl Behaviour {
                 .with_request_timeout(config.request_timeout)
                 .with_max_concurrent_streams(config.max_concurrent_streams),
         );
+        let clock = Clock::new(config.boot_clock.clone());
         Behaviour {
             inner: Inner { kad, rr },
             local,
             local_key: KBucketKey::from(local),
             config,
-            clock: Clock::new(),
+            clock,
             lamport: LamportClock::new(),
             connected: HashMap::new(),
             routable: HashSet::new(),

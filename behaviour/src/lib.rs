@@ -13,6 +13,6 @@ pub mod proto;
 pub mod wire;
 
 pub use behaviour::{
-    kad_protocol, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Config, Counters, Event, Inner, InnerEvent,
-    ProbeId, ReplicaInfo, ReplicaTotals, DEFAULT_MAX_CONCURRENT_STREAMS, KAD_PROTOCOL,
+    kad_protocol, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, BootClock, Config, Counters, Event, Inner,
+    InnerEvent, ProbeId, ReplicaInfo, ReplicaTotals, DEFAULT_MAX_CONCURRENT_STREAMS, KAD_PROTOCOL,
 };

@@ -587,3 +587,37 @@ fn responses_far_ahead_of_the_clock_are_refused() {
     assert_eq!(c.handle_response(now, 1, answer(owner, 5, T0)), Err(ClientError::Ahead { value: far }));
     assert_eq!((c.votes(), c.views()[0].stamp, c.views()[1].owner), (0, 0, None));
 }
+
+// Quorum diversity: m votes from one voter (a one-peer island hosting every replica it
+// can see) do not win; a vote from a second peer does.
+#[test]
+fn a_win_needs_votes_from_d_distinct_voters() {
+    let mut c = client(config().with_min_voters(2));
+    let island = 7;
+    for i in 0..4 {
+        c.handle_response_from(T0 + RTT, i, island, answer(ME, 10 + i as u64, T0)).unwrap();
+    }
+    assert_eq!(c.votes(), 4);
+    assert_eq!(c.phase(), Phase::Waiting, "four votes from one peer are one voter");
+    assert!(events(&mut c).is_empty());
+    c.handle_response_from(T0 + RTT, 4, 8, answer(ME, 20, T0)).unwrap();
+    assert_eq!(c.phase(), Phase::Holding);
+    assert!(matches!(events(&mut c).as_slice(), [Event::Acquired { votes: 5, .. }]));
+}
+
+// Without named voters (the simulator, the model checker) every replica is its own.
+#[test]
+fn unnamed_voters_count_one_per_replica() {
+    let mut c = client(config().with_min_voters(3));
+    for i in 0..3 {
+        c.handle_response(T0 + RTT, i, answer(ME, 10 + i as u64, T0)).unwrap();
+    }
+    assert_eq!(c.phase(), Phase::Holding);
+}
+
+#[test]
+fn diversity_must_be_between_one_and_m() {
+    assert!(config().with_min_voters(0).validate().is_err());
+    assert!(config().with_min_voters(4).validate().is_err());
+    assert!(config().with_min_voters(3).validate().is_ok());
+}

@@ -709,3 +709,48 @@ fn a_promotion_reports_how_long_the_waiter_was_queued() {
     request(&mut r, T0 + ms(900), b).unwrap(); // a renewal: the lease restarts on arrival
     assert_eq!(drain(&mut r)[0].1.grant_delay, Duration::ZERO);
 }
+
+// The takeover delay: a replica taken over from a host that may have granted it queues
+// requests by timestamp and grants nothing until the delay ends; then the earliest
+// waiter, not the first to arrive, gets the vote.
+#[test]
+fn a_replica_holding_grants_queues_by_timestamp_and_grants_the_earliest_when_the_delay_ends() {
+    let mut r = replica();
+    let until = T0 + LEASE;
+    r.hold_grants_until(until);
+    let (late, early) = (ts(20, 2), ts(10, 1));
+    request(&mut r, T0, late).unwrap();
+    request(&mut r, T0 + ms(5), early).unwrap();
+    assert_eq!(owner(&r), None, "nothing is granted during the takeover delay");
+    assert!(drain(&mut r).is_empty(), "no response names an owner while there is none");
+    assert_eq!(queue(&r), vec![early, late]);
+    assert_eq!(r.holding_grants_until(), Some(until));
+    assert!(r.poll_timeout().is_some_and(|t| t <= until), "the end of the delay is a deadline");
+    r.check_invariants().unwrap();
+    // A renewal keeps a waiter alive through a long delay.
+    request(&mut r, until - ms(1), late).unwrap();
+    request(&mut r, until - ms(1), early).unwrap();
+    r.handle_timeout(until);
+    assert_eq!(owner(&r), Some(early), "the earliest waiter gets the vote");
+    let resp = only(&mut r);
+    assert!(resp.promoted && resp.owner == early && resp.ts == early, "{resp:?}");
+    assert_eq!(queue(&r), vec![late]);
+    assert_eq!(r.holding_grants_until(), None);
+    r.check_invariants().unwrap();
+}
+
+// A request that arrives after the delay ended but before its timer ran must not jump
+// the waiters queued during it.
+#[test]
+fn a_request_after_the_delay_does_not_jump_the_waiters_queued_during_it() {
+    let mut r = replica();
+    r.hold_grants_until(T0 + ms(100));
+    let (early, newcomer) = (ts(10, 1), ts(30, 3));
+    request(&mut r, T0, early).unwrap();
+    request(&mut r, T0 + ms(200), newcomer).unwrap();
+    assert_eq!(owner(&r), Some(early));
+    assert_eq!(queue(&r), vec![newcomer]);
+    let out = drain(&mut r);
+    assert!(out.iter().any(|(to, resp)| *to == 1 && resp.promoted), "{out:?}");
+    assert!(out.iter().any(|(to, resp)| *to == 3 && resp.owner == early && resp.position == 1), "{out:?}");
+}

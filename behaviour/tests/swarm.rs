@@ -299,3 +299,51 @@ async fn each_replica_lives_on_the_closest_peer_only() {
         }
     }
 }
+
+/// A machine suspended while holding a lock (trace 6 of the exclusion review): its
+/// boot clock jumps past the lease when it resumes. The holder must count itself Lost at
+/// once (within the behaviour's one-second wake-up), not when its next renewal or its
+/// lease timer, both on the stopped monotonic clock, would have fired.
+#[tokio::test]
+async fn a_holder_whose_clock_jumps_past_its_lease_is_lost_at_once() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let jump = Arc::new(AtomicU64::new(0));
+    let source = {
+        let jump = jump.clone();
+        let start = std::time::Instant::now();
+        sigma_behaviour::BootClock::new(move || start.elapsed() + Duration::from_micros(jump.load(Ordering::SeqCst)))
+    };
+    // A 60 s lease: the next renewal is 20 s away, far beyond the wait below.
+    let lease = Duration::from_secs(60);
+    let proto = proto::Config::default().with_quorum(5, 3).with_lease(lease);
+    let mut s = Swarm::new_ephemeral_tokio(|kp| {
+        Behaviour::new(kp.public().to_peer_id(), Config::default().with_protocol(proto).with_boot_clock(source))
+    });
+    let id = s.behaviour_mut().acquire("laptop", None).expect("valid");
+    let event = with_timeout(async {
+        loop {
+            if let SwarmEvent::Behaviour(e) = s.select_next_some().await {
+                return e;
+            }
+        }
+    })
+    .await;
+    assert!(matches!(event, Event::Acquired { id: got, .. } if got == id), "expected Acquired, got {event:?}");
+    // The swarm goes idle, parked on its timer; then the machine sleeps for two leases.
+    if let Ok(e) = tokio::time::timeout(Duration::from_millis(300), s.select_next_some()).await {
+        assert!(!matches!(e, SwarmEvent::Behaviour(_)), "unexpected event while idle: {e:?}");
+    }
+    jump.store(2 * lease.as_micros() as u64, Ordering::SeqCst);
+    let event = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let SwarmEvent::Behaviour(e) = s.select_next_some().await {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("a holder whose clock jumped past its lease still believes it holds the lock after 5 s");
+    assert!(matches!(event, Event::Lost { id: got, .. } if got == id), "expected Lost, got {event:?}");
+    assert!(s.behaviour().acquisition(id).is_none_or(|a| a.phase != proto::client::Phase::Holding));
+}

@@ -32,6 +32,10 @@
 //!   shortened by the clock-drift bound. A promotion notice that arrives late therefore
 //!   counts for what is left of its lease, not for a fresh one. The lock is guaranteed
 //!   exclusive while m votes are live ([`Client::valid_until`]).
+//! - quorum diversity: the win needs the m live votes to come from at least D distinct
+//!   voters (`Config::min_voters`), the peers hosting the replicas as the driver names
+//!   them in [`Client::handle_response_from`]; a one-peer island of a larger swarm,
+//!   hosting every replica it can see, cannot win alone.
 //! - remote values (grant stamps, owner timestamps) further ahead of the client's clock
 //!   than `max_clock_offset` are refused ([`ClientError::Ahead`]).
 
@@ -120,6 +124,9 @@ pub struct View<C> {
     /// a response still naming us under that grant was sent before the replica applied
     /// the YIELD (or the YIELD was lost), so it is no vote.
     pub yielded: Option<u64>,
+    /// Who voted, as the driver named it (the peer hosting the replica); `None` counts
+    /// as a voter of its own.
+    pub voter: Option<C>,
     /// `sent` of the last REQUEST not yet answered: the first reply echoing it is a
     /// round-trip sample (one sample per request, as in Karn's algorithm; replies to a
     /// YIELD echo an older REQUEST and must not count).
@@ -167,6 +174,7 @@ impl<C: Clone + Ord> Client<C> {
                     vote_until: None,
                     next_contact: None,
                     yielded: None,
+                    voter: None,
                     rtt_probe: None
                 };
                 n
@@ -230,6 +238,22 @@ impl<C: Clone + Ord> Client<C> {
     ///
     /// On error nothing changed.
     pub fn handle_response(&mut self, now: Time, from: usize, r: Response<C>) -> Result<(), ClientError> {
+        self.apply_response(now, from, None, r)
+    }
+
+    /// [`Client::handle_response`] with the voter named: the peer that hosts replica
+    /// `from` and sent the response (quorum diversity counts distinct voters).
+    pub fn handle_response_from(
+        &mut self,
+        now: Time,
+        from: usize,
+        voter: C,
+        r: Response<C>,
+    ) -> Result<(), ClientError> {
+        self.apply_response(now, from, Some(voter), r)
+    }
+
+    fn apply_response(&mut self, now: Time, from: usize, voter: Option<C>, r: Response<C>) -> Result<(), ClientError> {
         let n = self.config.n;
         let view = self.views.get(from).ok_or(ClientError::ReplicaOutOfRange { index: from, n })?;
         if r.ts != self.ts {
@@ -261,6 +285,7 @@ impl<C: Clone + Ord> Client<C> {
         view.stamp = r.stamp;
         view.position = r.position;
         view.yielded = None;
+        view.voter = voter;
         if ours {
             // The replica received the echoed REQUEST after we sent it, and started the
             // lease `grant_delay` after that, by its clock: shortened by the drift bound.
@@ -383,7 +408,11 @@ impl<C: Clone + Ord> Client<C> {
     /// `ComputeWinner` and the three outcomes of Fig. 5.
     fn evaluate(&mut self, now: Time, progress: bool) {
         match self.phase {
-            Phase::Waiting if self.live_votes(now) >= self.config.m => self.win(now),
+            Phase::Waiting
+                if self.live_votes(now) >= self.config.m && self.live_voters(now) >= self.config.min_voters =>
+            {
+                self.win(now)
+            }
             // Case 3, gated: act only after one round trip without progress.
             Phase::Waiting if self.nobody_can_win() && (progress || self.yield_at.is_none()) => {
                 self.yield_at = Some(now + self.srtt);
@@ -399,6 +428,22 @@ impl<C: Clone + Ord> Client<C> {
     /// only those win, since a replica may have handed a lapsed vote to someone else.
     fn live_votes(&self, now: Time) -> usize {
         self.views.iter().filter(|v| self.owns(v) && v.vote_until.is_some_and(|t| t > now)).count()
+    }
+
+    /// Distinct voters among the live votes (an unnamed voter counts as its own).
+    fn live_voters(&self, now: Time) -> usize {
+        let live = self.views.iter().filter(|v| self.owns(v) && v.vote_until.is_some_and(|t| t > now));
+        let mut named: Vec<&C> = Vec::new();
+        let mut unnamed = 0;
+        for v in live {
+            match &v.voter {
+                Some(c) => named.push(c),
+                None => unnamed += 1,
+            }
+        }
+        named.sort_unstable();
+        named.dedup();
+        named.len() + unnamed
     }
 
     /// `j_same + n − j < m`: with j responses and at most j_same of them naming one

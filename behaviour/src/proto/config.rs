@@ -28,6 +28,7 @@ pub struct Config {
     pub(crate) retry_slack_percent: u32,
     pub(crate) max_clock_offset: Duration,
     pub(crate) max_drift_ppm: u32,
+    pub(crate) min_voters: usize,
 }
 
 impl Default for Config {
@@ -49,6 +50,7 @@ impl Default for Config {
             retry_slack_percent: 25,
             max_clock_offset: Duration::from_secs(5),
             max_drift_ppm: 1_000,
+            min_voters: 1,
         }
     }
 }
@@ -117,6 +119,17 @@ impl Config {
     /// A client shortens every lease it counts by this fraction.
     pub fn max_drift_ppm(&self) -> u32 {
         self.max_drift_ppm
+    }
+    /// Quorum diversity D: a win needs live votes from at least D distinct voters (the
+    /// peers hosting the replicas, as the driver names them; a replica whose voter is
+    /// not named counts as its own). Default 1: the core alone has no notion of peers.
+    pub fn min_voters(&self) -> usize {
+        self.min_voters
+    }
+    /// Sets the quorum diversity D (see [`Config::min_voters`]).
+    pub fn with_min_voters(mut self, d: usize) -> Self {
+        self.min_voters = d;
+        self
     }
 
     /// Replica count and quorum.
@@ -217,6 +230,9 @@ impl Config {
         }
         if self.request_timeout * 2 > self.lease {
             return Err(ConfigError::RequestTimeoutNotBelowLease);
+        }
+        if self.min_voters == 0 || self.min_voters > self.m {
+            return Err(ConfigError::Diversity { d: self.min_voters, m: self.m });
         }
         if self.max_drift_ppm >= 100_000 {
             return Err(ConfigError::Drift(self.max_drift_ppm));

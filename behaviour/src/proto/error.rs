@@ -79,6 +79,14 @@ pub enum ConfigError {
     /// The clock-drift bound must stay well below 10%.
     #[error("clock drift bound {0} ppm must be below 100000")]
     Drift(u32),
+    /// A win needs votes from D distinct voters, and D votes at least.
+    #[error("distinct voters D = {d} must satisfy 1 <= D <= m (m = {m})")]
+    Diversity {
+        /// Distinct voters asked for.
+        d: usize,
+        /// Quorum.
+        m: usize,
+    },
     /// A duration that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),

@@ -27,6 +27,12 @@
 //! - a released acquisition leaves a tombstone, so a REQUEST overtaken by its own
 //!   RELEASE (no FIFO between peers) does not resurrect it;
 //! - [`Replica::new`] after a crash is the paper's "random reset": all memory gone.
+//!
+//! Beyond the paper, the takeover delay ([`Replica::hold_grants_until`]): a replica
+//! started by a host that takes over a key whose previous host may have granted it
+//! queues REQUESTs by timestamp but grants nothing until every vote the previous host
+//! can have given has run out; then the earliest waiter gets the vote. A reset then
+//! costs availability, not exclusion (ARCHITECTURE.md, "Split brain").
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -100,6 +106,8 @@ pub struct Replica<C> {
     tcs: Duration,
     /// Time of the last RELEASE by an owner.
     last_release: Option<Time>,
+    /// Takeover delay: no vote is granted before this time.
+    hold_until: Option<Time>,
     outbox: VecDeque<(C, Response<C>)>,
     stats: ReplicaStats,
 }
@@ -118,6 +126,7 @@ impl<C: Clone + Ord> Replica<C> {
             last_stamp: 0,
             tcs,
             last_release: None,
+            hold_until: None,
             outbox: VecDeque::new(),
             stats: ReplicaStats::default(),
         }
@@ -156,6 +165,20 @@ impl<C: Clone + Ord> Replica<C> {
     /// Counters.
     pub fn stats(&self) -> &ReplicaStats {
         &self.stats
+    }
+
+    /// The takeover delay: until `until`, REQUESTs are queued by timestamp and nothing
+    /// is granted (no RESPONSE names an owner, since there is none); at `until` the
+    /// earliest live waiter is granted the vote and told so. Only ever extends.
+    pub fn hold_grants_until(&mut self, until: Time) {
+        if self.owner.is_none() {
+            self.hold_until = Some(self.hold_until.map_or(until, |t| t.max(until)));
+        }
+    }
+
+    /// The end of the takeover delay, while it lasts.
+    pub fn holding_grants_until(&self) -> Option<Time> {
+        self.hold_until
     }
 
     /// True when the replica holds no state worth keeping (no owner, no waiter).
@@ -202,6 +225,14 @@ impl<C: Clone + Ord> Replica<C> {
         if self.tombstones.contains_key(&ts) {
             return Err(ReplicaError::Finished);
         }
+        // A takeover delay that ran out before its timer was handled: the earliest
+        // waiter is served first, not this request.
+        if self.hold_until.is_some_and(|t| t <= now) {
+            self.hold_until = None;
+            if self.owner.is_none() {
+                self.promote(now);
+            }
+        }
         if let Some(owner) = self.owner.as_mut().filter(|o| o.ts == ts) {
             owner.lease_until = now + self.config.lease;
             owner.echo = sent;
@@ -218,7 +249,7 @@ impl<C: Clone + Ord> Replica<C> {
             w.echo = sent;
             w.heard_at = now;
             self.expiries.insert((expires, ts.clone()));
-        } else if self.owner.is_none() {
+        } else if self.owner.is_none() && self.hold_until.is_none() {
             self.last_stamp = self.last_stamp.max(floor);
             self.grant(now, ts.clone(), sent, now);
         } else {
@@ -295,6 +326,12 @@ impl<C: Clone + Ord> Replica<C> {
     /// Lease expiry (§4 failure 3) and silent waiters. Spurious calls are harmless.
     pub fn handle_timeout(&mut self, now: Time) {
         self.forget_tombstones(now);
+        if self.hold_until.is_some_and(|t| t <= now) {
+            self.hold_until = None;
+            if self.owner.is_none() {
+                self.promote(now);
+            }
+        }
         while let Some((expires, ts)) = self.expiries.first().cloned() {
             if expires > now {
                 break;
@@ -317,10 +354,7 @@ impl<C: Clone + Ord> Replica<C> {
     pub fn poll_timeout(&self) -> Option<Time> {
         let lease = self.owner.as_ref().map(|o| o.lease_until);
         let waiter = self.expiries.first().map(|(t, _)| *t);
-        match (lease, waiter) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [lease, waiter, self.hold_until].into_iter().flatten().min()
     }
 
     /// Next RESPONSE to send, with its addressee.
@@ -449,7 +483,7 @@ impl<C: Clone + Ord> Replica<C> {
     /// Checks the replica's invariants; `Err` names the first one broken. Used by the
     /// property tests and the simulator's debug mode.
     pub fn check_invariants(&self) -> Result<(), String> {
-        if !self.queue.is_empty() && self.owner.is_none() {
+        if !self.queue.is_empty() && self.owner.is_none() && self.hold_until.is_none() {
             return Err("waiters but no owner".into());
         }
         for pair in self.queue.iter().collect::<Vec<_>>().windows(2) {

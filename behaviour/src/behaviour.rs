@@ -27,13 +27,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use libp2p::core::transport::PortUse;
 use libp2p::core::Endpoint;
 use libp2p::kad::{self, store::MemoryStore, KBucketKey};
+use libp2p::ping;
 use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport, ResponseChannel};
 use libp2p::swarm::{
-    ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent, ToSwarm,
+    CloseConnection, ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, THandler, THandlerInEvent,
+    THandlerOutEvent, ToSwarm,
 };
 use libp2p::{Multiaddr, PeerId};
 use tokio::time::Sleep;
 
+use crate::membership::{Membership, Readiness};
 use crate::proto::{
     self, client::Phase, Client, LamportClock, Replica, ReplicaError, Response, Time, Timestamp, ToReplica,
 };
@@ -58,7 +61,21 @@ pub struct Config {
     finished_memory: usize,
     max_concurrent_streams: usize,
     boot_clock: BootClock,
+    joining: bool,
+    min_voters: Option<usize>,
+    membership_window: Duration,
+    takeover_delay: Option<Duration>,
+    ping_interval: Duration,
+    ping_timeout: Duration,
 }
+
+/// Default membership window: a departed peer still counts toward the majority a
+/// serving peer must reach for this long.
+pub const DEFAULT_MEMBERSHIP_WINDOW: Duration = Duration::from_secs(600);
+/// Default interval between liveness pings on each connection.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(1);
+/// Default time a ping may take before its connection is closed as dead.
+pub const DEFAULT_PING_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The source of time since boot (suspends included) that leases are counted on.
 /// The default reads `CLOCK_BOOTTIME`; tests substitute a clock that jumps, as a
@@ -102,6 +119,12 @@ impl Default for Config {
             finished_memory: 4096,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             boot_clock: BootClock::default(),
+            joining: false,
+            min_voters: None,
+            membership_window: DEFAULT_MEMBERSHIP_WINDOW,
+            takeover_delay: None,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            ping_timeout: DEFAULT_PING_TIMEOUT,
         }
     }
 }
@@ -129,6 +152,54 @@ impl Config {
         self.boot_clock = clock;
         self
     }
+    /// This peer was given bootstrap peers: it hosts nothing and starts no acquisition
+    /// until a Kademlia bootstrap has completed with a sigma peer connected. Without
+    /// this, the peer is a one-node swarm until others join it.
+    pub fn with_joining(mut self, joining: bool) -> Self {
+        self.joining = joining;
+        self
+    }
+    /// Quorum diversity D: a win needs votes hosted by at least D distinct peers
+    /// (capped at m). Default: 2 once this peer has known another sigma peer, 1 in a
+    /// one-node swarm, so that a peer cut off from its swarm cannot win alone.
+    pub fn with_min_voters(mut self, d: Option<usize>) -> Self {
+        self.min_voters = d;
+        self
+    }
+    /// How long a departed peer still counts toward the majority (see
+    /// [`DEFAULT_MEMBERSHIP_WINDOW`]).
+    pub fn with_membership_window(mut self, d: Duration) -> Self {
+        self.membership_window = d;
+        self
+    }
+    /// The takeover delay; `None` (default) is [`Config::takeover_delay`]'s formula.
+    pub fn with_takeover_delay(mut self, d: Option<Duration>) -> Self {
+        self.takeover_delay = d;
+        self
+    }
+    /// Liveness pings: interval, and how long one may take before the connection is
+    /// closed as dead.
+    pub fn with_ping(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.ping_interval = interval.max(Duration::from_millis(10));
+        self.ping_timeout = timeout.max(Duration::from_millis(10));
+        self
+    }
+    /// How long a dead peer can go unnoticed: one ping interval plus its timeout.
+    pub fn liveness_timeout(&self) -> Duration {
+        self.ping_interval + self.ping_timeout
+    }
+    /// The takeover delay: a replica this peer starts while its previous host may have
+    /// granted it grants nothing for this long. Default: the lease stretched by the
+    /// clock-drift bound (a vote the previous host granted has run out by then on every
+    /// clock), plus the liveness timeout (the previous host, cut off, may go on granting
+    /// until it notices it is in a minority), plus the 1 s wake-up.
+    pub fn takeover_delay(&self) -> Duration {
+        self.takeover_delay.unwrap_or_else(|| {
+            let lease = self.proto.lease();
+            let drift = lease.mul_f64(f64::from(self.proto.max_drift_ppm()) / 1e6);
+            lease + drift + self.liveness_timeout() + MAX_TIMER
+        })
+    }
     /// Protocol parameters.
     pub fn protocol(&self) -> &proto::Config {
         &self.proto
@@ -144,6 +215,14 @@ pub enum AcquireError {
     /// The quorum is not a strict majority, or n is too large.
     #[error(transparent)]
     Quorum(#[from] proto::ConfigError),
+    /// Quorum diversity out of range.
+    #[error("min distinct peers {d} must be between 1 and m = {m}")]
+    MinPeers {
+        /// Asked for.
+        d: usize,
+        /// Quorum.
+        m: usize,
+    },
     /// A per-lock quorum must keep the swarm's n (the replica set every client of the
     /// lock uses) and ask for at least the swarm's m.
     #[error("per-lock quorum n = {n}, m = {m} refused: this swarm uses n = {swarm_n}, m ≥ {swarm_m}")]
@@ -257,6 +336,22 @@ pub struct Counters {
     pub replicas_created: u64,
     /// Replicas dropped because a closer peer became live (it hosts them now).
     pub replicas_handed_over: u64,
+    /// Replicas dropped because this peer stopped serving (minority, stall).
+    pub replicas_dropped_not_serving: u64,
+    /// Replicas started under the takeover delay.
+    pub replicas_held: u64,
+    /// Connections closed because a liveness ping failed.
+    pub ping_failures: u64,
+    /// Times the event loop was found stalled past the liveness timeout.
+    pub stalls: u64,
+    /// Gauge: serving now (joined, majority reachable).
+    pub serving: bool,
+    /// Gauge: still joining the swarm.
+    pub joining: bool,
+    /// Gauge: known sigma peers, this one included.
+    pub members: usize,
+    /// Gauge: of which connected, this one included.
+    pub reachable_members: usize,
     /// Responses refused by a local acquisition (stale, too far ahead, …), by reason.
     pub responses_refused: BTreeMap<&'static str, u64>,
     /// Acquisitions started, won, lost.
@@ -302,6 +397,8 @@ pub struct Inner {
     pub kad: kad::Behaviour<MemoryStore>,
     /// The sigma wire.
     pub rr: request_response::Behaviour<wire::Codec>,
+    /// Liveness: a connection whose ping fails is closed.
+    pub ping: ping::Behaviour,
 }
 
 /// Events of [`Inner`].
@@ -311,6 +408,14 @@ pub enum InnerEvent {
     Kad(kad::Event),
     /// From request-response.
     Rr(request_response::Event<Request, Reply>),
+    /// From ping.
+    Ping(ping::Event),
+}
+
+impl From<ping::Event> for InnerEvent {
+    fn from(e: ping::Event) -> Self {
+        InnerEvent::Ping(e)
+    }
 }
 
 impl From<kad::Event> for InnerEvent {
@@ -329,6 +434,9 @@ struct Acquisition {
     resource: String,
     n: u16,
     client: Client<PeerId>,
+    /// Started while this peer was joining: nothing sent yet; started afresh (same
+    /// timestamp) once it is ready.
+    deferred: Option<proto::Config>,
 }
 
 /// An outbound request, kept for redirects and failures.
@@ -432,6 +540,9 @@ pub struct Behaviour {
     timer: Option<(Time, Pin<Box<Sleep>>)>,
     waker: Option<Waker>,
     counters: Counters,
+    membership: Membership,
+    /// Connections whose liveness ping failed, to close.
+    to_close: VecDeque<(PeerId, ConnectionId)>,
     /// Frames the codec refused (shared with every connection's codec).
     codec_stats: Arc<wire::CodecStats>,
     next_id: u64,
@@ -455,9 +566,18 @@ impl Behaviour {
                 .with_request_timeout(config.request_timeout)
                 .with_max_concurrent_streams(config.max_concurrent_streams),
         );
+        let ping = ping::Behaviour::new(
+            ping::Config::new().with_interval(config.ping_interval).with_timeout(config.ping_timeout),
+        );
+        let membership = Membership::new(
+            config.joining,
+            config.membership_window,
+            config.takeover_delay(),
+            config.liveness_timeout(),
+        );
         let clock = Clock::new(config.boot_clock.clone());
         Behaviour {
-            inner: Inner { kad, rr },
+            inner: Inner { kad, rr, ping },
             local,
             local_key: KBucketKey::from(local),
             config,
@@ -478,6 +598,8 @@ impl Behaviour {
             timer: None,
             waker: None,
             counters: Counters::default(),
+            membership,
+            to_close: VecDeque::new(),
             codec_stats,
             next_id: 0,
         }
@@ -517,6 +639,10 @@ impl Behaviour {
     /// Counters for metrics (a snapshot).
     pub fn counters(&self) -> Counters {
         let mut c = self.counters.clone();
+        c.stalls = self.membership.stalls();
+        c.serving = self.membership.serving();
+        c.joining = !self.membership.ready();
+        (c.reachable_members, c.members) = self.members();
         for (kind, n) in [("malformed", &self.codec_stats.malformed), ("oversized", &self.codec_stats.oversized)] {
             let n = n.load(Ordering::Relaxed);
             if n > 0 {
@@ -543,6 +669,19 @@ impl Behaviour {
     /// the swarm's (replicas are shared by every client of a lock, so a client on fewer
     /// replicas could win beside one on more) and m at least the swarm's.
     pub fn acquire(&mut self, resource: &str, quorum: Option<(usize, usize)>) -> Result<AcquisitionId, AcquireError> {
+        self.acquire_with(resource, quorum, None)
+    }
+
+    /// [`Behaviour::acquire`] with a per-lock quorum diversity: the win needs votes
+    /// hosted by at least `min_peers` distinct peers (default: the node's, see
+    /// [`Config::with_min_voters`]). While this peer is joining its swarm the acquisition
+    /// waits, sending nothing.
+    pub fn acquire_with(
+        &mut self,
+        resource: &str,
+        quorum: Option<(usize, usize)>,
+        min_peers: Option<usize>,
+    ) -> Result<AcquisitionId, AcquireError> {
         wire::validate_resource(resource).map_err(|_| AcquireError::BadName)?;
         let mut config = self.config.proto.clone();
         if let Some((n, m)) = quorum {
@@ -552,6 +691,13 @@ impl Behaviour {
             }
             config = config.with_quorum(n, m);
         }
+        let m = config.m();
+        let d = match min_peers.or(self.config.min_voters) {
+            Some(d) if d == 0 || d > m => return Err(AcquireError::MinPeers { d, m }),
+            Some(d) => d,
+            None => self.default_min_voters().min(m),
+        };
+        let config = config.with_min_voters(d);
         config.validate()?;
         let n = u16::try_from(config.n()).map_err(|_| proto::ConfigError::TooManyReplicas(config.n()))?;
         let now = self.clock.now();
@@ -559,12 +705,81 @@ impl Behaviour {
         let id = AcquisitionId(self.next_id);
         self.next_id += 1;
         self.counters.acquisitions += 1;
-        let client = Client::new(config, ts, now);
+        let deferred = (!self.membership.ready()).then(|| config.clone());
+        let mut client = Client::new(config, ts, now);
+        if deferred.is_some() {
+            while client.poll_transmit().is_some() {}
+        }
         self.by_ts.insert(ts, id);
-        self.acquisitions.insert(id, Acquisition { resource: resource.to_owned(), n, client });
+        self.acquisitions.insert(id, Acquisition { resource: resource.to_owned(), n, client, deferred });
         self.drain_acquisition(id);
         self.wake();
         Ok(id)
+    }
+
+    /// The default quorum diversity: 2 once this peer has known another sigma peer, 1 in
+    /// a one-node swarm.
+    fn default_min_voters(&self) -> usize {
+        if self.membership.members() > 1 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Whether this peer serves replicas, and why not.
+    pub fn readiness(&self) -> Readiness {
+        if self.membership.serving() {
+            Readiness::Serving
+        } else {
+            match self.membership.readiness() {
+                // Majority regained, not yet noticed by the housekeeping.
+                Readiness::Serving => Readiness::Minority {
+                    reachable: self.membership.reachable() + 1,
+                    members: self.membership.members(),
+                },
+                r => r,
+            }
+        }
+    }
+
+    /// The membership view: (reachable members, members), this peer included in both.
+    pub fn members(&self) -> (usize, usize) {
+        (self.membership.reachable() + 1, self.membership.members())
+    }
+
+    /// The takeover delay in force.
+    pub fn takeover_delay(&self) -> Duration {
+        self.membership.delay()
+    }
+
+    /// Times this peer's event loop was found stalled past the liveness timeout.
+    pub fn stalls(&self) -> u64 {
+        self.membership.stalls()
+    }
+
+    /// Membership housekeeping (see [`Membership::tick`]): drops every hosted replica
+    /// when serving stops or restarts, starts deferred acquisitions once ready.
+    fn housekeeping(&mut self, now: Time) {
+        if self.membership.tick(now) && !self.replicas.is_empty() {
+            self.counters.replicas_dropped_not_serving += self.replicas.len() as u64;
+            tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
+            self.replicas.clear();
+        }
+        if self.membership.ready() {
+            let deferred: Vec<AcquisitionId> =
+                self.acquisitions.iter().filter(|(_, a)| a.deferred.is_some()).map(|(id, _)| *id).collect();
+            for id in deferred {
+                if let Some(a) = self.acquisitions.get_mut(&id) {
+                    if let Some(config) = a.deferred.take() {
+                        if a.client.phase() == Phase::Waiting {
+                            a.client = Client::new(config, *a.client.ts(), now);
+                        }
+                    }
+                }
+                self.drain_acquisition(id);
+            }
+        }
     }
 
     /// Releases (or abandons) an acquisition. Unknown ids are ignored.
@@ -649,6 +864,8 @@ impl Behaviour {
         if !self.connected.contains_key(&peer) || !self.routable.contains(&peer) {
             return;
         }
+        let now = self.clock.now();
+        self.membership.connected(peer, now);
         let theirs = KBucketKey::from(peer);
         let before = self.replicas.len();
         let local_key = &self.local_key;
@@ -704,8 +921,11 @@ impl Behaviour {
             let local = self.local;
             // A local refusal (a duplicate RELEASE, say) needs no answer: the core retries
             // on its timers like for a lost message.
+            if !self.membership.serving() {
+                return; // not serving: as if lost; the core retries
+            }
             if let Ok(responses) = self.handle_replica(local, &resource, index, msg) {
-                responses.into_iter().for_each(|r| self.deliver(&resource, index, r));
+                responses.into_iter().for_each(|r| self.deliver(local, &resource, index, r));
             }
             return;
         }
@@ -780,7 +1000,15 @@ impl Behaviour {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 self.counters.replicas_created += 1;
-                e.insert(Replica::new(self.config.proto.clone()))
+                let mut replica = Replica::new(self.config.proto.clone());
+                // The takeover delay: its previous host may have granted it.
+                let k = Self::key(resource, index);
+                let mine = self.local_key.distance(&k);
+                if let Some(until) = self.membership.hold_until(now, |p| KBucketKey::from(*p).distance(&k) < mine) {
+                    self.counters.replicas_held += 1;
+                    replica.hold_grants_until(until);
+                }
+                e.insert(replica)
             }
         };
         let result = replica.handle(now, &from, msg);
@@ -811,7 +1039,7 @@ impl Behaviour {
     /// Sends an unsolicited RESPONSE from a hosted replica to its client.
     fn notify(&mut self, to: PeerId, resource: &str, index: u16, resp: Response<PeerId>) {
         if to == self.local {
-            self.deliver(resource, index, resp);
+            self.deliver(self.local, resource, index, resp);
             return;
         }
         Counters::bump(&mut self.counters.messages_out, "notify");
@@ -821,7 +1049,7 @@ impl Behaviour {
 
     /// Hands a RESPONSE to the local acquisition it is for. A grant to an acquisition
     /// that is already finished is given back at once.
-    fn deliver(&mut self, resource: &str, index: u16, resp: Response<PeerId>) {
+    fn deliver(&mut self, voter: PeerId, resource: &str, index: u16, resp: Response<PeerId>) {
         let now = self.clock.now();
         // Lamport's receive rule, within the clock-offset bound (a value near u64::MAX
         // would pin the clock there and give later acquisitions equal timestamps).
@@ -842,7 +1070,7 @@ impl Behaviour {
         };
         if let Some(a) = self.acquisitions.get_mut(&id) {
             if a.resource == resource {
-                if let Err(e) = a.client.handle_response(now, usize::from(index), resp) {
+                if let Err(e) = a.client.handle_response_from(now, usize::from(index), voter, resp) {
                     let reason = match e {
                         proto::ClientError::Stale => "stale",
                         proto::ClientError::Ahead { .. } => "ahead",
@@ -865,16 +1093,13 @@ impl Behaviour {
                     proto::Event::Acquired { token, votes, valid_until } => {
                         self.counters.acquired += 1;
                         let resource = a.resource.clone();
-                        let voters: Vec<u16> = a
+                        let peers: HashSet<PeerId> = a
                             .client
                             .views()
                             .iter()
-                            .enumerate()
-                            .filter(|(_, v)| v.owner.as_ref() == Some(a.client.ts()))
-                            .filter_map(|(i, _)| u16::try_from(i).ok())
+                            .filter(|v| v.owner.as_ref() == Some(a.client.ts()))
+                            .filter_map(|v| v.voter)
                             .collect();
-                        let peers: HashSet<PeerId> =
-                            voters.iter().filter_map(|i| self.hosts.get(&(resource.clone(), *i)).copied()).collect();
                         Event::Acquired {
                             id,
                             resource,
@@ -893,6 +1118,9 @@ impl Behaviour {
                 continue;
             }
             if let Some((index, msg)) = a.client.poll_transmit() {
+                if a.deferred.is_some() {
+                    continue; // nothing was sent: nothing to send now
+                }
                 let (resource, n) = (a.resource.clone(), a.n);
                 let index = u16::try_from(index).unwrap_or(u16::MAX);
                 self.send_to_replica(resource, n, index, msg, 0);
@@ -931,6 +1159,7 @@ impl Behaviour {
                 Request::Replica { n, .. } if usize::from(n) != self.config.proto.n() => {
                     Reply::Rejected(Rejection::QuorumMismatch)
                 }
+                Request::Replica { .. } if !self.membership.serving() => Reply::Rejected(Rejection::NotServing),
                 Request::Replica { resource, index, msg, .. } => {
                     if let Some(closer) = self.closer_live_peer(&resource, index) {
                         self.counters.redirects_sent += 1;
@@ -966,7 +1195,7 @@ impl Behaviour {
                         // speak for it: any other could forge m promotions.
                         Reply::Rejected(Rejection::NotHost)
                     } else {
-                        self.deliver(&resource, index, resp);
+                        self.deliver(peer, &resource, index, resp);
                         Reply::Ack
                     }
                 }
@@ -997,7 +1226,7 @@ impl Behaviour {
             Reply::Responses(responses) => {
                 for r in responses {
                     if r.ts.client == self.local {
-                        self.deliver(&p.resource, p.index, r);
+                        self.deliver(peer, &p.resource, p.index, r);
                     }
                 }
             }
@@ -1102,7 +1331,28 @@ impl Behaviour {
                     .map_or(self.local, |(_, p)| p);
                 self.hosts.insert((resource, index), best);
             }
+            InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
+                result: kad::QueryResult::Bootstrap(Ok(_)),
+                step,
+                ..
+            }) if step.last => {
+                let was_ready = self.membership.ready();
+                self.membership.bootstrapped();
+                if !was_ready && self.membership.ready() {
+                    tracing::info!("joined the swarm: ready");
+                    let now = self.clock.now();
+                    self.housekeeping(now);
+                }
+            }
             InnerEvent::Kad(_) => {}
+            // A peer that does not speak ping (a light client, a probe) is not judged.
+            InnerEvent::Ping(ping::Event { result: Err(ping::Failure::Unsupported), .. }) => {}
+            InnerEvent::Ping(ping::Event { peer, connection, result: Err(error) }) => {
+                tracing::debug!(%peer, %error, "liveness ping failed: closing the connection");
+                self.counters.ping_failures += 1;
+                self.to_close.push_back((peer, connection));
+            }
+            InnerEvent::Ping(_) => {}
         }
     }
 
@@ -1129,7 +1379,7 @@ impl Behaviour {
         let due: Vec<AcquisitionId> = self
             .acquisitions
             .iter()
-            .filter(|(_, a)| a.client.poll_timeout().is_some_and(|t| t <= now))
+            .filter(|(_, a)| a.deferred.is_none() && a.client.poll_timeout().is_some_and(|t| t <= now))
             .map(|(id, _)| *id)
             .collect();
         for id in due {
@@ -1142,7 +1392,8 @@ impl Behaviour {
 
     fn next_deadline(&self) -> Option<Time> {
         let replicas = self.replicas.values().filter_map(|r| r.poll_timeout());
-        let clients = self.acquisitions.values().filter_map(|a| a.client.poll_timeout());
+        let clients =
+            self.acquisitions.values().filter(|a| a.deferred.is_none()).filter_map(|a| a.client.poll_timeout());
         replicas.chain(clients).min()
     }
 }
@@ -1218,6 +1469,9 @@ impl NetworkBehaviour for Behaviour {
                     *c = c.saturating_sub(1);
                     if *c == 0 {
                         self.connected.remove(&e.peer_id);
+                        let now = self.clock.now();
+                        self.membership.disconnected(e.peer_id, now);
+                        self.housekeeping(now);
                     }
                 }
             }
@@ -1236,9 +1490,14 @@ impl NetworkBehaviour for Behaviour {
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
+        let now = self.clock.now();
+        self.housekeeping(now);
         loop {
             if let Some(e) = self.events.pop_front() {
                 return Poll::Ready(ToSwarm::GenerateEvent(e));
+            }
+            if let Some((peer_id, id)) = self.to_close.pop_front() {
+                return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::One(id) });
             }
             match self.inner.poll(cx) {
                 Poll::Ready(ToSwarm::GenerateEvent(e)) => {
@@ -1251,21 +1510,19 @@ impl NetworkBehaviour for Behaviour {
                 Poll::Pending => {}
             }
             // One timer, reset only when the core's next deadline comes before it; at
-            // most MAX_TIMER away (see there). Waking early is harmless.
-            match self.next_deadline() {
-                None => self.timer = None,
-                Some(at) => {
-                    if self.timer.as_ref().is_none_or(|(t, _)| *t > at) {
-                        let at = at.min(self.clock.now() + MAX_TIMER);
-                        let deadline = tokio::time::Instant::from_std(self.clock.instant(at));
-                        self.timer = Some((at, Box::pin(tokio::time::sleep_until(deadline))));
-                    }
-                }
+            // most MAX_TIMER away (see there; the membership housekeeping also needs a
+            // wake-up at least that often). Waking early is harmless.
+            let at =
+                self.next_deadline().map_or(self.clock.now() + MAX_TIMER, |at| at.min(self.clock.now() + MAX_TIMER));
+            if self.timer.as_ref().is_none_or(|(t, _)| *t > at) {
+                let deadline = tokio::time::Instant::from_std(self.clock.instant(at));
+                self.timer = Some((at, Box::pin(tokio::time::sleep_until(deadline))));
             }
             if let Some((_, sleep)) = self.timer.as_mut() {
                 if sleep.as_mut().poll(cx).is_ready() {
                     self.timer = None;
                     let now = self.clock.now();
+                    self.housekeeping(now);
                     self.handle_timeouts(now);
                     continue;
                 }

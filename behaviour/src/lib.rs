@@ -9,6 +9,8 @@
 //!   drives the core.
 
 mod behaviour;
+pub mod membership;
+pub use membership::Readiness;
 pub mod proto;
 pub mod wire;
 

@@ -115,6 +115,9 @@ pub enum Rejection {
     /// A NOTIFY from a peer this node does not know as the host of that replica (a
     /// forged promotion, or a host that has just been replaced).
     NotHost,
+    /// The peer serves no replica now: joining its swarm, on the minority side of a
+    /// split, or starting over after a stall.
+    NotServing,
 }
 
 impl Rejection {
@@ -131,6 +134,7 @@ impl Rejection {
             Rejection::Ahead => "ahead",
             Rejection::QuorumMismatch => "quorum_mismatch",
             Rejection::NotHost => "not_host",
+            Rejection::NotServing => "not_serving",
         }
     }
 }

@@ -14,8 +14,12 @@ use sigma_behaviour::proto::{self, Timestamp, ToReplica};
 use sigma_behaviour::wire::{self, Rejection, Reply, Request};
 use sigma_behaviour::{Behaviour, Config, Event};
 
+/// n = 5, m = 3, 5 s leases; no takeover delay (the tests of the split-brain rules set
+/// their own).
 fn config() -> Config {
-    Config::default().with_protocol(proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5)))
+    Config::default()
+        .with_protocol(proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5)))
+        .with_takeover_delay(Some(Duration::ZERO))
 }
 
 async fn swarms(count: usize) -> Vec<Swarm<Behaviour>> {
@@ -318,7 +322,9 @@ async fn a_holder_whose_clock_jumps_past_its_lease_is_lost_at_once() {
     let lease = Duration::from_secs(60);
     let proto = proto::Config::default().with_quorum(5, 3).with_lease(lease);
     let mut s = Swarm::new_ephemeral_tokio(|kp| {
-        Behaviour::new(kp.public().to_peer_id(), Config::default().with_protocol(proto).with_boot_clock(source))
+        let config =
+            Config::default().with_protocol(proto).with_boot_clock(source).with_takeover_delay(Some(Duration::ZERO));
+        Behaviour::new(kp.public().to_peer_id(), config)
     });
     let id = s.behaviour_mut().acquire("laptop", None).expect("valid");
     let event = with_timeout(async {

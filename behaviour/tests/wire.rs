@@ -59,7 +59,10 @@ impl Codec for Raw {
 }
 
 fn node() -> Swarm<Behaviour> {
-    let config = Config::default().with_protocol(proto::Config::default().with_quorum(3, 2));
+    // No takeover delay: a lone node that just started would hold its first grants.
+    let config = Config::default()
+        .with_protocol(proto::Config::default().with_quorum(3, 2))
+        .with_takeover_delay(Some(Duration::ZERO));
     Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config))
 }
 

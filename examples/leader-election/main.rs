@@ -35,7 +35,9 @@ struct Args {
     /// Interval of the leader's heartbeat, in ms.
     #[arg(long, default_value_t = 500)]
     heartbeat_ms: u64,
-    /// Fail if no new leader is in office this long after a kill, in ms (default: 3 leases).
+    /// Fail if no new leader is in office this long after a kill, in ms (default: 3
+    /// leases plus the takeover delay: the replicas the dead leader's node hosted move to
+    /// other nodes, which grant them only after every vote it gave has run out).
     #[arg(long)]
     takeover_bound_ms: Option<u64>,
 }
@@ -198,7 +200,7 @@ async fn start_swarm(k: usize, lease: Duration) -> anyhow::Result<Vec<Node>> {
     for node in &nodes {
         loop {
             let status = node.handle().status().await?;
-            if status.connected_peers.len() + 1 >= k && status.routable_peers + 1 >= k {
+            if status.ready && status.connected_peers.len() + 1 >= k && status.routable_peers + 1 >= k {
                 break;
             }
             ensure!(Instant::now() < deadline, "the swarm did not form: {status:?}");
@@ -210,7 +212,10 @@ async fn start_swarm(k: usize, lease: Duration) -> anyhow::Result<Vec<Node>> {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let lease = Duration::from_millis(args.lease_ms);
-    let bound = Duration::from_millis(args.takeover_bound_ms.unwrap_or(3 * args.lease_ms));
+    let delay = sigma_node::sigma_behaviour::Config::default()
+        .with_protocol(sigma_node::sigma_behaviour::proto::Config::default().with_lease(lease))
+        .takeover_delay();
+    let bound = args.takeover_bound_ms.map_or(3 * lease + delay, Duration::from_millis);
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
     let mut nodes: Vec<Option<Node>> = start_swarm(args.nodes, lease).await?.into_iter().map(Some).collect();
     let office = Arc::new(Office::new());

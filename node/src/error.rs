@@ -84,6 +84,10 @@ pub enum LockError {
     /// The lock was not won in time; the attempt has been abandoned.
     #[error("timed out waiting for the lock")]
     Timeout,
+    /// The node does not serve (it is joining its swarm, or reaches no majority of the
+    /// peers it knows) and the lock was not won within the timeout.
+    #[error("the node is not ready: {0}")]
+    NotReady(String),
     /// The node's event loop is not running.
     #[error("the node is stopped")]
     NodeStopped,
@@ -98,7 +102,7 @@ impl From<sigma_behaviour::AcquireError> for LockError {
         match e {
             E::BadName => LockError::BadName,
             E::Quorum(e) => LockError::Quorum(e),
-            e @ E::SwarmQuorum { .. } => LockError::SwarmQuorum(e.to_string()),
+            e @ (E::SwarmQuorum { .. } | E::MinPeers { .. }) => LockError::SwarmQuorum(e.to_string()),
         }
     }
 }

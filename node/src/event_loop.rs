@@ -25,6 +25,8 @@ const TOKEN_MEMORY: usize = 4096;
 const BOOTSTRAP_FIRST_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest delay between the node's own bootstraps.
 const BOOTSTRAP_MAX_INTERVAL: Duration = Duration::from_secs(300);
+/// Longest delay between attempts to reach the bootstrap peers while joining.
+const JOINING_RETRY: Duration = Duration::from_secs(4);
 
 /// Where a probe's round trips go (by replica index; `None`: no answer).
 pub(crate) type ProbeReply = oneshot::Sender<Result<Vec<Option<Duration>>, LockError>>;
@@ -34,6 +36,7 @@ pub(crate) enum Command {
     Lock {
         name: String,
         quorum: Option<(usize, usize)>,
+        min_peers: Option<usize>,
         timeout: Option<Duration>,
         reply: oneshot::Sender<Result<LockGuard, LockError>>,
     },
@@ -98,6 +101,8 @@ pub(crate) struct EventLoop {
     shutdown_grace: Duration,
     next_bootstrap: Instant,
     bootstrap_interval: Duration,
+    /// The peers given to join through: redialled while the node is still joining.
+    pub(crate) bootstrap_peers: Vec<(libp2p::PeerId, libp2p::Multiaddr)>,
 }
 
 impl EventLoop {
@@ -122,6 +127,7 @@ impl EventLoop {
             shutdown_grace,
             next_bootstrap: Instant::now() + BOOTSTRAP_FIRST_INTERVAL,
             bootstrap_interval: BOOTSTRAP_FIRST_INTERVAL,
+            bootstrap_peers: Vec::new(),
             metrics: None,
         }
     }
@@ -156,19 +162,21 @@ impl EventLoop {
 
     fn on_command(&mut self, command: Command) {
         match command {
-            Command::Lock { name, quorum, timeout, reply } => match self.sigma().acquire(&name, quorum) {
-                Err(e) => {
-                    let _ = reply.send(Err(e.into()));
-                }
-                Ok(id) => {
-                    tracing::debug!(lock = %name, %id, "acquiring");
-                    let deadline = timeout.and_then(|d| Instant::now().checked_add(d)); // too far: none
-                    if let Some(at) = deadline {
-                        self.deadlines.insert((at, id));
+            Command::Lock { name, quorum, min_peers, timeout, reply } => {
+                match self.sigma().acquire_with(&name, quorum, min_peers) {
+                    Err(e) => {
+                        let _ = reply.send(Err(e.into()));
                     }
-                    self.waiting.insert(id, Waiter { name, reply, deadline });
+                    Ok(id) => {
+                        tracing::debug!(lock = %name, %id, "acquiring");
+                        let deadline = timeout.and_then(|d| Instant::now().checked_add(d)); // too far: none
+                        if let Some(at) = deadline {
+                            self.deadlines.insert((at, id));
+                        }
+                        self.waiting.insert(id, Waiter { name, reply, deadline });
+                    }
                 }
-            },
+            }
             Command::Release { id, reply } => {
                 self.release(id);
                 if let Some(reply) = reply {
@@ -228,6 +236,8 @@ impl EventLoop {
         locks_waiting.sort();
         let mut connected_peers: Vec<_> = self.swarm.connected_peers().copied().collect();
         connected_peers.sort();
+        let readiness = sigma.readiness();
+        let (reachable_members, members) = sigma.members();
         Status {
             peer_id: *self.swarm.local_peer_id(),
             listen_addrs: self.swarm.listeners().cloned().collect(),
@@ -237,6 +247,12 @@ impl EventLoop {
             locks_held,
             locks_waiting,
             token_regressions: self.token_regressions,
+            ready: readiness == sigma_behaviour::Readiness::Serving,
+            readiness: readiness.as_str(),
+            readiness_detail: readiness.to_string(),
+            members,
+            reachable_members,
+            takeover_delay_ms: u64::try_from(sigma.takeover_delay().as_millis()).unwrap_or(u64::MAX),
         }
     }
 
@@ -292,7 +308,7 @@ impl EventLoop {
                 }
                 self.check_token(&resource, token);
                 let (state, rx) = watch::channel(GuardState { valid_until, lost: false });
-                let guard = LockGuard::new(resource.clone(), token, id, self.sender.clone(), rx);
+                let guard = LockGuard::new(resource.clone(), token, id, self.sender.clone(), rx, distinct_peers);
                 self.held.insert(id, Held { name: resource.clone(), token, state });
                 match waiter.reply.send(Ok(guard)) {
                     Ok(()) => tracing::info!(lock = %resource, token, votes, distinct_peers, %id, "lock acquired"),
@@ -342,8 +358,24 @@ impl EventLoop {
     fn on_tick(&mut self) {
         let now = Instant::now();
         if now >= self.next_bootstrap {
-            self.bootstrap_interval = (self.bootstrap_interval * 2).min(BOOTSTRAP_MAX_INTERVAL);
+            let joining = self.sigma().readiness() == sigma_behaviour::Readiness::Joining;
+            // Still joining: keep trying the bootstrap peers (Kademlia forgets the
+            // address of a peer it could not dial), at least every JOINING_RETRY.
+            let cap = if joining { JOINING_RETRY } else { BOOTSTRAP_MAX_INTERVAL };
+            self.bootstrap_interval = (self.bootstrap_interval * 2).min(cap);
             self.next_bootstrap = now + self.bootstrap_interval;
+            if joining {
+                for (peer, addr) in self.bootstrap_peers.clone() {
+                    if !self.swarm.is_connected(&peer) {
+                        let mut plain = addr.clone();
+                        plain.pop();
+                        self.sigma().add_address(&peer, plain);
+                        if let Err(e) = self.swarm.dial(addr.clone()) {
+                            tracing::debug!(%addr, error = %e, "cannot dial a bootstrap peer");
+                        }
+                    }
+                }
+            }
             // Fails only with an empty routing table: nothing to do then.
             if let Ok(query) = self.sigma().kad_mut().bootstrap() {
                 tracing::debug!(?query, next_in = ?self.bootstrap_interval, "Kademlia bootstrap");
@@ -377,7 +409,13 @@ impl EventLoop {
             if let Some(w) = self.waiting.remove(&id) {
                 tracing::debug!(lock = %w.name, %id, "timed out waiting for the lock");
                 self.sigma().release(id);
-                let _ = w.reply.send(Err(LockError::Timeout));
+                // A node that does not serve says why rather than "timed out".
+                let readiness = self.sigma().readiness();
+                let error = match readiness {
+                    sigma_behaviour::Readiness::Serving => LockError::Timeout,
+                    r => LockError::NotReady(r.to_string()),
+                };
+                let _ = w.reply.send(Err(error));
             }
         }
     }

@@ -48,6 +48,8 @@ pub struct LockGuard {
     state: watch::Receiver<GuardState>,
     /// Release already sent (or detached): nothing to do on drop.
     done: bool,
+    /// Distinct peers hosting the votes at the win.
+    distinct_peers: usize,
 }
 
 impl LockGuard {
@@ -57,8 +59,15 @@ impl LockGuard {
         id: AcquisitionId,
         commands: mpsc::Sender<Command>,
         state: watch::Receiver<GuardState>,
+        distinct_peers: usize,
     ) -> Self {
-        LockGuard { name, token, id, commands, state, done: false }
+        LockGuard { name, token, id, commands, state, done: false, distinct_peers }
+    }
+
+    /// Distinct peers whose replicas voted for this holder at the win (at least the
+    /// quorum diversity D asked for).
+    pub fn distinct_peers(&self) -> usize {
+        self.distinct_peers
     }
 
     /// The lock's name.

@@ -118,6 +118,8 @@ pub struct Acquired {
     pub valid_until_ms: u64,
     /// The same deadline as a duration from the moment of the answer.
     pub valid_for_ms: u64,
+    /// Distinct peers whose replicas voted for this holder.
+    pub distinct_peers: usize,
 }
 
 /// Body of a release.
@@ -141,6 +143,10 @@ pub struct Released {
 pub struct ErrorBody {
     /// What went wrong.
     pub error: String,
+    /// A stable code where the client may act on it: `not_ready` (503: the node is
+    /// joining its swarm or reaches no majority of the peers it knows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 /// A lock held by the daemon for an HTTP client.
@@ -274,7 +280,7 @@ struct AppState {
 }
 
 fn error(status: StatusCode, msg: impl Into<String>) -> Response {
-    (status, Json(ErrorBody { error: msg.into() })).into_response()
+    (status, Json(ErrorBody { error: msg.into(), code: None })).into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -282,6 +288,7 @@ struct AcquireQuery {
     timeout_ms: Option<u64>,
     n: Option<usize>,
     m: Option<usize>,
+    min_peers: Option<usize>,
 }
 
 /// Splits a POST path `NAME/ACTION`.
@@ -298,7 +305,9 @@ async fn post_lock(
     match split_action(&path) {
         Some((name, "acquire")) => match query {
             Ok(Query(q)) => acquire(s, name, q).await,
-            Err(e) => error(StatusCode::BAD_REQUEST, format!("bad query (timeout_ms, n, m are integers): {e}")),
+            Err(e) => {
+                error(StatusCode::BAD_REQUEST, format!("bad query (timeout_ms, n, m, min_peers are integers): {e}"))
+            }
         },
         Some((name, "release")) => match serde_json::from_slice::<ReleaseBody>(&body) {
             Ok(b) => release(s, name, b.token).await,
@@ -314,7 +323,7 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
         (None, None) => None,
         _ => return error(StatusCode::BAD_REQUEST, "n and m go together"),
     };
-    let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis) };
+    let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis), min_peers: q.min_peers };
     let start = Instant::now();
     let result = s.handle.lock_with(name, opts).await;
     let elapsed = start.elapsed();
@@ -322,7 +331,13 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
         Ok(guard) => {
             s.metrics.observe_acquire(Outcome::Acquired, elapsed);
             let (valid_until_ms, valid_for_ms) = deadline_ms(guard.valid_until());
-            let body = Acquired { name: guard.name().to_owned(), token: guard.token(), valid_until_ms, valid_for_ms };
+            let body = Acquired {
+                name: guard.name().to_owned(),
+                token: guard.token(),
+                valid_until_ms,
+                valid_for_ms,
+                distinct_peers: guard.distinct_peers(),
+            };
             tracing::info!(name = %body.name, token = body.token, ?elapsed, "lock acquired for an HTTP client");
             hold(&s.held, &s.metrics, guard);
             (StatusCode::OK, Json(body)).into_response()
@@ -334,10 +349,12 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
                     (Outcome::Error, StatusCode::BAD_REQUEST)
                 }
                 LockError::NodeStopped => (Outcome::Error, StatusCode::SERVICE_UNAVAILABLE),
+                LockError::NotReady(_) => (Outcome::NotReady, StatusCode::SERVICE_UNAVAILABLE),
                 LockError::Lost => (Outcome::Error, StatusCode::CONFLICT),
             };
             s.metrics.observe_acquire(outcome, elapsed);
-            error(status, e.to_string())
+            let code = matches!(e, LockError::NotReady(_)).then(|| "not_ready".to_owned());
+            (status, Json(ErrorBody { error: e.to_string(), code })).into_response()
         }
     }
 }

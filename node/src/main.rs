@@ -28,6 +28,9 @@ const EXIT_LOST: u8 = 76;
 const EXIT_UNAVAILABLE: u8 = 69;
 /// Exit code for a request the daemon refused (bad lock name or quorum).
 const EXIT_USAGE: u8 = 64;
+/// Exit code of `sigma lock` when the daemon does not serve: it has not joined its
+/// swarm yet, or reaches no majority of the peers it knows.
+const EXIT_NOT_READY: u8 = 78;
 
 #[derive(Parser, Debug)]
 #[command(name = "sigma", version, about = "A Sigma distributed lock peer and its command line")]
@@ -53,9 +56,10 @@ enum Cmd {
     /// SIGKILL after --grace. SIGINT, SIGTERM and SIGHUP are forwarded to it.
     ///
     /// Exit status: the command's (128+N if killed by signal N); 75 if the lock was not
-    /// acquired within --timeout; 76 if the lock was lost while the command ran; 69 if
-    /// the daemon cannot be reached; 64 for a bad lock name or quorum; 126/127 if the
-    /// command cannot be started.
+    /// acquired within --timeout; 76 if the lock was lost while the command ran; 78 if
+    /// the daemon is not ready (not joined to its swarm, or cut off from the majority of
+    /// it) when --timeout runs out; 69 if the daemon cannot be reached; 64 for a bad lock
+    /// name or quorum; 126/127 if the command cannot be started.
     Lock(LockArgs),
     /// Show the local peer: id, addresses, peers, replicas, locks held and waited for.
     Status(StatusArgs),
@@ -84,6 +88,25 @@ struct RunArgs {
     /// Lease of a vote in milliseconds (default 10000); renewals every third of it.
     #[arg(long, value_name = "MS")]
     lease_ms: Option<u64>,
+    /// Quorum diversity D: a lock is won only with votes hosted by at least D distinct
+    /// peers [default: 2 once another peer is known, 1 in a one-node swarm].
+    #[arg(long, value_name = "D", env = "SIGMA_MIN_PEERS")]
+    min_peers: Option<usize>,
+    /// Takeover delay: a replica this peer takes over (after its start, a split, or a
+    /// closer peer's departure) grants nothing for this long [default: lease + drift +
+    /// liveness timeout + 1s]. Shorter than that, a replica reset can break exclusion.
+    #[arg(long, value_parser = parse_duration, env = "SIGMA_TAKEOVER_DELAY")]
+    takeover_delay: Option<Duration>,
+    /// A departed peer still counts toward the majority this peer must reach to serve,
+    /// for this long (only while serving: the minority side of a split forgets nobody).
+    #[arg(long, value_parser = parse_duration, default_value = "10m", env = "SIGMA_MEMBERSHIP_WINDOW")]
+    membership_window: Duration,
+    /// Liveness pings on every connection: interval.
+    #[arg(long, value_parser = parse_duration, default_value = "1s", env = "SIGMA_PING_INTERVAL")]
+    ping_interval: Duration,
+    /// Liveness pings: a connection whose ping takes longer is closed as dead.
+    #[arg(long, value_parser = parse_duration, default_value = "3s", env = "SIGMA_PING_TIMEOUT")]
+    ping_timeout: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -103,6 +126,10 @@ struct LockArgs {
     /// Quorum for this lock: votes needed (with --n), at least the swarm's m.
     #[arg(long, requires = "n")]
     m: Option<usize>,
+    /// Quorum diversity for this lock: votes from at least this many distinct peers
+    /// [default: the daemon's].
+    #[arg(long, value_name = "D")]
+    min_peers: Option<usize>,
     /// After SIGTERM to a command whose lock was lost, wait this long before SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     grace: Duration,
@@ -229,7 +256,15 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         proto = proto.with_lease(Duration::from_millis(ms));
     }
     proto.validate().context("bad protocol parameters")?;
-    let behaviour = sigma_behaviour::Config::default().with_protocol(proto);
+    if args.min_peers.is_some_and(|d| d == 0 || d > proto.m()) {
+        bail!("--min-peers must be between 1 and m = {}", proto.m());
+    }
+    let behaviour = sigma_behaviour::Config::default()
+        .with_protocol(proto)
+        .with_min_voters(args.min_peers)
+        .with_takeover_delay(args.takeover_delay)
+        .with_membership_window(args.membership_window)
+        .with_ping(args.ping_interval, args.ping_timeout);
 
     // One registry for /metrics: libp2p's metrics (prefix libp2p_), recorded by the
     // node's event loop from the swarm's events, and ours (sigma_).
@@ -377,6 +412,19 @@ fn render_status(v: &serde_json::Value) -> String {
         let _ = writeln!(out, "                  {p}");
     }
     let _ = writeln!(out, "routable peers:   {}", num("routable_peers"));
+    let ready = v.get("ready").and_then(serde_json::Value::as_bool);
+    let detail = v.get("readiness_detail").and_then(|x| x.as_str()).unwrap_or("?");
+    let _ = writeln!(
+        out,
+        "ready:            {} ({detail}; {} of {} known peers reachable)",
+        match ready {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "?",
+        },
+        num("reachable_members"),
+        num("members"),
+    );
     let _ = writeln!(out, "replicas hosted:  {}", num("replicas_hosted"));
     let held: Vec<String> = match v.get("locks_held") {
         Some(serde_json::Value::Array(a)) => a
@@ -418,6 +466,9 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     if let (Some(n), Some(m)) = (args.n, args.m) {
         query.push(format!("n={n}&m={m}"));
     }
+    if let Some(d) = args.min_peers {
+        query.push(format!("min_peers={d}"));
+    }
     if !query.is_empty() {
         url = format!("{url}?{}", query.join("&"));
     }
@@ -436,6 +487,16 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
             return Err(fail(EXIT_TIMEOUT, format!("timed out{waited} waiting for lock {name}")));
         }
         400 => return Err(fail(EXIT_USAGE, format!("lock {name}: {}", error_text(resp).await))),
+        503 => {
+            let body = resp.text().await.unwrap_or_default();
+            return Err(match serde_json::from_str::<ErrorBody>(&body) {
+                Ok(e) if e.code.as_deref() == Some("not_ready") => {
+                    fail(EXIT_NOT_READY, format!("lock {name}: {}", e.error))
+                }
+                Ok(e) => fail(EXIT_UNAVAILABLE, format!("lock {name}: {}", e.error)),
+                Err(_) => fail(EXIT_UNAVAILABLE, format!("lock {name}: 503 {}", body.trim())),
+            });
+        }
         _ => return Err(fail(EXIT_UNAVAILABLE, format!("lock {name}: {}", error_text(resp).await))),
     };
     let token = acquired.token;

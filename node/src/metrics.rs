@@ -47,6 +47,8 @@ pub enum Outcome {
     Acquired,
     /// The caller's timeout ran out first.
     Timeout,
+    /// The node does not serve (joining, minority) and the timeout ran out.
+    NotReady,
     /// Any other failure (bad name, node stopped, …).
     Error,
 }
@@ -56,6 +58,7 @@ impl Outcome {
         match self {
             Outcome::Acquired => "acquired",
             Outcome::Timeout => "timeout",
+            Outcome::NotReady => "not_ready",
             Outcome::Error => "error",
         }
     }
@@ -139,6 +142,12 @@ fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> R
     c.encode(me)
 }
 
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+    let me = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+    g.encode(me)
+}
+
 fn labelled(
     encoder: &mut DescriptorEncoder,
     name: &str,
@@ -210,6 +219,49 @@ impl Collector for CounterCollector {
             "Outbound sigma requests that failed, by kind",
             "kind",
             &c.outbound_failures,
+        )?;
+        gauge(
+            &mut e,
+            "ready",
+            "1 while this peer serves: joined its swarm and reaches a strict majority of the peers it knows",
+            u64::from(c.serving),
+        )?;
+        gauge(
+            &mut e,
+            "joining",
+            "1 while this peer has not yet joined the swarm it was given bootstrap peers of",
+            u64::from(c.joining),
+        )?;
+        gauge(
+            &mut e,
+            "members",
+            "Known sigma peers (present or departed within the membership window), this one included",
+            c.members as u64,
+        )?;
+        gauge(
+            &mut e,
+            "reachable_members",
+            "Known sigma peers connected now, this one included",
+            c.reachable_members as u64,
+        )?;
+        counter(
+            &mut e,
+            "replicas_dropped_not_serving",
+            "Replicas dropped because this peer stopped serving (minority, stall)",
+            c.replicas_dropped_not_serving,
+        )?;
+        counter(
+            &mut e,
+            "replicas_held",
+            "Replicas started under the takeover delay (no grant until their previous host's votes ran out)",
+            c.replicas_held,
+        )?;
+        counter(&mut e, "ping_failures", "Connections closed because a liveness ping failed", c.ping_failures)?;
+        counter(
+            &mut e,
+            "stalls",
+            "Times the event loop was found stalled past the liveness timeout (replicas dropped and held)",
+            c.stalls,
         )?;
         counter(&mut e, "acquisitions", "Acquisitions started on this peer", c.acquisitions)?;
         counter(&mut e, "acquired", "Acquisitions that won the lock", c.acquired)?;

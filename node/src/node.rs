@@ -87,6 +87,10 @@ pub struct LockOptions {
     pub quorum: Option<(usize, usize)>,
     /// Give up (and abandon the attempt) after this long; `None` waits indefinitely.
     pub timeout: Option<Duration>,
+    /// Quorum diversity D for this lock: the win needs votes hosted by at least this
+    /// many distinct peers; `None` for the node's (see
+    /// [`sigma_behaviour::Config::with_min_voters`]).
+    pub min_peers: Option<usize>,
 }
 
 /// A snapshot of the node.
@@ -109,6 +113,20 @@ pub struct Status {
     /// Acquisitions through this node whose fencing token was not above the previous
     /// token this node saw for the same lock (should stay 0; see [`LockGuard::token`]).
     pub token_regressions: u64,
+    /// True while the node serves: it has joined its swarm and reaches a strict
+    /// majority of the peers it knows. Locks are won only through serving nodes.
+    pub ready: bool,
+    /// `serving`, `joining` or `minority`.
+    pub readiness: &'static str,
+    /// Why, in words.
+    pub readiness_detail: String,
+    /// Known sigma peers (present, or departed within the membership window), this
+    /// node included.
+    pub members: usize,
+    /// Of which connected now, this node included.
+    pub reachable_members: usize,
+    /// The takeover delay: a replica this node takes over grants nothing for this long.
+    pub takeover_delay_ms: u64,
 }
 
 /// A running sigma peer: the swarm and its event loop (a tokio task). Dropping the
@@ -132,7 +150,14 @@ impl Node {
         };
         let local = keypair.public().to_peer_id();
         let bootstrap = parse_bootstrap(&config.bootstrap)?;
-        let mut swarm = swarm::build(keypair, config.behaviour.clone(), config.idle_connection_timeout)?;
+        // Given peers to join (other than itself), the node serves nothing until it has
+        // joined them; without, it is a one-node swarm until others join it.
+        let joining = bootstrap.iter().any(|(peer, _)| *peer != local);
+        if !joining {
+            tracing::info!("no bootstrap peers: a one-node swarm until others join");
+        }
+        let behaviour = config.behaviour.clone().with_joining(joining);
+        let mut swarm = swarm::build(keypair, behaviour, config.idle_connection_timeout)?;
 
         let mut listeners = HashMap::new();
         for addr in &config.listen {
@@ -180,6 +205,8 @@ impl Node {
         }
 
         let mut joined = 0;
+        let bootstrap_peers: Vec<(PeerId, Multiaddr)> =
+            bootstrap.iter().filter(|(peer, _)| *peer != local).cloned().collect();
         for (peer, addr) in bootstrap {
             if peer == local {
                 tracing::debug!(%addr, "skipping a bootstrap address naming this node");
@@ -204,6 +231,7 @@ impl Node {
             (config.behaviour.protocol().lease() / 10).clamp(Duration::from_millis(10), Duration::from_millis(200));
         let mut event_loop = EventLoop::new(swarm, receiver, commands.clone(), refresh, config.shutdown_grace);
         event_loop.metrics = config.libp2p_metrics.clone().map(|m| m.0);
+        event_loop.bootstrap_peers = bootstrap_peers;
         let task = tokio::spawn(event_loop.run());
         tracing::info!(peer = %local, "sigma node started");
         let handle = NodeHandle { commands, peer_id: local, try_lock_timeout: config.try_lock_timeout };
@@ -301,7 +329,13 @@ impl NodeHandle {
     /// Acquires with options (quorum, timeout).
     pub async fn lock_with(&self, name: &str, options: LockOptions) -> Result<LockGuard, LockError> {
         let (reply, rx) = oneshot::channel();
-        let command = Command::Lock { name: name.to_owned(), quorum: options.quorum, timeout: options.timeout, reply };
+        let command = Command::Lock {
+            name: name.to_owned(),
+            quorum: options.quorum,
+            min_peers: options.min_peers,
+            timeout: options.timeout,
+            reply,
+        };
         self.commands.send(command).await.map_err(|_| LockError::NodeStopped)?;
         rx.await.map_err(|_| LockError::NodeStopped)?
     }

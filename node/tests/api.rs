@@ -142,17 +142,22 @@ async fn bad_names_and_quorums_are_refused() {
     }
     // One lock, one replica set: n is the swarm's (5 here), m at least the swarm's (3).
     for quorum in [(4, 2), (3, 4), (300, 200), (7, 5), (5, 2), (5, 6)] {
-        let err = h[0].lock_with("api/q", LockOptions { quorum: Some(quorum), timeout: None }).await.unwrap_err();
+        let err =
+            h[0].lock_with("api/q", LockOptions { quorum: Some(quorum), ..LockOptions::default() }).await.unwrap_err();
         assert!(matches!(err, LockError::SwarmQuorum(_)), "{quorum:?}: {err:?}");
     }
     // More votes on the same replicas work.
     let g = h[0]
-        .lock_with("api/q", LockOptions { quorum: Some((5, 4)), timeout: Some(Duration::from_secs(5)) })
+        .lock_with(
+            "api/q",
+            LockOptions { quorum: Some((5, 4)), timeout: Some(Duration::from_secs(5)), ..LockOptions::default() },
+        )
         .await
         .unwrap();
     g.release().await.unwrap();
     // A timeout too far to represent means no timeout.
-    let g = h[1].lock_with("api/q2", LockOptions { quorum: None, timeout: Some(Duration::MAX) }).await.unwrap();
+    let g =
+        h[1].lock_with("api/q2", LockOptions { timeout: Some(Duration::MAX), ..LockOptions::default() }).await.unwrap();
     g.release().await.unwrap();
     assert!(h[0].status().await.unwrap().locks_held.is_empty());
     for n in nodes {

@@ -10,7 +10,7 @@ use tokio::process::Command;
 
 mod daemon;
 
-use daemon::{daemon, eventually, get_json, http, Daemon, PATIENCE, SIGMA};
+use daemon::{daemon, daemon_with, eventually, get_json, http, Daemon, PATIENCE, SIGMA};
 
 /// Three daemons; returns once each is connected to the other two.
 async fn swarm(dir: &Path) -> Vec<Daemon> {
@@ -34,8 +34,15 @@ async fn swarm(dir: &Path) -> Vec<Daemon> {
 }
 
 fn lock_cmd(api: &str, name: &str, script: &str) -> Command {
+    lock_cmd_with(api, name, &[], script)
+}
+
+/// `sigma lock NAME --api API OPTIONS -- sh -c SCRIPT`.
+fn lock_cmd_with(api: &str, name: &str, options: &[&str], script: &str) -> Command {
     let mut cmd = Command::new(SIGMA);
-    cmd.args(["lock", name, "--api", api, "--", "sh", "-c", script])
+    cmd.args(["lock", name, "--api", api])
+        .args(options)
+        .args(["--", "sh", "-c", script])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -239,4 +246,51 @@ async fn lock_without_a_daemon_says_so() {
         .unwrap();
     assert_eq!(out.status.code(), Some(69));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the sigma daemon"));
+}
+
+/// The split-brain issue's first scenario: a daemon whose bootstrap peer is down does
+/// not grant itself the lock (before, it won with 24 votes from one peer: itself); it
+/// says it is not ready, with its own exit code; once the bootstrap peer is up it joins
+/// and the same command succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_whose_bootstrap_peer_is_down_is_not_ready_until_it_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    // A bootstrap peer that existed (key file, address), then went down.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let listen = format!("/ip4/127.0.0.1/tcp/{port}");
+    let boot = daemon_with(dir.path(), "boot", &[], &["--listen", &listen]).await;
+    let boot_addr = boot.listen[0].clone();
+    drop(boot);
+    let lonely = daemon(dir.path(), "lonely", &[boot_addr]).await;
+    let status = get_json(&format!("http://{}/v1/status", lonely.api)).await;
+    assert_eq!(status["ready"], false, "{status}");
+    assert_eq!(status["readiness"], "joining", "{status}");
+
+    let out = lock_cmd_with(&lonely.api, "solo", &["--timeout", "2s"], "echo got $SIGMA_FENCING_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "stdout {:?} stderr {stderr}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains("not ready"), "{stderr}");
+    assert!(out.stdout.is_empty(), "the command ran without the lock");
+    let metrics = daemon::get_text(&format!("http://{}/metrics", lonely.api)).await;
+    assert_eq!(daemon::sample(&metrics, "sigma_ready"), Some(0), "{metrics}");
+    assert_eq!(daemon::sample(&metrics, "sigma_joining"), Some(1));
+
+    // The bootstrap peer comes back (same key, same address): the lonely daemon joins.
+    let _boot = daemon_with(dir.path(), "boot", &[], &["--listen", &listen]).await;
+    eventually("the lonely daemon to join", || async {
+        get_json(&format!("http://{}/v1/status", lonely.api)).await["ready"] == true
+    })
+    .await;
+    let out = lock_cmd_with(&lonely.api, "solo", &["--timeout", "30s"], "echo got $SIGMA_FENCING_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("got "));
 }

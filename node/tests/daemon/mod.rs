@@ -42,18 +42,35 @@ impl Drop for Daemon {
 }
 
 /// Starts `sigma run` (key file and log in `dir`, named after `tag`) and waits until it
-/// is ready.
+/// is up (listening; `sigma status` says when it serves).
 pub async fn daemon(dir: &Path, tag: &str, bootstrap: &[Multiaddr]) -> Daemon {
+    daemon_with(dir, tag, bootstrap, &["--listen", "/ip4/127.0.0.1/tcp/0"]).await
+}
+
+/// [`daemon`] with more arguments (a `--listen` among them). 3 s leases and fast
+/// liveness pings keep the takeover delay near 5 s.
+pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: &[&str]) -> Daemon {
     let log = dir.join(format!("{tag}.log"));
     let mut cmd = Command::new(SIGMA);
-    cmd.args(["run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0", "--lease-ms", "3000"])
-        .arg("--key-file")
-        .arg(dir.join(format!("{tag}.key")))
-        .env("RUST_LOG", "info,sigma_node=debug,sigma_behaviour=debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true);
+    cmd.args([
+        "run",
+        "--api",
+        "127.0.0.1:0",
+        "--lease-ms",
+        "3000",
+        "--ping-interval",
+        "200ms",
+        "--ping-timeout",
+        "500ms",
+    ])
+    .args(extra)
+    .arg("--key-file")
+    .arg(dir.join(format!("{tag}.key")))
+    .env("RUST_LOG", "info,sigma_node=debug,sigma_behaviour=debug")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(std::fs::File::create(&log).unwrap())
+    .kill_on_drop(true);
     for b in bootstrap {
         cmd.args(["--bootstrap", &b.to_string()]);
     }

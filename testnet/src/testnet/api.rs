@@ -33,6 +33,12 @@ pub struct Status {
     /// Logical replicas hosted.
     #[serde(default)]
     pub replicas_hosted: usize,
+    /// Serving: joined, and a majority of the peers it knows reachable.
+    #[serde(default)]
+    pub ready: bool,
+    /// The takeover delay in force, ms.
+    #[serde(default)]
+    pub takeover_delay_ms: u64,
     /// Locks held through it: (name, token).
     #[serde(default)]
     pub locks_held: Vec<(String, u64)>,

@@ -298,7 +298,8 @@ impl Cluster {
     }
 
     /// Waits until every running node has all the other running nodes as connected and
-    /// routable peers.
+    /// routable peers and serves (`ready`), then for the takeover delay a new swarm
+    /// holds its first grants for.
     pub async fn wait_formed(&mut self) -> Result<()> {
         let client = api::client()?;
         let deadline = Instant::now() + self.opts.form_timeout;
@@ -319,17 +320,20 @@ impl Cluster {
                 .iter()
                 .zip(&self.members)
                 .filter_map(|(s, m)| match s {
-                    Ok(s) if s.connected_peers.len() >= want && s.routable_peers >= want => None,
+                    Ok(s) if s.connected_peers.len() >= want && s.routable_peers >= want && s.ready => None,
                     Ok(s) => Some(format!(
-                        "node {}: {} connected, {} routable",
+                        "node {}: {} connected, {} routable, {}",
                         m.record.index,
                         s.connected_peers.len(),
-                        s.routable_peers
+                        s.routable_peers,
+                        if s.ready { "serving" } else { "not serving" }
                     )),
                     Err(e) => Some(format!("node {}: API {} unreachable: {e}", m.record.index, m.record.api)),
                 })
                 .collect();
             if lagging.is_empty() {
+                let delay = statuses.iter().flatten().map(|s| s.takeover_delay_ms).max().unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(delay)).await;
                 return Ok(());
             }
             if Instant::now() > deadline {

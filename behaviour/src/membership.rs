@@ -1,0 +1,374 @@
+//! Who this peer believes the swarm is, and whether it may serve replicas.
+//!
+//! The split-brain rules of ARCHITECTURE.md ("Split brain"), kept apart from the libp2p
+//! glue so that they can be tested on their own:
+//!
+//! - **Readiness.** A peer given bootstrap peers is *joining* until a Kademlia bootstrap
+//!   has completed while it was connected to at least one sigma peer. It hosts nothing
+//!   and lets no acquisition start before that. A peer started without bootstrap peers is
+//!   a one-node swarm and ready at once.
+//! - **Members.** Every sigma peer this peer was connected to, present or departed. A
+//!   departed member is forgotten after the membership window, but only while this peer
+//!   serves: on the minority side of a split nobody ages out, so the minority never
+//!   comes to believe it is the whole swarm.
+//! - **Serving.** A ready peer serves (hosts replicas, grants votes) while it reaches a
+//!   strict majority of the members, itself included. A 50/50 split serves on neither
+//!   side.
+//! - **Takeover delay.** When serving begins (start, rejoin after a split, resume after
+//!   a stall) every replica this peer starts grants nothing for the delay; and for one
+//!   delay after a member departs, replicas whose key that member was closer to start
+//!   held too: their previous host may have granted them.
+//! - **Stalls.** A peer whose event loop was silent longer than the liveness timeout may
+//!   have been declared gone by the others, who then took over its replicas: it starts
+//!   over as if it had just begun serving.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use libp2p::PeerId;
+
+use crate::proto::Time;
+
+/// Most members remembered; beyond it the longest-departed is forgotten first (and, to
+/// stay on the safe side, counts as a departure that has just happened).
+pub const MAX_MEMBERS: usize = 10_000;
+
+/// Why a peer does not serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Serving: ready, and a majority of the members is reachable.
+    Serving,
+    /// Given bootstrap peers and not yet joined to them.
+    Joining,
+    /// Reaches `reachable` of `members` members (itself included in both): not a strict
+    /// majority, e.g. the minority side of a network partition, or an isolated peer.
+    Minority {
+        /// Reachable members, this peer included.
+        reachable: usize,
+        /// Members, this peer included.
+        members: usize,
+    },
+}
+
+impl Readiness {
+    /// Short name for status pages and metrics labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Readiness::Serving => "serving",
+            Readiness::Joining => "joining",
+            Readiness::Minority { .. } => "minority",
+        }
+    }
+}
+
+impl std::fmt::Display for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Readiness::Serving => f.write_str("serving"),
+            Readiness::Joining => {
+                f.write_str("joining the swarm (no Kademlia bootstrap completed with a sigma peer yet)")
+            }
+            Readiness::Minority { reachable, members } => {
+                write!(f, "reaches {reachable} of {members} known peers (itself included): no strict majority")
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    /// Connected now.
+    up: bool,
+    /// When it was last seen connected (for a departed member: when it left).
+    left_at: Time,
+}
+
+/// The membership view of one peer (see the module doc).
+#[derive(Clone, Debug)]
+pub struct Membership {
+    joining: bool,
+    window: Duration,
+    delay: Duration,
+    liveness: Duration,
+    members: HashMap<PeerId, Member>,
+    /// When serving last began.
+    serving_since: Option<Time>,
+    /// Departures within the takeover delay: (peer, when).
+    departures: Vec<(PeerId, Time)>,
+    /// A forgotten member counts as a departure of unknown place until then.
+    overflow_until: Option<Time>,
+    /// When the owner last called [`Membership::tick`].
+    last_tick: Option<Time>,
+    /// When departed members and departures were last aged.
+    last_aged: Option<Time>,
+    stalls: u64,
+}
+
+impl Membership {
+    /// A view for a peer that `joining` (was given bootstrap peers) or not; members are
+    /// forgotten `window` after they leave (while serving), replicas are held `delay`,
+    /// and a silence of `liveness` counts as a stall.
+    pub fn new(joining: bool, window: Duration, delay: Duration, liveness: Duration) -> Self {
+        Membership {
+            joining,
+            window,
+            delay,
+            liveness,
+            members: HashMap::new(),
+            serving_since: None,
+            departures: Vec::new(),
+            overflow_until: None,
+            last_tick: None,
+            last_aged: None,
+            stalls: 0,
+        }
+    }
+
+    /// The takeover delay.
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// `peer` is a live sigma peer: connected, and in the routing table. Idempotent.
+    pub fn connected(&mut self, peer: PeerId, now: Time) {
+        if !self.members.contains_key(&peer) && self.members.len() >= MAX_MEMBERS {
+            self.forget_one(now);
+        }
+        let m = self.members.entry(peer).or_insert(Member { up: false, left_at: now });
+        m.up = true;
+        m.left_at = now;
+    }
+
+    /// The last connection to `peer` closed. Idempotent.
+    pub fn disconnected(&mut self, peer: PeerId, now: Time) {
+        let Some(m) = self.members.get_mut(&peer) else { return };
+        if m.up {
+            m.up = false;
+            m.left_at = now;
+            if self.departures.len() >= MAX_MEMBERS {
+                // Too many to tell apart: every key counts as recently departed.
+                self.departures.clear();
+                self.overflow_until = Some(now);
+            }
+            self.departures.push((peer, now));
+        }
+    }
+
+    /// Whether `peer` is a member now connected.
+    pub fn is_up(&self, peer: &PeerId) -> bool {
+        self.members.get(peer).is_some_and(|m| m.up)
+    }
+
+    /// A Kademlia bootstrap completed.
+    pub fn bootstrapped(&mut self) {
+        if self.joining && self.reachable() > 0 {
+            self.joining = false;
+        }
+    }
+
+    /// Members, this peer included.
+    pub fn members(&self) -> usize {
+        self.members.len() + 1
+    }
+
+    /// Reachable members (connected), this peer excluded.
+    pub fn reachable(&self) -> usize {
+        self.members.values().filter(|m| m.up).count()
+    }
+
+    /// Whether this peer may serve, and why not.
+    pub fn readiness(&self) -> Readiness {
+        if self.joining {
+            return Readiness::Joining;
+        }
+        let (reachable, members) = (self.reachable() + 1, self.members());
+        if 2 * reachable > members {
+            Readiness::Serving
+        } else {
+            Readiness::Minority { reachable, members }
+        }
+    }
+
+    /// Not joining any more (acquisitions may start).
+    pub fn ready(&self) -> bool {
+        !self.joining
+    }
+
+    /// Times this peer found its event loop stalled past the liveness timeout.
+    pub fn stalls(&self) -> u64 {
+        self.stalls
+    }
+
+    /// Housekeeping: call on every event and at least once a second. Notices stalls
+    /// and the start and end of serving; once a second, ages out departed members (only
+    /// while serving) and past departures. Returns true when serving *stopped* or
+    /// restarted: the owner must drop every hosted replica.
+    pub fn tick(&mut self, now: Time) -> bool {
+        let stalled = self.last_tick.is_some_and(|t| now.saturating_sub(t) >= self.liveness);
+        self.last_tick = Some(now);
+        if stalled {
+            self.stalls += 1;
+        }
+        if self.last_aged.is_none_or(|t| now.saturating_sub(t) >= Duration::from_secs(1)) {
+            self.last_aged = Some(now);
+            if self.readiness() == Readiness::Serving {
+                let window = self.window;
+                self.members.retain(|_, m| m.up || now.saturating_sub(m.left_at) < window);
+            }
+            let delay = self.delay;
+            self.departures.retain(|(_, t)| now.saturating_sub(*t) < delay);
+            if self.overflow_until.is_some_and(|t| t + delay <= now) {
+                self.overflow_until = None;
+            }
+        }
+        let serving = self.readiness() == Readiness::Serving;
+        match (self.serving_since, serving) {
+            (None, true) => {
+                self.serving_since = Some(now);
+                false
+            }
+            (Some(_), false) => {
+                self.serving_since = None;
+                true
+            }
+            (Some(_), true) if stalled => {
+                self.serving_since = Some(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Serving now (as of the last [`Membership::tick`]).
+    pub fn serving(&self) -> bool {
+        self.serving_since.is_some()
+    }
+
+    /// Until when a replica started now must grant nothing, if at all: one delay after
+    /// serving began, or after a member `closer` to the replica's key than this peer
+    /// departed (or one was forgotten for lack of room).
+    pub fn hold_until(&self, now: Time, closer: impl Fn(&PeerId) -> bool) -> Option<Time> {
+        let began = self.serving_since.map(|t| t + self.delay);
+        let departed = self.departures.iter().filter(|(p, _)| closer(p)).map(|(_, t)| *t + self.delay).max();
+        [began, departed, self.overflow_until.map(|t| t + self.delay)].into_iter().flatten().max().filter(|t| *t > now)
+    }
+
+    fn forget_one(&mut self, now: Time) {
+        let oldest = self.members.iter().filter(|(_, m)| !m.up).min_by_key(|(_, m)| m.left_at);
+        if let Some((&peer, _)) = oldest {
+            self.members.remove(&peer);
+            self.overflow_until = Some(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn view(joining: bool) -> Membership {
+        Membership::new(joining, 60 * S, 10 * S, 3 * S)
+    }
+
+    #[test]
+    fn a_one_node_swarm_serves_and_holds_its_first_replicas_one_delay() {
+        let mut m = view(false);
+        assert!(!m.tick(Duration::ZERO));
+        assert_eq!(m.readiness(), Readiness::Serving);
+        assert_eq!(m.hold_until(Duration::ZERO, |_| false), Some(10 * S));
+    }
+
+    #[test]
+    fn a_joining_peer_is_ready_after_a_bootstrap_with_a_peer() {
+        let mut m = view(true);
+        m.tick(Duration::ZERO);
+        m.bootstrapped();
+        assert_eq!(m.readiness(), Readiness::Joining, "a bootstrap with nobody connected does not count");
+        let p = PeerId::random();
+        m.connected(p, S);
+        m.bootstrapped();
+        m.tick(S);
+        assert_eq!(m.readiness(), Readiness::Serving);
+        assert!(m.serving());
+    }
+
+    #[test]
+    fn the_minority_stops_and_never_ages_the_majority_out() {
+        let mut m = view(false);
+        let peers: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
+        for p in &peers {
+            m.connected(*p, Duration::ZERO);
+        }
+        m.tick(Duration::ZERO);
+        assert!(m.serving());
+        // A 2/3 split: this peer keeps one of four.
+        for p in &peers[1..] {
+            m.disconnected(*p, S);
+        }
+        assert!(m.tick(S), "serving stopped");
+        assert_eq!(m.readiness(), Readiness::Minority { reachable: 2, members: 5 });
+        for t in 2..1000 {
+            m.tick(t * S);
+        }
+        assert_eq!(m.readiness(), Readiness::Minority { reachable: 2, members: 5 }, "nobody aged out");
+        // Healed: serving again, every new replica held one delay.
+        for p in &peers[1..] {
+            m.connected(*p, 1000 * S);
+        }
+        m.tick(1000 * S);
+        assert!(m.serving());
+        assert_eq!(m.hold_until(1000 * S, |_| false), Some(1010 * S));
+    }
+
+    #[test]
+    fn the_majority_ages_departed_members_out_and_holds_their_keys_one_delay() {
+        let mut m = view(false);
+        let peers: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
+        for p in &peers {
+            m.connected(*p, Duration::ZERO);
+        }
+        for t in 0..=20 {
+            m.tick(t * S); // past the start delay
+        }
+        m.disconnected(peers[0], 21 * S);
+        assert!(!m.tick(21 * S));
+        assert!(m.serving(), "4 of 5 reachable");
+        assert_eq!(m.hold_until(21 * S, |p| *p == peers[0]), Some(31 * S), "the departed peer was closer");
+        assert_eq!(m.hold_until(21 * S, |p| *p == peers[1]), None, "a key nobody left");
+        for t in 22..=32 {
+            m.tick(t * S);
+        }
+        assert_eq!(m.hold_until(32 * S, |p| *p == peers[0]), None, "the delay is over");
+        assert_eq!(m.members(), 5);
+        for t in 33..=81 {
+            m.tick(t * S);
+        }
+        assert_eq!(m.members(), 4, "aged out after the window");
+    }
+
+    #[test]
+    fn a_stall_past_the_liveness_timeout_restarts_serving() {
+        let mut m = view(false);
+        m.tick(Duration::ZERO);
+        m.tick(S);
+        assert!(m.tick(5 * S), "silent for 4 s > 3 s");
+        assert_eq!(m.stalls(), 1);
+        assert_eq!(m.hold_until(5 * S, |_| false), Some(15 * S));
+    }
+
+    #[test]
+    fn a_50_50_split_serves_on_neither_side() {
+        let mut m = view(false);
+        let peers: Vec<PeerId> = (0..3).map(|_| PeerId::random()).collect();
+        for p in &peers {
+            m.connected(*p, Duration::ZERO);
+        }
+        m.tick(Duration::ZERO);
+        m.disconnected(peers[0], S);
+        m.disconnected(peers[1], S);
+        m.tick(S);
+        assert_eq!(m.readiness(), Readiness::Minority { reachable: 2, members: 4 });
+    }
+}

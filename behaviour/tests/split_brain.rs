@@ -1,0 +1,244 @@
+//! The split-brain rules on in-memory swarms: a joining peer grants nothing, an isolated
+//! peer cannot win and its holder loses the lock before anyone else wins it, a
+//! partition serves on the majority side only and heals. Traffic is really cut: every
+//! swarm carries libp2p's block list, and a cut blocks both ends.
+//!
+//! Every test checks exclusion on every event: a lock is won only while no other
+//! acquisition counts itself its holder.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::future::select_all;
+use futures::StreamExt;
+use libp2p::allow_block_list::{self, BlockedPeers};
+use libp2p::swarm::{NetworkBehaviour, Swarm, SwarmEvent};
+use libp2p::{Multiaddr, PeerId};
+use libp2p_swarm_test::SwarmExt;
+use sigma_behaviour::proto::{self, LostReason};
+use sigma_behaviour::{AcquisitionId, Behaviour, Config, Event, Readiness};
+
+#[derive(NetworkBehaviour)]
+struct Peer {
+    sigma: Behaviour,
+    block: allow_block_list::Behaviour<BlockedPeers>,
+}
+
+const LEASE: Duration = Duration::from_secs(2);
+
+/// n = 5, m = 3, 2 s leases, fast liveness pings; the default takeover delay
+/// (lease + drift + liveness + 1 s ≈ 3.7 s).
+fn config(joining: bool) -> Config {
+    Config::default()
+        .with_protocol(proto::Config::default().with_quorum(5, 3).with_lease(LEASE).with_request_timeout(LEASE / 4))
+        .with_ping(Duration::from_millis(200), Duration::from_millis(500))
+        .with_joining(joining)
+}
+
+struct Net {
+    swarms: Vec<Swarm<Peer>>,
+    addrs: Vec<Multiaddr>,
+    /// Holder of each lock: (swarm, acquisition).
+    holders: HashMap<String, (usize, AcquisitionId)>,
+    /// Names of the acquisitions, to tell whose Lost it is.
+    names: HashMap<(usize, AcquisitionId), String>,
+}
+
+impl Net {
+    async fn new(count: usize, joining: bool) -> Net {
+        let mut swarms = Vec::new();
+        let mut addrs = Vec::new();
+        for _ in 0..count {
+            let mut s = Swarm::new_ephemeral_tokio(|kp| Peer {
+                sigma: Behaviour::new(kp.public().to_peer_id(), config(joining)),
+                block: allow_block_list::Behaviour::default(),
+            });
+            let (addr, _) = s.listen().with_memory_addr_external().await;
+            swarms.push(s);
+            addrs.push(addr);
+        }
+        Net { swarms, addrs, holders: HashMap::new(), names: HashMap::new() }
+    }
+
+    fn peer(&self, i: usize) -> PeerId {
+        *self.swarms[i].local_peer_id()
+    }
+
+    /// Connects every pair of `group` and tells each of the others' addresses.
+    async fn mesh(&mut self, group: &[usize]) {
+        for &i in group {
+            for &j in group {
+                if i < j {
+                    let (a, b) = self.swarms.split_at_mut(j);
+                    b[0].connect(&mut a[i]).await;
+                }
+            }
+        }
+        for &i in group {
+            for &j in group {
+                if i != j {
+                    let (p, a) = (self.peer(j), self.addrs[j].clone());
+                    self.swarms[i].behaviour_mut().sigma.add_address(&p, a);
+                }
+            }
+        }
+    }
+
+    /// Cuts all traffic between `a` and `b` (both ends block).
+    fn cut(&mut self, a: &[usize], b: &[usize]) {
+        for &i in a {
+            for &j in b {
+                let (pi, pj) = (self.peer(i), self.peer(j));
+                self.swarms[i].behaviour_mut().block.block_peer(pj);
+                self.swarms[j].behaviour_mut().block.block_peer(pi);
+            }
+        }
+    }
+
+    fn heal(&mut self) {
+        for i in 0..self.swarms.len() {
+            for j in 0..self.swarms.len() {
+                let pj = self.peer(j);
+                self.swarms[i].behaviour_mut().block.unblock_peer(pj);
+            }
+        }
+    }
+
+    fn acquire(&mut self, i: usize, name: &str) -> AcquisitionId {
+        let id = self.swarms[i].behaviour_mut().sigma.acquire(name, None).expect("valid");
+        self.names.insert((i, id), name.to_owned());
+        id
+    }
+
+    fn release(&mut self, i: usize, id: AcquisitionId) {
+        self.swarms[i].behaviour_mut().sigma.release(id);
+        let name = &self.names[&(i, id)];
+        if self.holders.get(name) == Some(&(i, id)) {
+            self.holders.remove(name);
+        }
+    }
+
+    /// Drives every swarm until `stop` says so or `limit` passes; checks exclusion on
+    /// every event. Returns the events seen.
+    async fn drive(
+        &mut self,
+        limit: Duration,
+        mut stop: impl FnMut(&Net, usize, &Event) -> bool,
+    ) -> Vec<(usize, Event)> {
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let futs = self.swarms.iter_mut().map(|s| Box::pin(s.select_next_some()));
+            let next = tokio::time::timeout_at(deadline, select_all(futs)).await;
+            let Ok((SwarmEvent::Behaviour(PeerEvent::Sigma(event)), i, _)) = next else {
+                if next.is_err() {
+                    return seen;
+                }
+                continue;
+            };
+            match &event {
+                Event::Acquired { id, resource, .. } => {
+                    if let Some(other) = self.holders.get(resource) {
+                        panic!("two holders of {resource}: {other:?} and ({i}, {id:?})");
+                    }
+                    self.holders.insert(resource.clone(), (i, *id));
+                }
+                Event::Lost { id, .. } => {
+                    let name = &self.names[&(i, *id)];
+                    if self.holders.get(name) == Some(&(i, *id)) {
+                        self.holders.remove(name);
+                    }
+                }
+                Event::Probed { .. } => {}
+            }
+            let done = stop(self, i, &event);
+            seen.push((i, event));
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+fn won(i: usize, id: AcquisitionId) -> impl FnMut(&Net, usize, &Event) -> bool {
+    move |_, j, e| j == i && matches!(e, Event::Acquired { id: got, .. } if *got == id)
+}
+
+/// A peer given bootstrap peers hosts nothing and wins nothing until it has joined; the
+/// same peer once joined wins.
+#[tokio::test]
+async fn a_joining_peer_grants_nothing_until_it_has_joined() {
+    let mut net = Net::new(3, true).await;
+    let id = net.acquire(0, "joining");
+    assert_eq!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Joining);
+    let seen = net.drive(Duration::from_secs(1), |_, _, _| false).await;
+    assert!(seen.is_empty(), "a joining peer must not win: {seen:?}");
+    assert_eq!(net.swarms[0].behaviour().sigma.acquisition(id).map(|a| a.votes), Some(0));
+    net.mesh(&[0, 1, 2]).await;
+    for i in 0..3 {
+        net.swarms[i].behaviour_mut().sigma.kad_mut().bootstrap().expect("peers known");
+    }
+    net.drive(Duration::from_secs(30), won(0, id)).await;
+    assert!(net.holders.contains_key("joining"), "the joined peer wins");
+    for i in 0..3 {
+        assert_eq!(net.swarms[i].behaviour().sigma.readiness(), Readiness::Serving, "peer {i}");
+    }
+}
+
+/// The scenario of the split-brain issue on one machine: a peer cut off from its swarm
+/// grants nothing to itself, and the holder it had loses the lock before the swarm
+/// grants it again.
+#[tokio::test]
+async fn an_isolated_peer_cannot_win_and_its_holder_is_lost_before_the_next_grant() {
+    let mut net = Net::new(3, false).await;
+    net.mesh(&[0, 1, 2]).await;
+    let held = net.acquire(0, "orders");
+    net.drive(Duration::from_secs(30), won(0, held)).await;
+    assert!(net.holders.contains_key("orders"), "peer 0 holds the lock");
+    net.cut(&[0], &[1, 2]);
+    let solo = net.acquire(0, "solo");
+    let next = net.acquire(1, "orders");
+    // Peer 1 wins "orders" only after peer 0 has counted itself Lost (the driver panics
+    // on two holders); "solo" is never won by the island.
+    let seen = net.drive(Duration::from_secs(30), won(1, next)).await;
+    assert!(net.holders.get("orders") == Some(&(1, next)), "the swarm serves the lock again: {seen:?}");
+    assert!(
+        seen.iter()
+            .any(|(i, e)| *i == 0 && matches!(e, Event::Lost { id, reason: LostReason::LeaseExpired } if *id == held)),
+        "the isolated holder lost the lock: {seen:?}"
+    );
+    assert!(!net.holders.contains_key("solo"), "an isolated peer won a lock alone");
+    assert!(matches!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Minority { reachable: 1, members: 3 }));
+    assert_eq!(net.swarms[0].behaviour().sigma.replica_totals().hosted, 0, "the island hosts nothing");
+    // Healed: the island's waiter is served.
+    net.heal();
+    net.mesh(&[0, 1, 2]).await;
+    net.drive(Duration::from_secs(30), won(0, solo)).await;
+    assert!(net.holders.get("solo") == Some(&(0, solo)));
+}
+
+/// A 2/3 partition: the majority side serves (after the takeover delay), the minority
+/// side grants nothing; once healed the minority's waiter is served.
+#[tokio::test]
+async fn a_partition_serves_on_the_majority_side_only_and_heals() {
+    let mut net = Net::new(5, false).await;
+    net.mesh(&[0, 1, 2, 3, 4]).await;
+    // Past the start delay: a lock is granted at once in a stable swarm.
+    let warm = net.acquire(2, "warm-up");
+    net.drive(Duration::from_secs(30), won(2, warm)).await;
+    net.release(2, warm);
+    net.cut(&[0, 1], &[2, 3, 4]);
+    let minority = net.acquire(0, "p");
+    let majority = net.acquire(3, "p");
+    net.drive(Duration::from_secs(30), won(3, majority)).await;
+    assert!(net.holders.get("p") == Some(&(3, majority)), "the majority side serves");
+    for i in [0, 1] {
+        let r = net.swarms[i].behaviour().sigma.readiness();
+        assert!(matches!(r, Readiness::Minority { reachable: 2, members: 5 }), "peer {i}: {r:?}");
+    }
+    net.release(3, majority);
+    net.heal();
+    net.mesh(&[0, 1, 2, 3, 4]).await;
+    net.drive(Duration::from_secs(30), won(0, minority)).await;
+    assert!(net.holders.get("p") == Some(&(0, minority)), "the minority's waiter is served after the heal");
+}

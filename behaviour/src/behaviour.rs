@@ -543,6 +543,8 @@ pub struct Behaviour {
     membership: Membership,
     /// Connections whose liveness ping failed, to close.
     to_close: VecDeque<(PeerId, ConnectionId)>,
+    /// Acquisitions started while joining (their start is deferred) since last ready.
+    deferred: usize,
     /// Frames the codec refused (shared with every connection's codec).
     codec_stats: Arc<wire::CodecStats>,
     next_id: u64,
@@ -600,6 +602,7 @@ impl Behaviour {
             counters: Counters::default(),
             membership,
             to_close: VecDeque::new(),
+            deferred: 0,
             codec_stats,
             next_id: 0,
         }
@@ -706,6 +709,7 @@ impl Behaviour {
         self.next_id += 1;
         self.counters.acquisitions += 1;
         let deferred = (!self.membership.ready()).then(|| config.clone());
+        self.deferred += usize::from(deferred.is_some());
         let mut client = Client::new(config, ts, now);
         if deferred.is_some() {
             while client.poll_transmit().is_some() {}
@@ -766,7 +770,8 @@ impl Behaviour {
             tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
             self.replicas.clear();
         }
-        if self.membership.ready() {
+        if self.membership.ready() && self.deferred > 0 {
+            self.deferred = 0;
             let deferred: Vec<AcquisitionId> =
                 self.acquisitions.iter().filter(|(_, a)| a.deferred.is_some()).map(|(id, _)| *id).collect();
             for id in deferred {

@@ -16,7 +16,7 @@
 //! it, and correct it on a redirect or, after a failed dial, with a Kademlia
 //! `get_closest_peers` lookup. Replicas hosted by the local peer take no network hop.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -312,6 +312,24 @@ pub struct ReplicaInfo {
     pub queue: Vec<(PeerId, u64)>,
 }
 
+/// Sizes of the behaviour's per-lock and per-peer state (metrics, soak tests). Each has
+/// a bound or an expiry: see ARCHITECTURE.md, "Bounded state".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateSizes {
+    /// Hosted replicas (idle ones are dropped once they have nothing to remember).
+    pub replicas: usize,
+    /// Acquisitions in progress or held.
+    pub acquisitions: usize,
+    /// Cached replica hosts.
+    pub hosts: usize,
+    /// Finished acquisitions remembered (late grants are handed back).
+    pub finished: usize,
+    /// Outbound requests awaiting a reply.
+    pub pending: usize,
+    /// Kademlia lookups in flight.
+    pub lookups: usize,
+}
+
 /// Counters exported as metrics.
 #[derive(Clone, Debug, Default)]
 pub struct Counters {
@@ -340,6 +358,8 @@ pub struct Counters {
     pub replicas_dropped_not_serving: u64,
     /// Replicas started under the takeover delay.
     pub replicas_held: u64,
+    /// Idle replicas dropped (nothing left to remember; not a reset).
+    pub replicas_evicted: u64,
     /// Connections closed because a liveness ping failed.
     pub ping_failures: u64,
     /// Times the event loop was found stalled past the liveness timeout.
@@ -525,14 +545,23 @@ pub struct Behaviour {
     /// Peers Kademlia put in its routing table (client-side host estimates).
     routable: HashSet<PeerId>,
     replicas: HashMap<(String, u16), Replica<PeerId>>,
+    /// When each hosted replica next has work (a timer, or becoming disposable), in
+    /// time order: an event costs O(log n), not a walk over every replica.
+    replica_due: BTreeSet<(Time, (String, u16))>,
+    replica_due_at: HashMap<(String, u16), Time>,
     acquisitions: HashMap<AcquisitionId, Acquisition>,
+    /// The same for the acquisitions' timers.
+    acquisition_due: BTreeSet<(Time, AcquisitionId)>,
+    acquisition_due_at: HashMap<AcquisitionId, Time>,
     by_ts: HashMap<Timestamp<PeerId>, AcquisitionId>,
     /// Recently finished acquisitions and the lock name: a late grant to one of them is
     /// handed back with a RELEASE.
     finished: HashMap<Timestamp<PeerId>, String>,
     finished_order: VecDeque<Timestamp<PeerId>>,
-    /// Host of each replica as last known.
+    /// Host of each replica as last known, for locks with a live local acquisition.
     hosts: HashMap<(String, u16), PeerId>,
+    /// Live local acquisitions per lock name.
+    live_locks: HashMap<String, usize>,
     pending: HashMap<OutboundRequestId, Pending>,
     lookups: HashMap<kad::QueryId, (String, u16)>,
     probes: HashMap<ProbeId, Probe>,
@@ -588,11 +617,16 @@ impl Behaviour {
             connected: HashMap::new(),
             routable: HashSet::new(),
             replicas: HashMap::new(),
+            replica_due: BTreeSet::new(),
+            replica_due_at: HashMap::new(),
             acquisitions: HashMap::new(),
+            acquisition_due: BTreeSet::new(),
+            acquisition_due_at: HashMap::new(),
             by_ts: HashMap::new(),
             finished: HashMap::new(),
             finished_order: VecDeque::new(),
             hosts: HashMap::new(),
+            live_locks: HashMap::new(),
             pending: HashMap::new(),
             lookups: HashMap::new(),
             probes: HashMap::new(),
@@ -655,6 +689,18 @@ impl Behaviour {
         c
     }
 
+    /// Sizes of the per-lock and per-peer state.
+    pub fn state_sizes(&self) -> StateSizes {
+        StateSizes {
+            replicas: self.replicas.len(),
+            acquisitions: self.acquisitions.len(),
+            hosts: self.hosts.len(),
+            finished: self.finished.len(),
+            pending: self.pending.len(),
+            lookups: self.lookups.len(),
+        }
+    }
+
     /// Sums of the hosted replicas' counters.
     pub fn replica_totals(&self) -> ReplicaTotals {
         let mut t = ReplicaTotals { hosted: self.replicas.len(), ..ReplicaTotals::default() };
@@ -698,7 +744,7 @@ impl Behaviour {
         let d = match min_peers.or(self.config.min_voters) {
             Some(d) if d == 0 || d > m => return Err(AcquireError::MinPeers { d, m }),
             Some(d) => d,
-            None => self.default_min_voters().min(m),
+            None => self.default_min_voters(resource, config.n()).min(m),
         };
         let config = config.with_min_voters(d);
         config.validate()?;
@@ -715,20 +761,36 @@ impl Behaviour {
             while client.poll_transmit().is_some() {}
         }
         self.by_ts.insert(ts, id);
+        *self.live_locks.entry(resource.to_owned()).or_default() += 1;
         self.acquisitions.insert(id, Acquisition { resource: resource.to_owned(), n, client, deferred });
         self.drain_acquisition(id);
         self.wake();
         Ok(id)
     }
 
-    /// The default quorum diversity: 2 once this peer has known another sigma peer, 1 in
-    /// a one-node swarm.
-    fn default_min_voters(&self) -> usize {
-        if self.membership.members() > 1 {
-            2
-        } else {
-            1
+    /// The default quorum diversity: 2, unless every replica of the lock falls on one
+    /// peer even when every member this peer knows (present or departed) is counted —
+    /// a one-node swarm, or a lock whose n keys all land on one peer of a small swarm —
+    /// where 2 could never be met. An island still needs 2: its departed members host
+    /// some of the keys.
+    fn default_min_voters(&self, resource: &str, n: usize) -> usize {
+        let mut first: Option<PeerId> = None;
+        for index in 0..n {
+            let key = Self::key(resource, u16::try_from(index).unwrap_or(u16::MAX));
+            let host = self
+                .membership
+                .peers()
+                .chain(std::iter::once(&self.local))
+                .map(|p| (KBucketKey::from(*p).distance(&key), *p))
+                .min()
+                .map(|(_, p)| p);
+            match (first, host) {
+                (None, h) => first = h,
+                (Some(a), Some(b)) if a != b => return 2,
+                _ => {}
+            }
         }
+        1
     }
 
     /// Whether this peer serves replicas, and why not.
@@ -769,6 +831,8 @@ impl Behaviour {
             self.counters.replicas_dropped_not_serving += self.replicas.len() as u64;
             tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
             self.replicas.clear();
+            self.replica_due.clear();
+            self.replica_due_at.clear();
         }
         if self.membership.ready() && self.deferred > 0 {
             self.deferred = 0;
@@ -872,13 +936,21 @@ impl Behaviour {
         let now = self.clock.now();
         self.membership.connected(peer, now);
         let theirs = KBucketKey::from(peer);
-        let before = self.replicas.len();
         let local_key = &self.local_key;
-        self.replicas.retain(|(resource, index), _| {
-            let key = Self::key(resource, *index);
-            local_key.distance(&key) < theirs.distance(&key)
-        });
-        let dropped = before - self.replicas.len();
+        let gone: Vec<(String, u16)> = self
+            .replicas
+            .keys()
+            .filter(|(resource, index)| {
+                let key = Self::key(resource, *index);
+                local_key.distance(&key) >= theirs.distance(&key)
+            })
+            .cloned()
+            .collect();
+        for key in &gone {
+            self.replicas.remove(key);
+            self.unindex_replica(key);
+        }
+        let dropped = gone.len();
         if dropped > 0 {
             self.counters.replicas_handed_over += dropped as u64;
             tracing::debug!(%peer, dropped, "replicas handed over to a closer peer");
@@ -898,8 +970,16 @@ impl Behaviour {
             .map(|p| (KBucketKey::from(*p).distance(&key), *p))
             .min()
             .map_or(self.local, |(_, p)| p);
-        self.hosts.insert((resource.to_owned(), index), best);
+        self.cache_host(resource, index, best);
         best
+    }
+
+    /// Caches the host of a replica of a lock with a live local acquisition (at most n
+    /// entries per such lock); other locks' hosts are computed per message.
+    fn cache_host(&mut self, resource: &str, index: u16, peer: PeerId) {
+        if self.live_locks.contains_key(resource) {
+            self.hosts.insert((resource.to_owned(), index), peer);
+        }
     }
 
     fn lookup(&mut self, resource: &str, index: u16) {
@@ -917,7 +997,7 @@ impl Behaviour {
         if host == self.local {
             // The local estimate may predate a closer peer's connection.
             if let Some(closer) = self.closer_live_peer(&resource, index) {
-                self.hosts.insert((resource.clone(), index), closer);
+                self.cache_host(&resource, index, closer);
                 host = closer;
             }
         }
@@ -961,7 +1041,7 @@ impl Behaviour {
         let mut host = self.host(&resource, index);
         if host == self.local {
             if let Some(closer) = self.closer_live_peer(&resource, index) {
-                self.hosts.insert((resource.clone(), index), closer);
+                self.cache_host(&resource, index, closer);
                 host = closer;
             }
         }
@@ -1021,6 +1101,7 @@ impl Behaviour {
         while let Some(out) = replica.poll_transmit() {
             outputs.push(out);
         }
+        self.reindex_replica(&key, now);
         if let Err(e) = result {
             return Err(match e {
                 ReplicaError::ForeignAcquisition => Rejection::ForeignAcquisition,
@@ -1091,6 +1172,11 @@ impl Behaviour {
 
     /// Moves an acquisition's outputs to the network and its events to the application.
     fn drain_acquisition(&mut self, id: AcquisitionId) {
+        self.drain_acquisition_outputs(id);
+        self.reindex_acquisition(id);
+    }
+
+    fn drain_acquisition_outputs(&mut self, id: AcquisitionId) {
         loop {
             let Some(a) = self.acquisitions.get_mut(&id) else { return };
             if let Some(event) = a.client.poll_event() {
@@ -1138,8 +1224,23 @@ impl Behaviour {
                     self.counters.completed_messages += st.requests + st.yields + st.releases + st.responses + st.stale;
                 }
                 let ts = *a.client.ts();
-                let resource = a.resource.clone();
+                let (resource, n) = (a.resource.clone(), a.n);
                 self.acquisitions.remove(&id);
+                // The lock's host cache goes with its last local acquisition (a late
+                // grant re-resolves the host).
+                let last = match self.live_locks.get_mut(&resource) {
+                    Some(c) if *c > 1 => {
+                        *c -= 1;
+                        false
+                    }
+                    _ => true,
+                };
+                if last {
+                    self.live_locks.remove(&resource);
+                    for index in 0..n {
+                        self.hosts.remove(&(resource.clone(), index));
+                    }
+                }
                 self.by_ts.remove(&ts);
                 self.finished.insert(ts, resource);
                 self.finished_order.push_back(ts);
@@ -1195,9 +1296,12 @@ impl Behaviour {
                 Request::Notify { resource, index, resp } => {
                     if resp.ts.client != self.local {
                         Reply::Rejected(Rejection::NotForMe)
-                    } else if self.hosts.get(&(resource.clone(), index)) != Some(&peer) {
+                    } else if !self.finished.contains_key(&resp.ts)
+                        && self.hosts.get(&(resource.clone(), index)) != Some(&peer)
+                    {
                         // Only the peer this node sends that replica's messages to may
-                        // speak for it: any other could forge m promotions.
+                        // speak for it: any other could forge m promotions. (A notice for
+                        // a finished acquisition is only ever handed back.)
                         Reply::Rejected(Rejection::NotHost)
                     } else {
                         self.deliver(peer, &resource, index, resp);
@@ -1218,7 +1322,7 @@ impl Behaviour {
         if let Some(probe) = p.probe {
             match reply {
                 Reply::Redirect { peer: closer, .. } if p.hops < self.config.max_redirects && closer != peer => {
-                    self.hosts.insert((p.resource.clone(), p.index), closer);
+                    self.cache_host(&p.resource, p.index, closer);
                     self.send_ping(p.resource, p.n, p.index, probe, p.hops + 1);
                 }
                 Reply::Ack => self.probe_answered(probe, p.index, true),
@@ -1240,7 +1344,7 @@ impl Behaviour {
                 for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
                     self.add_address(&closer, a);
                 }
-                self.hosts.insert((p.resource.clone(), p.index), closer);
+                self.cache_host(&p.resource, p.index, closer);
                 if p.hops < self.config.max_redirects && closer != peer {
                     Counters::bump(&mut self.counters.messages_out, "redirected");
                     self.send_to_replica(p.resource, p.n, p.index, msg, p.hops + 1);
@@ -1334,7 +1438,7 @@ impl Behaviour {
                     .map(|p| (KBucketKey::from(p).distance(&key), p))
                     .min()
                     .map_or(self.local, |(_, p)| p);
-                self.hosts.insert((resource, index), best);
+                self.cache_host(&resource, index, best);
             }
             InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
                 result: kad::QueryResult::Bootstrap(Ok(_)),
@@ -1361,32 +1465,26 @@ impl Behaviour {
         }
     }
 
-    /// Runs the core's due timers.
+    /// Runs the core's due timers, and drops replicas that have become disposable.
     fn handle_timeouts(&mut self, now: Time) {
-        let due: Vec<(String, u16)> = self
-            .replicas
-            .iter()
-            .filter(|(_, r)| r.poll_timeout().is_some_and(|t| t <= now))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for (resource, index) in due {
+        // Collected first: a replica re-filed at `now` waits for the next pass.
+        let due: Vec<(String, u16)> =
+            self.replica_due.iter().take_while(|(at, _)| *at <= now).map(|(_, key)| key.clone()).collect();
+        for key in due {
             let mut outputs = Vec::new();
-            if let Some(r) = self.replicas.get_mut(&(resource.clone(), index)) {
+            if let Some(r) = self.replicas.get_mut(&key) {
                 r.handle_timeout(now);
                 while let Some(out) = r.poll_transmit() {
                     outputs.push(out);
                 }
             }
+            self.reindex_replica(&key, now);
             for (to, resp) in outputs {
-                self.notify(to, &resource, index, resp);
+                self.notify(to, &key.0, key.1, resp);
             }
         }
-        let due: Vec<AcquisitionId> = self
-            .acquisitions
-            .iter()
-            .filter(|(_, a)| a.deferred.is_none() && a.client.poll_timeout().is_some_and(|t| t <= now))
-            .map(|(id, _)| *id)
-            .collect();
+        let due: Vec<AcquisitionId> =
+            self.acquisition_due.iter().take_while(|(at, _)| *at <= now).map(|(_, id)| *id).collect();
         for id in due {
             if let Some(a) = self.acquisitions.get_mut(&id) {
                 a.client.handle_timeout(now);
@@ -1396,10 +1494,47 @@ impl Behaviour {
     }
 
     fn next_deadline(&self) -> Option<Time> {
-        let replicas = self.replicas.values().filter_map(|r| r.poll_timeout());
-        let clients =
-            self.acquisitions.values().filter(|a| a.deferred.is_none()).filter_map(|a| a.client.poll_timeout());
-        replicas.chain(clients).min()
+        let replica = self.replica_due.first().map(|(t, _)| *t);
+        let acquisition = self.acquisition_due.first().map(|(t, _)| *t);
+        replica.into_iter().chain(acquisition).min()
+    }
+
+    /// Files a hosted replica under its next deadline, or drops it if it is disposable
+    /// (idle, nothing to remember: see [`Replica::is_disposable`]).
+    fn reindex_replica(&mut self, key: &(String, u16), now: Time) {
+        self.unindex_replica(key);
+        let Some(r) = self.replicas.get(key) else { return };
+        if r.is_disposable(now) {
+            self.replicas.remove(key);
+            self.counters.replicas_evicted += 1;
+            return;
+        }
+        let at = [r.poll_timeout(), r.disposable_at()].into_iter().flatten().min();
+        if let Some(at) = at {
+            self.replica_due.insert((at, key.clone()));
+            self.replica_due_at.insert(key.clone(), at);
+        }
+    }
+
+    fn unindex_replica(&mut self, key: &(String, u16)) {
+        if let Some(at) = self.replica_due_at.remove(key) {
+            self.replica_due.remove(&(at, key.clone()));
+        }
+    }
+
+    /// Files an acquisition under its next deadline (none while deferred or gone).
+    fn reindex_acquisition(&mut self, id: AcquisitionId) {
+        if let Some(at) = self.acquisition_due_at.remove(&id) {
+            self.acquisition_due.remove(&(at, id));
+        }
+        let Some(a) = self.acquisitions.get(&id) else { return };
+        if a.deferred.is_some() {
+            return;
+        }
+        if let Some(at) = a.client.poll_timeout() {
+            self.acquisition_due.insert((at, id));
+            self.acquisition_due_at.insert(id, at);
+        }
     }
 }
 

@@ -16,5 +16,6 @@ pub mod wire;
 
 pub use behaviour::{
     kad_protocol, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, BootClock, Config, Counters, Event, Inner,
-    InnerEvent, ProbeId, ReplicaInfo, ReplicaTotals, DEFAULT_MAX_CONCURRENT_STREAMS, KAD_PROTOCOL,
+    InnerEvent, ProbeId, ReplicaInfo, ReplicaTotals, StateSizes, DEFAULT_MAX_CONCURRENT_STREAMS,
+    DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_PROTOCOL,
 };

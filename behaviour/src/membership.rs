@@ -154,6 +154,11 @@ impl Membership {
         }
     }
 
+    /// Every member, present or departed (this peer not included).
+    pub fn peers(&self) -> impl Iterator<Item = &PeerId> {
+        self.members.keys()
+    }
+
     /// Whether `peer` is a member now connected.
     pub fn is_up(&self, peer: &PeerId) -> bool {
         self.members.get(peer).is_some_and(|m| m.up)

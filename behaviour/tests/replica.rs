@@ -214,6 +214,7 @@ fn release_by_the_owner_with_an_empty_queue_frees_the_replica() {
     assert!(r.is_idle());
     assert!(drain(&mut r).is_empty());
     assert_eq!(r.poll_timeout(), None);
+    assert_eq!(r.disposable_at(), Some(T0 + ms(5) + Duration::from_secs(30)), "once the tombstone has expired");
     assert_eq!(r.tombstones(), 1);
 }
 
@@ -753,4 +754,36 @@ fn a_request_after_the_delay_does_not_jump_the_waiters_queued_during_it() {
     let out = drain(&mut r);
     assert!(out.iter().any(|(to, resp)| *to == 1 && resp.promoted), "{out:?}");
     assert!(out.iter().any(|(to, resp)| *to == 3 && resp.owner == early && resp.position == 1), "{out:?}");
+}
+
+// An idle replica can be dropped once its tombstones are past their time and the clock
+// is past its last grant stamp; it says when that will be through its timeout.
+#[test]
+fn a_released_replica_becomes_disposable_when_its_tombstones_expire() {
+    let mut r = replica();
+    let a = ts(10, 1);
+    request(&mut r, T0, a).unwrap();
+    assert!(!r.is_disposable(T0), "owned");
+    let stamp = stamp(&r);
+    release(&mut r, T0 + ms(10), a, stamp).unwrap();
+    drain(&mut r);
+    assert!(r.is_idle());
+    assert!(!r.is_disposable(T0 + ms(20)), "the tombstone must outlive a late REQUEST of the released acquisition");
+    let expiry = T0 + ms(10) + Duration::from_secs(30);
+    assert_eq!(r.disposable_at(), Some(expiry), "when the tombstone expires");
+    assert!(!r.is_disposable(expiry - ms(1)));
+    assert!(r.is_disposable(expiry));
+}
+
+#[test]
+fn a_replica_on_hold_or_with_a_waiter_is_not_disposable() {
+    let mut r = replica();
+    r.hold_grants_until(T0 + LEASE);
+    assert!(!r.is_disposable(T0), "the takeover delay is state");
+    let q = busy(ts(10, 1), &[ts(20, 2)]);
+    assert!(!q.is_disposable(T0 + ms(1)), "owned, with a waiter");
+    let mut lapsed = busy(ts(10, 1), &[]);
+    lapsed.handle_timeout(T0 + LEASE);
+    assert!(lapsed.is_idle(), "the lease ran out");
+    assert!(lapsed.is_disposable(T0 + LEASE), "an expired lease leaves nothing to remember");
 }

@@ -23,9 +23,13 @@ fn config() -> Config {
 }
 
 async fn swarms(count: usize) -> Vec<Swarm<Behaviour>> {
+    swarms_with(count, config()).await
+}
+
+async fn swarms_with(count: usize, config: Config) -> Vec<Swarm<Behaviour>> {
     let mut swarms: Vec<Swarm<Behaviour>> = Vec::new();
     for _ in 0..count {
-        let mut s = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config()));
+        let mut s = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config.clone()));
         s.listen().with_memory_addr_external().await;
         swarms.push(s);
     }
@@ -352,4 +356,54 @@ async fn a_holder_whose_clock_jumps_past_its_lease_is_lost_at_once() {
     .expect("a holder whose clock jumped past its lease still believes it holds the lock after 5 s");
     assert!(matches!(event, Event::Lost { id: got, .. } if got == id), "expected Lost, got {event:?}");
     assert!(s.behaviour().acquisition(id).is_none_or(|a| a.phase != proto::client::Phase::Holding));
+}
+
+/// A stream of distinct lock names leaves nothing behind: every replica is dropped once
+/// idle with its tombstones expired (not a reset: nothing it knew is lost), the host
+/// cache and the acquisitions go with the last local acquisition of their lock, and a
+/// name used again is served by a new replica.
+#[tokio::test]
+async fn a_stream_of_lock_names_leaves_no_state_behind() {
+    let ttl = Duration::from_millis(300);
+    let proto = proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5)).with_tombstone_ttl(ttl);
+    let config = Config::default().with_protocol(proto).with_takeover_delay(Some(Duration::ZERO));
+    let mut s = swarms_with(2, config).await;
+    let names: Vec<String> = (0..100).map(|k| format!("orders/{k}")).collect();
+    lock_and_release(&mut s, &names).await;
+    let created = |s: &[Swarm<Behaviour>]| s.iter().map(|x| x.behaviour().counters().replicas_created).sum::<u64>();
+    let evicted = |s: &[Swarm<Behaviour>]| s.iter().map(|x| x.behaviour().counters().replicas_evicted).sum::<u64>();
+    assert_eq!(created(&s), 500, "every name made its 5 replicas");
+    assert!(evicted(&s) < 500, "not before the tombstones expire");
+    wait_until_no_replicas(&mut s).await;
+    for x in &s {
+        let sizes = x.behaviour().state_sizes();
+        assert_eq!((sizes.replicas, sizes.acquisitions, sizes.hosts, sizes.pending), (0, 0, 0, 0), "{sizes:?}");
+    }
+    assert_eq!(evicted(&s), 500, "every replica created was evicted");
+    // A name used again gets new replicas, and they go again.
+    lock_and_release(&mut s, &names[..1]).await;
+    assert_eq!(created(&s), 505);
+    wait_until_no_replicas(&mut s).await;
+    assert_eq!(evicted(&s), 505);
+}
+
+async fn lock_and_release(s: &mut [Swarm<Behaviour>], names: &[String]) {
+    for name in names {
+        let who = name.len() % 2;
+        let id = s[who].behaviour_mut().acquire(name, None).expect("valid");
+        let (i, event) = with_timeout(next_event(s)).await;
+        assert!(i == who && matches!(event, Event::Acquired { id: got, .. } if got == id), "{name}: {event:?}");
+        s[who].behaviour_mut().release(id);
+    }
+}
+
+/// Idle replicas go on the behaviours' own timers: poll until they have.
+async fn wait_until_no_replicas(s: &mut [Swarm<Behaviour>]) {
+    with_timeout(async {
+        while !s.iter().all(|x| x.behaviour().state_sizes().replicas == 0) {
+            let futs = s.iter_mut().map(|x| Box::pin(x.select_next_some()));
+            let _ = tokio::time::timeout(Duration::from_millis(100), select_all(futs)).await;
+        }
+    })
+    .await;
 }

@@ -189,6 +189,12 @@ impl Collector for CounterCollector {
         )?;
         counter(
             &mut e,
+            "replicas_evicted",
+            "Idle replicas dropped once they had nothing left to remember (not a reset)",
+            c.replicas_evicted,
+        )?;
+        counter(
+            &mut e,
             "replicas_handed_over",
             "Replicas dropped because a closer peer became live and hosts them now",
             c.replicas_handed_over,

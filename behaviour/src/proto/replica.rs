@@ -186,6 +186,27 @@ impl<C: Clone + Ord> Replica<C> {
         self.owner.is_none() && self.queue.is_empty()
     }
 
+    /// True when dropping this replica and starting a new one on the next message
+    /// changes nothing a client can observe: no owner, no waiter, no tombstone, no
+    /// takeover delay, and `now` past the last grant stamp (a new replica's first stamp,
+    /// `now` in µs, is then above every stamp this one issued). Dropping it is not a
+    /// reset: a replica with no owner grants the next REQUEST at once either way.
+    pub fn is_disposable(&self, now: Time) -> bool {
+        self.disposable_at().is_some_and(|t| t <= now)
+    }
+
+    /// When this replica becomes disposable ([`Replica::is_disposable`]) if nothing
+    /// arrives meanwhile; `None` while it has an owner, a waiter or a takeover delay.
+    pub fn disposable_at(&self) -> Option<Time> {
+        if !self.is_idle() || self.hold_until.is_some() {
+            return None;
+        }
+        // Tombstones are kept in insertion order with one TTL: the last goes last.
+        let tombstones = self.tombstone_order.back().map_or(Duration::ZERO, |(until, _)| *until);
+        let stamp = Duration::from_micros(self.last_stamp.saturating_add(1));
+        Some(tombstones.max(stamp))
+    }
+
     /// Handles a message from `from`, the authenticated sender.
     ///
     /// On error nothing changed and nothing is sent.

@@ -67,6 +67,9 @@ pub struct Config {
     takeover_delay: Option<Duration>,
     ping_interval: Duration,
     ping_timeout: Duration,
+    max_replicas: usize,
+    max_replicas_per_peer: usize,
+    peer_rate: (u32, u32),
 }
 
 /// Default membership window: a departed peer still counts toward the majority a
@@ -125,6 +128,9 @@ impl Default for Config {
             takeover_delay: None,
             ping_interval: DEFAULT_PING_INTERVAL,
             ping_timeout: DEFAULT_PING_TIMEOUT,
+            max_replicas: 100_000,
+            max_replicas_per_peer: 10_000,
+            peer_rate: (20_000, 40_000),
         }
     }
 }
@@ -182,6 +188,17 @@ impl Config {
     pub fn with_ping(mut self, interval: Duration, timeout: Duration) -> Self {
         self.ping_interval = interval.max(Duration::from_millis(10));
         self.ping_timeout = timeout.max(Duration::from_millis(10));
+        self
+    }
+    /// What a remote peer may cost: replicas hosted here at most (all peers together;
+    /// default 100,000), replicas one remote peer's requests may have created and still
+    /// hosted (default 10,000), and requests per second from one peer with a burst
+    /// (token bucket; default 20,000/s, burst 40,000). Past them a request is refused
+    /// (`Rejection::TooManyReplicas`, `PeerQuota`, `RateLimited`) and counted.
+    pub fn with_limits(mut self, max_replicas: usize, max_replicas_per_peer: usize, peer_rate: (u32, u32)) -> Self {
+        self.max_replicas = max_replicas;
+        self.max_replicas_per_peer = max_replicas_per_peer;
+        self.peer_rate = (peer_rate.0.max(1), peer_rate.1.max(1));
         self
     }
     /// How long a dead peer can go unnoticed: one ping interval plus its timeout.
@@ -562,6 +579,11 @@ pub struct Behaviour {
     hosts: HashMap<(String, u16), PeerId>,
     /// Live local acquisitions per lock name.
     live_locks: HashMap<String, usize>,
+    /// Which remote peer's request created each hosted replica, and how many each has.
+    creators: HashMap<(String, u16), PeerId>,
+    created_by: HashMap<PeerId, usize>,
+    /// Request budget per connected peer: (tokens, last refill).
+    buckets: HashMap<PeerId, (f64, Time)>,
     pending: HashMap<OutboundRequestId, Pending>,
     lookups: HashMap<kad::QueryId, (String, u16)>,
     probes: HashMap<ProbeId, Probe>,
@@ -627,6 +649,9 @@ impl Behaviour {
             finished_order: VecDeque::new(),
             hosts: HashMap::new(),
             live_locks: HashMap::new(),
+            creators: HashMap::new(),
+            created_by: HashMap::new(),
+            buckets: HashMap::new(),
             pending: HashMap::new(),
             lookups: HashMap::new(),
             probes: HashMap::new(),
@@ -833,6 +858,8 @@ impl Behaviour {
             self.replicas.clear();
             self.replica_due.clear();
             self.replica_due_at.clear();
+            self.creators.clear();
+            self.created_by.clear();
         }
         if self.membership.ready() && self.deferred > 0 {
             self.deferred = 0;
@@ -947,8 +974,7 @@ impl Behaviour {
             .cloned()
             .collect();
         for key in &gone {
-            self.replicas.remove(key);
-            self.unindex_replica(key);
+            self.drop_replica(key);
         }
         let dropped = gone.len();
         if dropped > 0 {
@@ -1081,6 +1107,19 @@ impl Behaviour {
     ) -> Result<Vec<Response<PeerId>>, Rejection> {
         let now = self.clock.now();
         let key = (resource.to_owned(), index);
+        if !self.replicas.contains_key(&key) {
+            if self.replicas.len() >= self.config.max_replicas {
+                return Err(Rejection::TooManyReplicas);
+            }
+            if from != self.local {
+                let count = self.created_by.entry(from).or_default();
+                if *count >= self.config.max_replicas_per_peer {
+                    return Err(Rejection::PeerQuota);
+                }
+                *count += 1;
+                self.creators.insert(key.clone(), from);
+            }
+        }
         let replica = match self.replicas.entry(key.clone()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
@@ -1266,6 +1305,7 @@ impl Behaviour {
                     Reply::Rejected(Rejection::QuorumMismatch)
                 }
                 Request::Replica { .. } if !self.membership.serving() => Reply::Rejected(Rejection::NotServing),
+                Request::Replica { .. } if !self.take_token(peer) => Reply::Rejected(Rejection::RateLimited),
                 Request::Replica { resource, index, msg, .. } => {
                     if let Some(closer) = self.closer_live_peer(&resource, index) {
                         self.counters.redirects_sent += 1;
@@ -1505,7 +1545,7 @@ impl Behaviour {
         self.unindex_replica(key);
         let Some(r) = self.replicas.get(key) else { return };
         if r.is_disposable(now) {
-            self.replicas.remove(key);
+            self.drop_replica(key);
             self.counters.replicas_evicted += 1;
             return;
         }
@@ -1513,6 +1553,35 @@ impl Behaviour {
         if let Some(at) = at {
             self.replica_due.insert((at, key.clone()));
             self.replica_due_at.insert(key.clone(), at);
+        }
+    }
+
+    /// Takes one request from `peer`'s budget (token bucket); false when it is spent.
+    fn take_token(&mut self, peer: PeerId) -> bool {
+        let now = self.clock.now();
+        let (rate, burst) = (f64::from(self.config.peer_rate.0), f64::from(self.config.peer_rate.1));
+        let (tokens, last) = self.buckets.entry(peer).or_insert((burst, now));
+        *tokens = (*tokens + now.saturating_sub(*last).as_secs_f64() * rate).min(burst);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Removes a hosted replica with its index entry and its creator's count.
+    fn drop_replica(&mut self, key: &(String, u16)) {
+        self.replicas.remove(key);
+        self.unindex_replica(key);
+        if let Some(peer) = self.creators.remove(key) {
+            if let Some(c) = self.created_by.get_mut(&peer) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.created_by.remove(&peer);
+                }
+            }
         }
     }
 
@@ -1609,6 +1678,7 @@ impl NetworkBehaviour for Behaviour {
                     *c = c.saturating_sub(1);
                     if *c == 0 {
                         self.connected.remove(&e.peer_id);
+                        self.buckets.remove(&e.peer_id);
                         let now = self.clock.now();
                         self.membership.disconnected(e.peer_id, now);
                         self.housekeeping(now);

@@ -118,6 +118,12 @@ pub enum Rejection {
     /// The peer serves no replica now: joining its swarm, on the minority side of a
     /// split, or starting over after a stall.
     NotServing,
+    /// The peer hosts as many replicas as it may: a new one is refused.
+    TooManyReplicas,
+    /// The sender's requests created as many replicas here as one peer may.
+    PeerQuota,
+    /// The sender sent more requests than its budget allows; retry later.
+    RateLimited,
 }
 
 impl Rejection {
@@ -135,6 +141,9 @@ impl Rejection {
             Rejection::QuorumMismatch => "quorum_mismatch",
             Rejection::NotHost => "not_host",
             Rejection::NotServing => "not_serving",
+            Rejection::TooManyReplicas => "too_many_replicas",
+            Rejection::PeerQuota => "peer_quota",
+            Rejection::RateLimited => "rate_limited",
         }
     }
 }

@@ -407,3 +407,73 @@ async fn wait_until_no_replicas(s: &mut [Swarm<Behaviour>]) {
     })
     .await;
 }
+
+/// What one remote peer may cost: a flood of requests for made-up names creates at most
+/// its quota of replicas, then is refused (`PeerQuota`) and counted; past its request
+/// budget it is refused (`RateLimited`); the node's own locks keep working.
+#[tokio::test]
+async fn a_peer_flooding_made_up_names_is_held_to_its_quota_and_budget() {
+    let config = config().with_limits(30, 20, (1, 45));
+    let mut node = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config.clone()));
+    node.listen().with_memory_addr_external().await;
+    let mut probe = Swarm::new_ephemeral_tokio(|_| {
+        request_response::cbor::Behaviour::<Request, Reply>::new(
+            [(wire::PROTOCOL, ProtocolSupport::Full)],
+            request_response::Config::default(),
+        )
+    });
+    probe.connect(&mut node).await;
+    let (target, me) = (*node.local_peer_id(), *probe.local_peer_id());
+    let mut replies = Vec::new();
+    for k in 0..50 {
+        // 25 new names, then 25 requests on names already hosted.
+        let resource = format!("flood/{}", k % 25);
+        let msg = ToReplica::Request { ts: Timestamp::new(1 + k as u64, me), sent: 1, floor: 0 };
+        probe.behaviour_mut().send_request(&target, Request::Replica { resource, index: 0, n: 5, msg });
+        let reply = with_timeout(async {
+            loop {
+                tokio::select! {
+                    e = probe.select_next_some() => {
+                        if let SwarmEvent::Behaviour(request_response::Event::Message {
+                            message: request_response::Message::Response { response, .. }, ..
+                        }) = e {
+                            break response;
+                        }
+                    }
+                    _ = node.select_next_some() => {}
+                }
+            }
+        })
+        .await;
+        replies.push(reply);
+    }
+    let kind = |r: &Reply| match r {
+        Reply::Responses(_) => "served",
+        Reply::Rejected(r) => r.as_str(),
+        _ => "other",
+    };
+    let kinds: Vec<&str> = replies.iter().map(kind).collect();
+    assert!(kinds[..20].iter().all(|k| *k == "served"), "{kinds:?}");
+    assert!(kinds[20..25].iter().all(|k| *k == "peer_quota"), "the 21st new name is over the quota: {kinds:?}");
+    assert!(kinds[25..45].iter().all(|k| *k == "served"), "names already hosted are still served: {kinds:?}");
+    assert!(kinds[45..].iter().all(|k| *k == "rate_limited"), "past the burst of 45: {kinds:?}");
+    let c = node.behaviour().counters();
+    assert_eq!(
+        (c.rejected.get("peer_quota"), c.rejected.get("rate_limited")),
+        (Some(&5), Some(&5)),
+        "{:?}",
+        c.rejected
+    );
+    assert_eq!(node.behaviour().state_sizes().replicas, 20);
+    // The node's own lock: 5 more replicas, within the global cap of 30.
+    let id = node.behaviour_mut().acquire("mine", None).expect("valid");
+    let event = with_timeout(async {
+        loop {
+            if let SwarmEvent::Behaviour(e) = node.select_next_some().await {
+                return e;
+            }
+        }
+    })
+    .await;
+    assert!(matches!(event, Event::Acquired { id: got, .. } if got == id), "{event:?}");
+}

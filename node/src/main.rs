@@ -107,6 +107,15 @@ struct RunArgs {
     /// Liveness pings: a connection whose ping takes longer is closed as dead.
     #[arg(long, value_parser = parse_duration, default_value = "3s", env = "SIGMA_PING_TIMEOUT")]
     ping_timeout: Duration,
+    /// Most replicas this peer hosts (all locks); past it a new one is refused.
+    #[arg(long, value_name = "N", default_value_t = 100_000, env = "SIGMA_MAX_REPLICAS")]
+    max_replicas: usize,
+    /// Most replicas one remote peer's requests may have created here.
+    #[arg(long, value_name = "N", default_value_t = 10_000, env = "SIGMA_MAX_REPLICAS_PER_PEER")]
+    max_replicas_per_peer: usize,
+    /// Requests per second one remote peer may send (token bucket, burst twice that).
+    #[arg(long, value_name = "N", default_value_t = 20_000, env = "SIGMA_PEER_RATE")]
+    peer_rate: u32,
 }
 
 #[derive(Args, Debug)]
@@ -264,7 +273,8 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         .with_min_voters(args.min_peers)
         .with_takeover_delay(args.takeover_delay)
         .with_membership_window(args.membership_window)
-        .with_ping(args.ping_interval, args.ping_timeout);
+        .with_ping(args.ping_interval, args.ping_timeout)
+        .with_limits(args.max_replicas, args.max_replicas_per_peer, (args.peer_rate, args.peer_rate.saturating_mul(2)));
 
     // One registry for /metrics: libp2p's metrics (prefix libp2p_), recorded by the
     // node's event loop from the swarm's events, and ours (sigma_).

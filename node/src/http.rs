@@ -120,7 +120,30 @@ pub struct Acquired {
     pub valid_for_ms: u64,
     /// Distinct peers whose replicas voted for this holder.
     pub distinct_peers: usize,
+    /// The client's lease: unless renewed (`POST /v1/locks/{name}/keepalive`) within
+    /// this long, the daemon releases the lock (a dead client keeps nothing).
+    pub ttl_ms: u64,
 }
+
+/// Answer to a keep-alive: the lock is still held, the client lease renewed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptAlive {
+    /// Lock name.
+    pub name: String,
+    /// Fencing token.
+    pub token: u64,
+    /// See [`Acquired::valid_until_ms`].
+    pub valid_until_ms: u64,
+    /// See [`Acquired::valid_for_ms`].
+    pub valid_for_ms: u64,
+    /// The client lease now ends this long from the answer.
+    pub ttl_ms: u64,
+}
+
+/// Client lease of an HTTP-held lock when the acquire names none.
+pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(5);
+/// Bounds of a client lease.
+pub const CLIENT_TTL_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_millis(200)..=Duration::from_secs(3600);
 
 /// Body of a release.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -216,6 +239,8 @@ fn deadline_ms(at: Instant) -> (u64, u64) {
 
 enum HolderCmd {
     Info(oneshot::Sender<Instant>),
+    /// Renews the client lease; answers the lock's validity and the lease length.
+    KeepAlive(oneshot::Sender<(Instant, Duration)>),
     Release(oneshot::Sender<Result<(), LockError>>),
 }
 
@@ -228,7 +253,9 @@ fn lock_table(t: &Table) -> std::sync::MutexGuard<'_, HashMap<Key, mpsc::Sender<
 
 /// Keeps a guard for an HTTP client: one task per held lock owns the guard, answers
 /// queries, releases on command, and drops the entry when the lock is lost.
-fn hold(table: &Table, metrics: &Metrics, guard: LockGuard) {
+/// Holds `guard` for an HTTP client until it releases, its lease of `ttl` runs out
+/// without a keep-alive, or the lock is lost.
+fn hold(table: &Table, metrics: &Metrics, guard: LockGuard, ttl: Duration) {
     let key: Key = (guard.name().to_owned(), guard.token());
     let (tx, mut rx) = mpsc::channel(8);
     {
@@ -244,8 +271,16 @@ fn hold(table: &Table, metrics: &Metrics, guard: LockGuard) {
             t.remove(&key);
             metrics.set_http_locks_held(t.len());
         };
+        let mut expires = tokio::time::Instant::now() + ttl;
         loop {
             tokio::select! {
+                () = tokio::time::sleep_until(expires) => {
+                    remove(&table);
+                    metrics.client_lease_expired();
+                    tracing::warn!(name = %key.0, token = key.1, ?ttl, "HTTP client stopped renewing its lease: lock released");
+                    let _ = guard.release().await;
+                    return;
+                }
                 _ = guard.lost() => {
                     remove(&table);
                     tracing::warn!(name = %key.0, token = key.1, "a lock held for an HTTP client was lost");
@@ -254,6 +289,10 @@ fn hold(table: &Table, metrics: &Metrics, guard: LockGuard) {
                 cmd = rx.recv() => match cmd {
                     Some(HolderCmd::Info(reply)) => {
                         let _ = reply.send(guard.valid_until());
+                    }
+                    Some(HolderCmd::KeepAlive(reply)) => {
+                        expires = tokio::time::Instant::now() + ttl;
+                        let _ = reply.send((guard.valid_until(), ttl));
                     }
                     Some(HolderCmd::Release(reply)) => {
                         remove(&table);
@@ -289,6 +328,7 @@ struct AcquireQuery {
     n: Option<usize>,
     m: Option<usize>,
     min_peers: Option<usize>,
+    ttl_ms: Option<u64>,
 }
 
 /// Splits a POST path `NAME/ACTION`.
@@ -305,13 +345,18 @@ async fn post_lock(
     match split_action(&path) {
         Some((name, "acquire")) => match query {
             Ok(Query(q)) => acquire(s, name, q).await,
-            Err(e) => {
-                error(StatusCode::BAD_REQUEST, format!("bad query (timeout_ms, n, m, min_peers are integers): {e}"))
-            }
+            Err(e) => error(
+                StatusCode::BAD_REQUEST,
+                format!("bad query (timeout_ms, n, m, min_peers, ttl_ms are integers): {e}"),
+            ),
         },
         Some((name, "release")) => match serde_json::from_slice::<ReleaseBody>(&body) {
             Ok(b) => release(s, name, b.token).await,
             Err(e) => error(StatusCode::BAD_REQUEST, format!("bad release body (expected {{\"token\": N}}): {e}")),
+        },
+        Some((name, "keepalive")) => match serde_json::from_slice::<ReleaseBody>(&body) {
+            Ok(b) => keepalive(s, name, b.token).await,
+            Err(e) => error(StatusCode::BAD_REQUEST, format!("bad keepalive body (expected {{\"token\": N}}): {e}")),
         },
         _ => error(StatusCode::NOT_FOUND, "expected POST /v1/locks/{name}/acquire or /v1/locks/{name}/release"),
     }
@@ -323,6 +368,17 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
         (None, None) => None,
         _ => return error(StatusCode::BAD_REQUEST, "n and m go together"),
     };
+    let ttl = q.ttl_ms.map_or(DEFAULT_CLIENT_TTL, Duration::from_millis);
+    if !CLIENT_TTL_RANGE.contains(&ttl) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "ttl_ms must be between {} and {}",
+                CLIENT_TTL_RANGE.start().as_millis(),
+                CLIENT_TTL_RANGE.end().as_millis()
+            ),
+        );
+    }
     let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis), min_peers: q.min_peers };
     let start = Instant::now();
     let result = s.handle.lock_with(name, opts).await;
@@ -337,9 +393,10 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
                 valid_until_ms,
                 valid_for_ms,
                 distinct_peers: guard.distinct_peers(),
+                ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             };
             tracing::info!(name = %body.name, token = body.token, ?elapsed, "lock acquired for an HTTP client");
-            hold(&s.held, &s.metrics, guard);
+            hold(&s.held, &s.metrics, guard, ttl);
             (StatusCode::OK, Json(body)).into_response()
         }
         Err(e) => {
@@ -357,6 +414,25 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
             (status, Json(ErrorBody { error: e.to_string(), code })).into_response()
         }
     }
+}
+
+async fn keepalive(s: AppState, name: &str, token: u64) -> Response {
+    let tx = lock_table(&s.held).get(&(name.to_owned(), token)).cloned();
+    if let Some(tx) = tx {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        if tx.send(HolderCmd::KeepAlive(reply_tx)).await.is_ok() {
+            if let Ok((until, ttl)) = reply_rx.await {
+                let (valid_until_ms, valid_for_ms) = deadline_ms(until);
+                let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+                let body = KeptAlive { name: name.to_owned(), token, valid_until_ms, valid_for_ms, ttl_ms };
+                return (StatusCode::OK, Json(body)).into_response();
+            }
+        }
+    }
+    error(
+        StatusCode::NOT_FOUND,
+        format!("lock {name} token {token} is not held by this daemon (released, lost or expired)"),
+    )
 }
 
 async fn release(s: AppState, name: &str, token: u64) -> Response {

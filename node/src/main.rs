@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use libp2p::multiaddr::Protocol;
 use libp2p::Multiaddr;
 use prometheus_client::registry::Registry;
-use sigma_node::http::{self, Acquired, Api, ErrorBody, LockView, ReleaseBody, DEFAULT_API};
+use sigma_node::http::{self, Acquired, Api, ErrorBody, KeptAlive, ReleaseBody, DEFAULT_API};
 use sigma_node::metrics::Metrics;
 use sigma_node::{Node, NodeConfig};
 use tokio::signal::unix::{signal, SignalKind};
@@ -139,6 +139,11 @@ struct LockArgs {
     /// [default: the daemon's].
     #[arg(long, value_name = "D")]
     min_peers: Option<usize>,
+    /// Client lease: `sigma lock` renews it while the command runs; if `sigma lock`
+    /// itself dies (SIGKILL, OOM, crash), the daemon releases the lock this long after
+    /// the last renewal.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    ttl: Duration,
     /// After SIGTERM to a command whose lock was lost, wait this long before SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     grace: Duration,
@@ -364,15 +369,6 @@ async fn error_text(resp: reqwest::Response) -> String {
     }
 }
 
-async fn get_lock_view(client: &reqwest::Client, api: std::net::SocketAddr, name: &str) -> anyhow::Result<LockView> {
-    let url = format!("http://{api}/v1/locks/{}", encode_name(name));
-    let resp = client.get(&url).timeout(Duration::from_secs(2)).send().await?;
-    if !resp.status().is_success() {
-        bail!("{}", error_text(resp).await);
-    }
-    Ok(resp.json().await?)
-}
-
 // ---------------------------------------------------------------------------------
 // sigma status
 
@@ -479,6 +475,7 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     if let Some(d) = args.min_peers {
         query.push(format!("min_peers={d}"));
     }
+    query.push(format!("ttl_ms={}", args.ttl.as_millis()));
     if !query.is_empty() {
         url = format!("{url}?{}", query.join("&"));
     }
@@ -534,10 +531,13 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     let mut lost: Option<String> = None;
     let mut warned_unreachable = false;
     let status = loop {
+        // Renew the client lease three times per TTL, and check the lock at least three
+        // times per validity.
         let poll = valid_until
             .saturating_duration_since(Instant::now())
+            .min(args.ttl)
             .div_f64(3.0)
-            .clamp(Duration::from_millis(100), Duration::from_secs(5));
+            .clamp(Duration::from_millis(50), Duration::from_secs(5));
         tokio::select! {
             st = child.wait() => break st.context("waiting for the command")?,
             sig = signals.recv() => {
@@ -546,14 +546,12 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
                 }
             }
             _ = tokio::time::sleep(poll) => {
-                match get_lock_view(&client, api, &name).await {
-                    Ok(view) => match view.held.iter().find(|h| h.token == token) {
-                        Some(h) => {
-                            valid_until = Instant::now() + Duration::from_millis(h.valid_for_ms);
-                            warned_unreachable = false;
-                        }
-                        None => lost = Some("the daemon no longer holds it".to_owned()),
-                    },
+                match keepalive(&client, api, &name, token).await {
+                    Ok(Some(kept)) => {
+                        valid_until = Instant::now() + Duration::from_millis(kept.valid_for_ms);
+                        warned_unreachable = false;
+                    }
+                    Ok(None) => lost = Some("the daemon no longer holds it".to_owned()),
                     Err(e) if Instant::now() >= valid_until => {
                         lost = Some(format!("the daemon cannot confirm it ({e:#}) and its lease has run out"));
                     }
@@ -591,6 +589,22 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
             eprintln!("sigma: warning: could not release lock {name} (it runs out with its lease): {e:#}");
             Ok(code)
         }
+    }
+}
+
+/// Renews the client lease: `Ok(None)` when the daemon does not hold the lock any more.
+async fn keepalive(
+    client: &reqwest::Client,
+    api: std::net::SocketAddr,
+    name: &str,
+    token: u64,
+) -> anyhow::Result<Option<KeptAlive>> {
+    let url = format!("http://{api}/v1/locks/{}/keepalive", encode_name(name));
+    let resp = client.post(&url).json(&ReleaseBody { token }).timeout(Duration::from_secs(2)).send().await?;
+    match resp.status().as_u16() {
+        200 => Ok(Some(resp.json().await.context("keepalive: bad JSON from the daemon")?)),
+        404 => Ok(None),
+        _ => bail!("{}", error_text(resp).await),
     }
 }
 

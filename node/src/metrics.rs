@@ -83,6 +83,7 @@ pub struct Metrics {
     snapshot: Snapshot,
     acquire_latency: Family<OutcomeLabel, Histogram, fn() -> Histogram>,
     http_locks_held: Gauge,
+    client_leases_expired: prometheus_client::metrics::counter::Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -97,6 +98,7 @@ impl Metrics {
             snapshot: Arc::new(Mutex::new(None)),
             acquire_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             http_locks_held: Gauge::default(),
+            client_leases_expired: Default::default(),
         };
         let sub = registry.sub_registry_with_prefix("sigma");
         sub.register_with_unit(
@@ -110,6 +112,11 @@ impl Metrics {
             "Locks held by the daemon on behalf of HTTP clients",
             m.http_locks_held.clone(),
         );
+        sub.register(
+            "client_leases_expired",
+            "Locks released because their HTTP client stopped renewing its lease (a dead client)",
+            m.client_leases_expired.clone(),
+        );
         sub.register_collector(Box::new(CounterCollector { snapshot: m.snapshot.clone() }));
         m
     }
@@ -122,6 +129,11 @@ impl Metrics {
     /// Records how long an acquisition took and how it ended.
     pub fn observe_acquire(&self, outcome: Outcome, elapsed: Duration) {
         self.acquire_latency.get_or_create(&OutcomeLabel { outcome: outcome.as_str() }).observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a lock released because its HTTP client's lease ran out.
+    pub fn client_lease_expired(&self) {
+        self.client_leases_expired.inc();
     }
 
     /// Sets the number of locks held for HTTP clients.

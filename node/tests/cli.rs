@@ -294,3 +294,34 @@ async fn a_daemon_whose_bootstrap_peer_is_down_is_not_ready_until_it_joins() {
     assert!(out.status.success(), "{:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("got "));
 }
+
+/// The client-lease issue's scenario: `sigma lock` is SIGKILLed while its command runs.
+/// Before, the daemon kept renewing the lock for good and the next `sigma lock` timed
+/// out; now the daemon releases it one client TTL after the last keep-alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_sigma_lock_loses_its_lock_within_its_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = swarm(dir.path()).await;
+    let marker = dir.path().join("holding");
+    let script = format!("touch {}; exec sleep 30", marker.display());
+    let mut holder = lock_cmd_with(&nodes[0].api, "dead", &["--ttl", "1s"], &script).spawn().unwrap();
+    eventually("the first sigma lock to hold the lock", || {
+        let marker = marker.clone();
+        async move { marker.exists() }
+    })
+    .await;
+    holder.start_kill().unwrap(); // SIGKILL: no release, no more keep-alives
+    let _ = holder.wait().await;
+    let t = Instant::now();
+    let out = lock_cmd_with(&nodes[1].api, "dead", &["--timeout", "20s"], "echo second").output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "the dead client's lock was never freed: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "second");
+    eprintln!("second holder after {:?}", t.elapsed());
+    let metrics = daemon::get_text(&format!("http://{}/metrics", nodes[0].api)).await;
+    assert_eq!(daemon::sample(&metrics, "sigma_client_leases_expired_total"), Some(1), "{metrics}");
+}

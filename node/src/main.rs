@@ -22,6 +22,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// Exit code of `sigma lock` when the lock was not acquired within `--timeout`.
 const EXIT_TIMEOUT: u8 = 75;
+/// How long `sigma lock --try` tries.
+const TRY_TIMEOUT: Duration = Duration::from_secs(1);
 /// Exit code of `sigma lock` when the lock was lost while the command ran.
 const EXIT_LOST: u8 = 76;
 /// Exit code when the daemon cannot be reached or fails.
@@ -48,7 +50,9 @@ enum Cmd {
     /// `SIGMA_LISTEN=…/p2p/…` per address (usable as another peer's --bootstrap),
     /// `SIGMA_API=IP:PORT`, then `SIGMA_READY`. Logs go to stderr (RUST_LOG, default info).
     Run(RunArgs),
-    /// Hold a lock while a command runs (the etcdctl/consul `lock` convention).
+    /// Hold a lock while a command runs (the etcdctl/consul `lock` convention), or,
+    /// without a command, until SIGINT/SIGTERM, printing SIGMA_LOCK_NAME=,
+    /// SIGMA_FENCING_TOKEN= and SIGMA_LOCK_VALID_UNTIL_MS= lines.
     ///
     /// The command gets SIGMA_LOCK_NAME, SIGMA_FENCING_TOKEN and
     /// SIGMA_LOCK_VALID_UNTIL_MS in its environment and runs in its own process group.
@@ -63,6 +67,8 @@ enum Cmd {
     Lock(LockArgs),
     /// Show the local peer: id, addresses, peers, replicas, locks held and waited for.
     Status(StatusArgs),
+    /// List the locks this peer holds (with their fencing tokens) and waits for.
+    Locks(StatusArgs),
 }
 
 #[derive(Args, Debug)]
@@ -147,8 +153,12 @@ struct LockArgs {
     /// After SIGTERM to a command whose lock was lost, wait this long before SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     grace: Duration,
-    /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// Try once: give up after about a second if the lock is held elsewhere (exit 75).
+    #[arg(long = "try", conflicts_with = "timeout")]
+    try_once: bool,
+    /// The command and its arguments, after `--`. Without one, `sigma lock` prints the
+    /// lock's name and fencing token and holds the lock until SIGINT or SIGTERM.
+    #[arg(last = true, value_name = "CMD")]
     command: Vec<OsString>,
 }
 
@@ -237,6 +247,7 @@ fn main() -> ExitCode {
             Cmd::Run(args) => run(args).await,
             Cmd::Lock(args) => lock(args).await,
             Cmd::Status(args) => status(args).await,
+            Cmd::Locks(args) => locks(args).await,
         }
     });
     // Do not wait for tasks still blocked (e.g. an HTTP request waiting for a lock).
@@ -393,6 +404,47 @@ async fn status(args: StatusArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+async fn locks(args: StatusArgs) -> anyhow::Result<u8> {
+    init_tracing("warn");
+    let api = api_addr(args.api)?;
+    let resp = client()?
+        .get(format!("http://{api}/v1/status"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| unreachable(api, e))?;
+    if !resp.status().is_success() {
+        return Err(fail(EXIT_UNAVAILABLE, format!("locks: {}", error_text(resp).await)));
+    }
+    let v: serde_json::Value = resp.json().await.context("locks: bad JSON from the daemon")?;
+    let held = v.get("locks_held").cloned().unwrap_or_default();
+    let waiting = v.get("locks_waiting").cloned().unwrap_or_default();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "held": held, "waiting": waiting }))?);
+        return Ok(0);
+    }
+    print!("{}", render_locks(&held, &waiting));
+    Ok(0)
+}
+
+/// One line per lock: `held NAME token T` or `waiting NAME`.
+fn render_locks(held: &serde_json::Value, waiting: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for h in held.as_array().into_iter().flatten() {
+        if let Some([name, token]) = h.as_array().map(Vec::as_slice) {
+            let _ = writeln!(out, "held     {} token {token}", name.as_str().unwrap_or("?"));
+        }
+    }
+    for w in waiting.as_array().into_iter().flatten() {
+        let _ = writeln!(out, "waiting  {}", w.as_str().unwrap_or("?"));
+    }
+    if out.is_empty() {
+        out.push_str("no locks held or waited for through this peer\n");
+    }
+    out
+}
+
 fn render_status(v: &serde_json::Value) -> String {
     use std::fmt::Write as _;
     let str_list = |key: &str| -> Vec<String> {
@@ -466,7 +518,8 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     // Acquire.
     let mut url = format!("http://{api}/v1/locks/{}/acquire", encode_name(&name));
     let mut query = Vec::new();
-    if let Some(t) = args.timeout {
+    let timeout = if args.try_once { Some(TRY_TIMEOUT) } else { args.timeout };
+    if let Some(t) = timeout {
         query.push(format!("timeout_ms={}", t.as_millis()));
     }
     if let (Some(n), Some(m)) = (args.n, args.m) {
@@ -489,8 +542,11 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     };
     let acquired: Acquired = match resp.status().as_u16() {
         200 => resp.json().await.context("acquire: bad JSON from the daemon")?,
+        408 if args.try_once => {
+            return Err(fail(EXIT_TIMEOUT, format!("lock {name} is held elsewhere (not won within {TRY_TIMEOUT:?})")));
+        }
         408 => {
-            let waited = args.timeout.map_or_else(String::new, |t| format!(" after {t:?}"));
+            let waited = timeout.map_or_else(String::new, |t| format!(" after {t:?}"));
             return Err(fail(EXIT_TIMEOUT, format!("timed out{waited} waiting for lock {name}")));
         }
         400 => return Err(fail(EXIT_USAGE, format!("lock {name}: {}", error_text(resp).await))),
@@ -508,6 +564,9 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     };
     let token = acquired.token;
     tracing::info!(%name, token, "lock acquired");
+    if args.command.is_empty() {
+        return hold_until_signal(&client, api, &name, &acquired, args.ttl, &mut signals).await;
+    }
 
     // Run the command.
     let mut cmd = tokio::process::Command::new(&args.command[0]);
@@ -588,6 +647,54 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
         Err(e) => {
             eprintln!("sigma: warning: could not release lock {name} (it runs out with its lease): {e:#}");
             Ok(code)
+        }
+    }
+}
+
+/// `sigma lock NAME` without a command: prints the lock and its token, keeps the client
+/// lease alive, releases on SIGINT/SIGTERM/SIGHUP (exit 0), exits 76 if the lock is lost.
+async fn hold_until_signal(
+    client: &reqwest::Client,
+    api: std::net::SocketAddr,
+    name: &str,
+    acquired: &Acquired,
+    ttl: Duration,
+    signals: &mut Signals,
+) -> anyhow::Result<u8> {
+    let token = acquired.token;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "SIGMA_LOCK_NAME={name}")?;
+        writeln!(out, "SIGMA_FENCING_TOKEN={token}")?;
+        writeln!(out, "SIGMA_LOCK_VALID_UNTIL_MS={}", acquired.valid_until_ms)?;
+        out.flush()?;
+    }
+    let mut valid_until = Instant::now() + Duration::from_millis(acquired.valid_for_ms);
+    loop {
+        let poll = valid_until
+            .saturating_duration_since(Instant::now())
+            .min(ttl)
+            .div_f64(3.0)
+            .clamp(Duration::from_millis(50), Duration::from_secs(5));
+        tokio::select! {
+            _ = signals.recv() => {
+                return match release(client, api, name, token).await {
+                    Ok(true) => Ok(0),
+                    Ok(false) => Err(fail(EXIT_LOST, format!("lock {name} (token {token}) was no longer held"))),
+                    Err(e) => {
+                        eprintln!("sigma: warning: could not release lock {name} (it runs out with its lease): {e:#}");
+                        Ok(0)
+                    }
+                };
+            }
+            () = tokio::time::sleep(poll) => match keepalive(client, api, name, token).await {
+                Ok(Some(kept)) => valid_until = Instant::now() + Duration::from_millis(kept.valid_for_ms),
+                Ok(None) => return Err(fail(EXIT_LOST, format!("lock {name} (token {token}) was lost"))),
+                Err(e) if Instant::now() >= valid_until => {
+                    return Err(fail(EXIT_LOST, format!("lock {name}: the daemon cannot confirm it ({e:#}) and its lease has run out")));
+                }
+                Err(e) => eprintln!("sigma: warning: cannot renew lock {name}: {e:#}"),
+            },
         }
     }
 }

@@ -325,3 +325,53 @@ async fn a_killed_sigma_lock_loses_its_lock_within_its_ttl() {
     let metrics = daemon::get_text(&format!("http://{}/metrics", nodes[0].api)).await;
     assert_eq!(daemon::sample(&metrics, "sigma_client_leases_expired_total"), Some(1), "{metrics}");
 }
+
+/// `sigma lock NAME` without a command holds the lock until SIGINT and prints its token
+/// (like `etcdctl lock NAME`); `sigma locks` lists it; `sigma lock --try` elsewhere gives
+/// up at once with exit 75, and wins once the holder let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_mode_locks_listing_and_try() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = swarm(dir.path()).await;
+    let mut holder = Command::new(SIGMA)
+        .args(["lock", "by-hand", "--api", &nodes[0].api])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(holder.stdout.take().unwrap()).lines();
+    let mut token = None;
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(t) = line.strip_prefix("SIGMA_FENCING_TOKEN=") {
+                token = Some(t.parse::<u64>().expect("a token"));
+                break;
+            }
+        }
+    })
+    .await
+    .expect("sigma lock printed no token");
+    let token = token.expect("SIGMA_FENCING_TOKEN line");
+
+    let out = Command::new(SIGMA).args(["locks", "--api", &nodes[0].api]).output().await.unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && listing.contains(&format!("held     by-hand token {token}")), "{listing}");
+
+    let out = lock_cmd_with(&nodes[1].api, "by-hand", &["--try"], "echo ran").output().await.unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("held elsewhere"));
+    assert!(out.stdout.is_empty(), "the command ran without the lock");
+
+    let pid = i32::try_from(holder.id().unwrap()).unwrap();
+    // SAFETY: a signal to the child we spawned.
+    unsafe {
+        libc::kill(pid, libc::SIGINT);
+    }
+    let status = tokio::time::timeout(PATIENCE, holder.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "released on SIGINT: {status:?}");
+    let out = lock_cmd_with(&nodes[1].api, "by-hand", &["--try"], "echo ran").output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -886,7 +886,11 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(Cli::try_parse_from(["sigma", "lock", "x"]).is_err(), "a command is required");
+        match Cli::try_parse_from(["sigma", "lock", "x"]).unwrap().command {
+            Cmd::Lock(a) => assert!(a.command.is_empty() && !a.try_once, "no command: hold until a signal"),
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["sigma", "lock", "x", "--try", "--timeout", "1s"]).is_err(), "--try or --timeout");
         assert!(Cli::try_parse_from(["sigma", "run", "--n", "5"]).is_err(), "--n needs --m");
         let cli =
             Cli::try_parse_from(["sigma", "run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0"]).unwrap();

@@ -22,6 +22,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// Exit code of `sigma lock` when the lock was not acquired within `--timeout`.
 const EXIT_TIMEOUT: u8 = 75;
+/// How much longer than `--timeout` `sigma lock` waits for the daemon's answer.
+const ACQUIRE_SLACK: Duration = Duration::from_secs(5);
 /// How long `sigma lock --try` tries.
 const TRY_TIMEOUT: Duration = Duration::from_secs(1);
 /// Exit code of `sigma lock` when the lock was lost while the command ran.
@@ -532,9 +534,20 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     if !query.is_empty() {
         url = format!("{url}?{}", query.join("&"));
     }
-    let request = client.post(&url).send();
+    // A client-side deadline too: a hung daemon must not make --timeout hang forever.
+    let mut request = client.post(&url);
+    if let Some(t) = timeout {
+        request = request.timeout(t + ACQUIRE_SLACK);
+    }
+    let request = request.send();
     let resp = tokio::select! {
-        r = request => r.map_err(|e| unreachable(api, e))?,
+        r = request => match r {
+            Ok(r) => r,
+            Err(e) if e.is_timeout() => {
+                return Err(fail(EXIT_TIMEOUT, format!("lock {name}: the daemon did not answer within the timeout ({e})")));
+            }
+            Err(e) => return Err(unreachable(api, e)),
+        },
         sig = signals.recv() => {
             // Dropping the request closes the connection: the daemon abandons the wait.
             return Err(fail(128 + sig as u8, format!("interrupted while waiting for lock {name}")));
@@ -611,8 +624,12 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
                         warned_unreachable = false;
                     }
                     Ok(None) => lost = Some("the daemon no longer holds it".to_owned()),
-                    Err(e) if Instant::now() >= valid_until => {
-                        lost = Some(format!("the daemon cannot confirm it ({e:#}) and its lease has run out"));
+                    // Stop the command --grace before the validity ends, so that even its
+                    // SIGKILL lands while the lock is still guaranteed.
+                    Err(e) if Instant::now() + args.grace >= valid_until => {
+                        lost = Some(format!(
+                            "the daemon cannot confirm it ({e:#}) and its validity ends within --grace"
+                        ));
                     }
                     Err(e) => {
                         if !warned_unreachable {

@@ -375,3 +375,20 @@ async fn hold_mode_locks_listing_and_try() {
     let out = lock_cmd_with(&nodes[1].api, "by-hand", &["--try"], "echo ran").output().await.unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A daemon that accepts the connection and never answers must not make `sigma lock
+/// --timeout` hang: it gives up a few seconds after the timeout, exit 75.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_daemon_does_not_make_the_timeout_hang() {
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap(); // never accepts nor answers
+    let api = hung.local_addr().unwrap().to_string();
+    let t = Instant::now();
+    let out = tokio::time::timeout(PATIENCE, lock_cmd_with(&api, "hung", &["--timeout", "1s"], "echo ran").output())
+        .await
+        .expect("sigma lock hung on a daemon that never answers")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.is_empty());
+    assert!(t.elapsed() < PATIENCE);
+    drop(hung);
+}

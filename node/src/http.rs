@@ -19,14 +19,16 @@
 //! together or not at all (absent: the daemon's quorum).
 //!
 //! **Who holds a lock taken over HTTP.** The daemon does, on behalf of the client, keyed
-//! by (name, fencing token), renewing its lease in the background, until
-//! `POST …/release` with that token. The lock is *not* released when the client's
-//! connection goes away — an HTTP client is not a session — so a client that dies
-//! without releasing holds the lock until the daemon stops. A client that goes away
-//! while still *waiting* cancels its acquisition (the request's future is dropped). A
-//! held lock that is lost (quorum gone, lease lapsed) is dropped from the table at
-//! once: a poller of `GET /v1/locks/{name}` sees its token disappear, which is how
-//! `sigma lock` notices. When the daemon stops, it releases the locks it still holds.
+//! by (name, fencing token), renewing the lock's votes in the background, for as long as
+//! the client keeps its *client lease* alive: `ttl_ms` at acquire (default 5 s, 200 ms
+//! to 1 h), renewed by `POST …/keepalive` with the token. A client that stops renewing
+//! (killed, crashed, cut off) loses the lock one TTL after its last renewal: the daemon
+//! releases it and counts it (`sigma_client_leases_expired_total`). `POST …/release`
+//! releases at once. A client that goes away while still *waiting* cancels its
+//! acquisition (the request's future is dropped). A held lock that is lost (quorum gone,
+//! lease lapsed) is dropped from the table at once: the next keep-alive answers 404,
+//! which is how `sigma lock` notices. When the daemon stops, it releases the locks it
+//! still holds.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -520,6 +520,11 @@ impl Clock {
     }
 }
 
+/// How often departed members are dialled again, and how many at a time: a healed
+/// partition reconnects without waiting for traffic.
+const REDIAL_INTERVAL: Duration = Duration::from_secs(2);
+const REDIAL_BATCH: usize = 16;
+
 /// Timers sleep on the monotonic clock, which stops during a suspend: the behaviour
 /// wakes at least this often, so a lease that ran out while the machine slept is noticed
 /// within this time of resuming.
@@ -594,6 +599,9 @@ pub struct Behaviour {
     membership: Membership,
     /// Connections whose liveness ping failed, to close.
     to_close: VecDeque<(PeerId, ConnectionId)>,
+    /// Departed members to dial again (a healed partition reconnects by itself).
+    to_dial: VecDeque<PeerId>,
+    next_redial: Time,
     /// Acquisitions started while joining (their start is deferred) since last ready.
     deferred: usize,
     /// Frames the codec refused (shared with every connection's codec).
@@ -661,6 +669,8 @@ impl Behaviour {
             counters: Counters::default(),
             membership,
             to_close: VecDeque::new(),
+            to_dial: VecDeque::new(),
+            next_redial: Duration::ZERO,
             deferred: 0,
             codec_stats,
             next_id: 0,
@@ -852,6 +862,11 @@ impl Behaviour {
     /// Membership housekeeping (see [`Membership::tick`]): drops every hosted replica
     /// when serving stops or restarts, starts deferred acquisitions once ready.
     fn housekeeping(&mut self, now: Time) {
+        if now >= self.next_redial {
+            self.next_redial = now + REDIAL_INTERVAL;
+            let departed: Vec<PeerId> = self.membership.departed().take(REDIAL_BATCH).copied().collect();
+            self.to_dial.extend(departed);
+        }
         if self.membership.tick(now) && !self.replicas.is_empty() {
             self.counters.replicas_dropped_not_serving += self.replicas.len() as u64;
             tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
@@ -1708,6 +1723,12 @@ impl NetworkBehaviour for Behaviour {
             }
             if let Some((peer_id, id)) = self.to_close.pop_front() {
                 return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::One(id) });
+            }
+            if let Some(peer) = self.to_dial.pop_front() {
+                let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                    .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+                    .build();
+                return Poll::Ready(ToSwarm::Dial { opts });
             }
             match self.inner.poll(cx) {
                 Poll::Ready(ToSwarm::GenerateEvent(e)) => {

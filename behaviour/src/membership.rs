@@ -159,6 +159,11 @@ impl Membership {
         self.members.keys()
     }
 
+    /// Members not connected now (departed within the window, or frozen in a minority).
+    pub fn departed(&self) -> impl Iterator<Item = &PeerId> {
+        self.members.iter().filter(|(_, m)| !m.up).map(|(p, _)| p)
+    }
+
     /// Whether `peer` is a member now connected.
     pub fn is_up(&self, peer: &PeerId) -> bool {
         self.members.get(peer).is_some_and(|m| m.up)

@@ -67,6 +67,12 @@ pub(crate) enum Command {
     Shutdown {
         reply: oneshot::Sender<()>,
     },
+    /// Blocks (or unblocks) peers; answers the peers blocked afterwards.
+    Block {
+        peers: Vec<libp2p::PeerId>,
+        block: bool,
+        reply: oneshot::Sender<Vec<libp2p::PeerId>>,
+    },
 }
 
 /// A caller waiting for a lock.
@@ -211,6 +217,19 @@ impl EventLoop {
             Command::Shutdown { reply } => {
                 // Handled in `run`.
                 let _ = reply.send(());
+            }
+            Command::Block { peers, block, reply } => {
+                let list = &mut self.swarm.behaviour_mut().block;
+                for p in peers {
+                    if block {
+                        list.block_peer(p);
+                    } else {
+                        list.unblock_peer(p);
+                    }
+                }
+                let mut blocked: Vec<libp2p::PeerId> = list.blocked_peers().iter().copied().collect();
+                blocked.sort();
+                let _ = reply.send(blocked);
             }
         }
     }

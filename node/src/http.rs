@@ -515,6 +515,46 @@ async fn get_status(State(s): State<AppState>) -> Response {
     }
 }
 
+/// Body of `POST /v1/admin/block` and `…/unblock`, and answer of all three admin calls.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerList {
+    /// Peer ids.
+    pub peers: Vec<String>,
+}
+
+async fn get_blocked(State(s): State<AppState>) -> Response {
+    block(s, Vec::new(), true).await
+}
+
+async fn post_block(State(s): State<AppState>, body: axum::body::Bytes) -> Response {
+    match parse_peers(&body) {
+        Ok(peers) => block(s, peers, true).await,
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+async fn post_unblock(State(s): State<AppState>, body: axum::body::Bytes) -> Response {
+    match parse_peers(&body) {
+        Ok(peers) => block(s, peers, false).await,
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+fn parse_peers(body: &[u8]) -> Result<Vec<libp2p::PeerId>, String> {
+    let list: PeerList =
+        serde_json::from_slice(body).map_err(|e| format!("bad body (expected {{\"peers\": [peer ids]}}): {e}"))?;
+    list.peers.iter().map(|p| p.parse().map_err(|e| format!("bad peer id {p:?}: {e}"))).collect()
+}
+
+/// The admin control is on the same loopback-only listener as the rest of the API.
+async fn block(s: AppState, peers: Vec<libp2p::PeerId>, block: bool) -> Response {
+    match s.handle.block_peers(peers, block).await {
+        Ok(blocked) => (StatusCode::OK, Json(PeerList { peers: blocked.iter().map(ToString::to_string).collect() }))
+            .into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
 async fn get_metrics(State(s): State<AppState>) -> Response {
     match s.handle.counters().await {
         Ok((c, t)) => s.metrics.set_snapshot(c, t),
@@ -532,6 +572,9 @@ fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/locks/{*path}", get(get_lock).post(post_lock))
         .route("/v1/status", get(get_status))
+        .route("/v1/admin/blocked", get(get_blocked))
+        .route("/v1/admin/block", axum::routing::post(post_block))
+        .route("/v1/admin/unblock", axum::routing::post(post_unblock))
         .route("/metrics", get(get_metrics))
         .with_state(state)
 }

@@ -345,6 +345,13 @@ impl NodeHandle {
         self.ask(|reply| Command::Status { reply }).await
     }
 
+    /// Blocks (`block`) or unblocks `peers`: a blocked peer's connections are closed and
+    /// new ones refused, both ways. Answers the peers blocked afterwards. (The local
+    /// testnet's partitions; an operator's quarantine.)
+    pub async fn block_peers(&self, peers: Vec<PeerId>, block: bool) -> Result<Vec<PeerId>, NodeError> {
+        self.ask(|reply| Command::Block { peers, block, reply }).await
+    }
+
     /// The replicas of lock `name` hosted by this node.
     pub async fn inspect(&self, name: &str) -> Result<Vec<sigma_behaviour::ReplicaInfo>, NodeError> {
         let name = name.to_owned();

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use libp2p::allow_block_list::{self, BlockedPeers};
 use libp2p::identity::Keypair;
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::{identify, noise, tcp, yamux, Swarm, SwarmBuilder};
@@ -25,6 +26,10 @@ pub struct NodeBehaviour {
     pub sigma: sigma_behaviour::Behaviour,
     /// Address exchange.
     pub identify: identify::Behaviour,
+    /// Peers this node refuses (the loopback-only admin control, `POST /v1/admin/block`):
+    /// their connections are closed and new ones refused. The local testnet cuts
+    /// traffic with it to make partitions.
+    pub block: allow_block_list::Behaviour<BlockedPeers>,
 }
 
 impl NodeBehaviour {
@@ -36,7 +41,11 @@ impl NodeBehaviour {
                 .with_agent_version(format!("sigma-node/{}", env!("CARGO_PKG_VERSION")))
                 .with_interval(IDENTIFY_INTERVAL),
         );
-        NodeBehaviour { sigma: sigma_behaviour::Behaviour::new(local, config), identify }
+        NodeBehaviour {
+            sigma: sigma_behaviour::Behaviour::new(local, config),
+            identify,
+            block: allow_block_list::Behaviour::default(),
+        }
     }
 }
 

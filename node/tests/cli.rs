@@ -392,3 +392,51 @@ async fn a_hung_daemon_does_not_make_the_timeout_hang() {
     assert!(t.elapsed() < PATIENCE);
     drop(hung);
 }
+
+/// The loopback admin control cuts a daemon off for real (both sides block): the cut-off
+/// daemon reaches 1 of 3 members, serves nothing and refuses the lock as not ready; the
+/// other two still serve; unblocked, it reconnects by itself and serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_daemon_is_not_ready_and_rejoins_when_unblocked() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = swarm(dir.path()).await;
+    let (c, others) = (&nodes[2], &nodes[..2]);
+    let blocked = admin(&c.api, "block", others.iter().map(|d| d.peer_id.to_string()).collect()).await;
+    assert_eq!(blocked["peers"].as_array().map(Vec::len), Some(2), "{blocked}");
+    for d in others {
+        admin(&d.api, "block", vec![c.peer_id.to_string()]).await;
+    }
+    let status_url = format!("http://{}/v1/status", c.api);
+    eventually("the cut-off daemon to see it is in a minority", || {
+        let url = status_url.clone();
+        async move {
+            let st = get_json(&url).await;
+            st["readiness"] == "minority" && st["connected_peers"].as_array().is_some_and(Vec::is_empty)
+        }
+    })
+    .await;
+    let out = lock_cmd_with(&c.api, "island", &["--timeout", "2s"], "echo ran").output().await.unwrap();
+    assert_eq!(out.status.code(), Some(78), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = lock_cmd_with(&nodes[0].api, "mainland", &["--timeout", "30s"], "echo ran").output().await.unwrap();
+    assert!(out.status.success(), "the majority serves: {}", String::from_utf8_lossy(&out.stderr));
+
+    admin(&c.api, "unblock", others.iter().map(|d| d.peer_id.to_string()).collect()).await;
+    for d in others {
+        admin(&d.api, "unblock", vec![c.peer_id.to_string()]).await;
+    }
+    eventually("the healed daemon to reconnect and serve", || {
+        let url = status_url.clone();
+        async move { get_json(&url).await["ready"] == true }
+    })
+    .await;
+    let out = lock_cmd_with(&c.api, "island", &["--timeout", "30s"], "echo ran").output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `POST /v1/admin/{action}` with `{"peers": [...]}`.
+async fn admin(api: &str, action: &str, peers: Vec<String>) -> Value {
+    let url = format!("http://{api}/v1/admin/{action}");
+    let resp = http().post(&url).json(&serde_json::json!({ "peers": peers })).send().await.unwrap();
+    assert!(resp.status().is_success(), "{action}: {}", resp.status());
+    resp.json::<Value>().await.unwrap()
+}

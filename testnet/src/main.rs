@@ -118,7 +118,8 @@ struct NetRunArgs {
     /// Lease of a vote in milliseconds (a pause lasts longer than this).
     #[arg(long, default_value_t = 3000, value_name = "MS")]
     lease_ms: u64,
-    /// Faults to fire, any of kill,restart,join,pause (comma-separated).
+    /// Faults to fire, any of kill,restart,join,pause,partition,split,isolate
+    /// (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "FAULTS")]
     chaos: Vec<Fault>,
     /// Mean seconds between faults (exponentially distributed).
@@ -127,6 +128,9 @@ struct NetRunArgs {
     /// Seconds a pause lasts [default: lease + max(1 s, lease / 2)].
     #[arg(long, value_name = "SECONDS")]
     pause: Option<f64>,
+    /// Seconds a partition, split or isolation lasts before it heals [default: 3 leases].
+    #[arg(long, value_name = "SECONDS")]
+    cut: Option<f64>,
     /// Seed of the fault schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -380,6 +384,10 @@ fn real_main() -> Result<ExitCode> {
                     mean_interval: Duration::try_from_secs_f64(a.chaos_interval)?,
                     seed: a.seed,
                     pause_for,
+                    cut_for: match a.cut {
+                        Some(s) => Duration::try_from_secs_f64(s)?,
+                        None => lease * 3,
+                    },
                 },
             };
             let runtime = tokio::runtime::Runtime::new()?;

@@ -59,6 +59,28 @@ pub async fn status(client: &reqwest::Client, api: SocketAddr, timeout: Duration
     resp.json().await.context("status: bad JSON")
 }
 
+/// `POST /v1/admin/{block,unblock}` with `peers`: the node closes and refuses (or
+/// accepts again) connections to them.
+pub async fn admin_block(
+    client: &reqwest::Client,
+    api: SocketAddr,
+    peers: &[String],
+    block: bool,
+    timeout: Duration,
+) -> Result<()> {
+    let action = if block { "block" } else { "unblock" };
+    let resp = client
+        .post(format!("http://{api}/v1/admin/{action}"))
+        .json(&serde_json::json!({ "peers": peers }))
+        .timeout(timeout)
+        .send()
+        .await?;
+    if !resp.status().is_success() {
+        bail!("{action}: HTTP {}", resp.status());
+    }
+    Ok(())
+}
+
 /// The two counters behind "protocol messages per CS entry".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Completed {

@@ -9,7 +9,12 @@
 //! - `join`: start a fresh node (new identity) that takes over the keys it is closest to;
 //! - `pause`: SIGSTOP a node through which a client currently holds a lock, for longer
 //!   than the lease, then SIGCONT. That client goes on "holding" while its node is
-//!   paused, so the checker sees what fencing tokens are for.
+//!   paused, so the checker sees what fencing tokens are for;
+//! - `partition`: cut the running nodes into a majority and a minority (each side's
+//!   nodes block the other side's through the loopback admin control, so the traffic
+//!   really stops), then heal;
+//! - `split`: the same, 50/50 (as even as the count allows);
+//! - `isolate`: one node cut from every other, then healed.
 
 use std::fmt;
 use std::str::FromStr;
@@ -40,11 +45,18 @@ pub enum Fault {
     Join,
     /// SIGSTOP a node longer than the lease, then SIGCONT.
     Pause,
+    /// Majority/minority split, healed after a while.
+    Partition,
+    /// 50/50 split, healed after a while.
+    Split,
+    /// One node cut from every other, healed after a while.
+    Isolate,
 }
 
 impl Fault {
     /// Every kind, in display order.
-    pub const ALL: [Fault; 4] = [Fault::Kill, Fault::Restart, Fault::Join, Fault::Pause];
+    pub const ALL: [Fault; 7] =
+        [Fault::Kill, Fault::Restart, Fault::Join, Fault::Pause, Fault::Partition, Fault::Split, Fault::Isolate];
 
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
@@ -53,6 +65,9 @@ impl Fault {
             Fault::Restart => "restart",
             Fault::Join => "join",
             Fault::Pause => "pause",
+            Fault::Partition => "partition",
+            Fault::Split => "split",
+            Fault::Isolate => "isolate",
         }
     }
 }
@@ -69,7 +84,7 @@ impl FromStr for Fault {
         Fault::ALL
             .into_iter()
             .find(|f| f.name() == s.trim())
-            .ok_or_else(|| format!("unknown fault {s:?} (kill, restart, join, pause)"))
+            .ok_or_else(|| format!("unknown fault {s:?} (kill, restart, join, pause, partition, split, isolate)"))
     }
 }
 
@@ -84,6 +99,8 @@ pub struct ChaosOptions {
     pub seed: u64,
     /// How long a pause lasts (longer than the lease).
     pub pause_for: Duration,
+    /// How long a partition, split or isolation lasts before it heals.
+    pub cut_for: Duration,
 }
 
 /// A fault that fired (or failed to).
@@ -282,6 +299,9 @@ impl Supervisor {
             Fault::Restart => members.iter().any(|m| m.record.state == State::Killed),
             Fault::Join => self.joins < (self.initial() / 2).max(1),
             Fault::Pause => members.iter().filter(|m| m.record.state == State::Running).count() >= 2,
+            Fault::Partition | Fault::Split | Fault::Isolate => {
+                members.iter().filter(|m| m.record.state == State::Running).count() >= 2
+            }
         }
     }
 
@@ -293,7 +313,58 @@ impl Supervisor {
             Fault::Restart => self.restart().await,
             Fault::Join => self.join().await,
             Fault::Pause => self.pause(stop).await,
+            Fault::Partition | Fault::Split | Fault::Isolate => self.cut(kind, stop).await,
         }
+    }
+
+    /// Cuts the running nodes in two (by `kind`), waits `cut_for`, heals. Each side's
+    /// nodes block the other side's peers, so connections close and stay refused.
+    async fn cut(&mut self, kind: Fault, stop: &mut watch::Receiver<bool>) {
+        let mut running: Vec<usize> =
+            self.cluster.members.iter().filter(|m| m.record.state == State::Running).map(|m| m.record.index).collect();
+        running.shuffle(&mut self.rng);
+        let small = match kind {
+            Fault::Isolate => 1,
+            Fault::Split => running.len() / 2,
+            _ => (running.len() - 1) / 2, // a strict minority
+        }
+        .max(1);
+        let (a, b) = running.split_at(small);
+        let (mut a, mut b) = (a.to_vec(), b.to_vec());
+        a.sort_unstable();
+        b.sort_unstable();
+        let peers = |side: &[usize]| -> Vec<String> {
+            side.iter().map(|i| self.cluster.members[*i].record.peer_id.clone()).collect()
+        };
+        let (pa, pb) = (peers(&a), peers(&b));
+        let mut failed = Vec::new();
+        for (side, other) in [(&a, &pb), (&b, &pa)] {
+            for &i in side.iter() {
+                let api = self.cluster.members[i].record.api;
+                if let Err(e) = api::admin_block(&self.http, api, other, true, Duration::from_secs(2)).await {
+                    failed.push(format!("node {i}: {e:#}"));
+                }
+            }
+        }
+        let node = a[0];
+        let detail = format!("nodes {a:?} cut from {b:?} for {:.1} s", self.opts.cut_for.as_secs_f64());
+        if failed.is_empty() {
+            self.record(kind, node, true, detail);
+        } else {
+            self.record(kind, node, false, format!("{detail}: {}", failed.join("; ")));
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => {}
+            _ = tokio::time::sleep(self.opts.cut_for) => {}
+        }
+        let all: Vec<String> = pa.iter().chain(&pb).cloned().collect();
+        for i in a.iter().chain(&b) {
+            if self.cluster.members[*i].record.state == State::Running {
+                let api = self.cluster.members[*i].record.api;
+                let _ = api::admin_block(&self.http, api, &all, false, Duration::from_secs(2)).await;
+            }
+        }
+        say(&self.pb, &format!("[{:6.1}s] {kind} healed: nodes {a:?} and {b:?} unblocked", self.now_s()));
     }
 
     async fn kill(&mut self) {

@@ -149,6 +149,9 @@ pub struct RunReport {
     pub faults_fired: BTreeMap<String, usize>,
     /// Every fault, in order.
     pub fault_events: Vec<FaultEvent>,
+    /// Per fault that took effect: the longest time one lock saw no critical section
+    /// between the fault and the next one (or the end of the run).
+    pub unavailability: Vec<Unavailability>,
     /// Nodes that died on their own.
     pub crashes: Vec<Crash>,
     /// Σ token_regressions reported by the nodes themselves (GET /v1/status).
@@ -376,6 +379,7 @@ fn build_report(
         faults_fired.insert(k.name().to_owned(), fault_events.iter().filter(|e| e.kind == *k && e.ok).count());
     }
     let fired_total: usize = faults_fired.values().sum();
+    let unavailability = unavailability(&fault_events, &records.entries, opts.resources, secs);
     let failed_faults: Vec<&FaultEvent> = fault_events.iter().filter(|e| !e.ok).collect();
     let entries = records.entries.len();
     let (violations, overlaps_after_expiry, token_regressions) =
@@ -464,6 +468,7 @@ fn build_report(
         },
         faults_fired,
         fault_events,
+        unavailability,
         crashes,
         node_token_regressions,
         violations,
@@ -475,6 +480,43 @@ fn build_report(
         pass,
         records: all,
     }
+}
+
+/// How long the locks were unavailable around one fault.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unavailability {
+    /// When the fault fired (seconds since the workload started).
+    pub at_s: f64,
+    /// Which fault.
+    pub kind: Fault,
+    /// The longest interval within [fault, next fault or end of run] in which one lock
+    /// saw no critical section entered.
+    pub longest_gap_s: f64,
+}
+
+fn unavailability(events: &[FaultEvent], entries: &[check::Cs], resources: usize, end_s: f64) -> Vec<Unavailability> {
+    let fired: Vec<&FaultEvent> = events.iter().filter(|e| e.ok).collect();
+    let mut out = Vec::new();
+    for (k, e) in fired.iter().enumerate() {
+        let to = fired.get(k + 1).map_or(end_s, |n| n.at_s).max(e.at_s);
+        let mut worst: f64 = 0.0;
+        for r in 0..resources {
+            let mut times: Vec<f64> = entries
+                .iter()
+                .filter(|c| c.resource == r)
+                .map(|c| c.enter.as_secs_f64())
+                .filter(|t| *t >= e.at_s && *t <= to)
+                .collect();
+            times.sort_by(f64::total_cmp);
+            let mut last = e.at_s;
+            for t in times.iter().copied().chain(std::iter::once(to)) {
+                worst = worst.max(t - last);
+                last = t;
+            }
+        }
+        out.push(Unavailability { at_s: e.at_s, kind: e.kind, longest_gap_s: worst });
+    }
+    out
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>, default: &str) -> String {
@@ -555,6 +597,15 @@ pub fn render(r: &RunReport) -> String {
         r.faults_fired.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
     };
     let _ = writeln!(s, "faults fired:            {faults}");
+    if !r.unavailability.is_empty() {
+        let _ = writeln!(
+            s,
+            "unavailability per fault (longest time one lock saw no critical section, until the next fault):"
+        );
+        for u in &r.unavailability {
+            let _ = writeln!(s, "    [{:6.1}s] {:<10} {:6.1} s", u.at_s, u.kind.name(), u.longest_gap_s);
+        }
+    }
     let _ = writeln!(s, "exclusion violations:    {}", r.violations);
     for v in r.findings.violations.iter().take(5) {
         let _ = writeln!(

@@ -20,8 +20,9 @@ use sigma_behaviour::{AcquisitionId, Behaviour, Config, Event, Readiness};
 
 #[derive(NetworkBehaviour)]
 struct Peer {
-    sigma: Behaviour,
+    // First: a denied connection must not reach the other behaviours.
     block: allow_block_list::Behaviour<BlockedPeers>,
+    sigma: Behaviour,
 }
 
 const LEASE: Duration = Duration::from_secs(2);
@@ -50,8 +51,8 @@ impl Net {
         let mut addrs = Vec::new();
         for _ in 0..count {
             let mut s = Swarm::new_ephemeral_tokio(|kp| Peer {
-                sigma: Behaviour::new(kp.public().to_peer_id(), config(joining)),
                 block: allow_block_list::Behaviour::default(),
+                sigma: Behaviour::new(kp.public().to_peer_id(), config(joining)),
             });
             let (addr, _) = s.listen().with_memory_addr_external().await;
             swarms.push(s);

@@ -307,7 +307,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         libp2p_metrics: Some(libp2p_metrics),
         ..NodeConfig::default()
     };
-    let node = Node::start(config).await.context("cannot start the node")?;
+    let mut node = Node::start(config).await.context("cannot start the node")?;
     let handle = node.handle();
     let api = match Api::bind(api_addr, handle.clone(), metrics, Arc::new(registry)).await {
         Ok(api) => api,
@@ -341,6 +341,11 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let which = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+        why = node.failed() => {
+            tracing::error!(%why, "stopping the daemon");
+            api.shutdown().await;
+            return Err(anyhow::anyhow!(why));
+        }
     };
     tracing::info!(signal = which, "shutting down");
     api.shutdown().await;

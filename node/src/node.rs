@@ -254,6 +254,23 @@ impl Node {
         &self.listen_addrs
     }
 
+    /// Resolves if the event loop ends without [`Node::shutdown`] (a panic in it): a
+    /// daemon should then exit rather than serve its API over a dead node. Pending
+    /// forever otherwise.
+    pub async fn failed(&mut self) -> String {
+        match self.task.as_mut() {
+            Some(task) => {
+                let why = match task.await {
+                    Ok(()) => "the node's event loop ended".to_owned(),
+                    Err(e) => format!("the node's event loop failed: {e}"),
+                };
+                self.task = None;
+                why
+            }
+            None => std::future::pending().await,
+        }
+    }
+
     /// Stops the node: releases the locks held and abandons the waits (waiting callers
     /// get [`LockError::NodeStopped`], guards report lost), keeps the swarm running for
     /// [`NodeConfig::shutdown_grace`] so the releases go out, then stops the event loop

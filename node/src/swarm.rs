@@ -22,14 +22,16 @@ pub const IDENTIFY_INTERVAL: Duration = Duration::from_secs(60);
 /// as [`crate::Node`] does.
 #[derive(NetworkBehaviour)]
 pub struct NodeBehaviour {
+    /// Peers this node refuses (the loopback-only admin control, `POST /v1/admin/block`):
+    /// their connections are closed and new ones refused. The local testnet cuts
+    /// traffic with it to make partitions. First, so that a denied connection never
+    /// reaches the other behaviours (request-response asserts that every connection it
+    /// saw established is reported closed).
+    pub block: allow_block_list::Behaviour<BlockedPeers>,
     /// Locks and replicas.
     pub sigma: sigma_behaviour::Behaviour,
     /// Address exchange.
     pub identify: identify::Behaviour,
-    /// Peers this node refuses (the loopback-only admin control, `POST /v1/admin/block`):
-    /// their connections are closed and new ones refused. The local testnet cuts
-    /// traffic with it to make partitions.
-    pub block: allow_block_list::Behaviour<BlockedPeers>,
 }
 
 impl NodeBehaviour {
@@ -42,9 +44,9 @@ impl NodeBehaviour {
                 .with_interval(IDENTIFY_INTERVAL),
         );
         NodeBehaviour {
+            block: allow_block_list::Behaviour::default(),
             sigma: sigma_behaviour::Behaviour::new(local, config),
             identify,
-            block: allow_block_list::Behaviour::default(),
         }
     }
 }

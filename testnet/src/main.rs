@@ -301,6 +301,10 @@ struct RunArgs {
     /// default is ⅕ to 2 default leases.
     #[arg(long, default_value = "u:2000,20000")]
     late_delay: Latency,
+    /// A reset replica grants nothing for one lease (plus the drift bound): the
+    /// takeover delay of the node's split-brain rules.
+    #[arg(long)]
+    takeover_delay: bool,
     /// Mean replica lifetime in seconds (exponential resets); none if absent.
     #[arg(long)]
     lifetime: Option<f64>,
@@ -483,6 +487,7 @@ fn real_main() -> Result<ExitCode> {
                 drift_ppm: a.drift_ppm,
                 late: a.late,
                 late_delay: a.late_delay,
+                takeover_delay: a.takeover_delay,
             };
             let params = ProtocolParams { config, backoff: Duration::from_secs_f64(a.backoff) };
             let report = compare::run_protocol(&a.protocol, &params, cfg)?;

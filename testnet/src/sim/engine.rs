@@ -93,6 +93,10 @@ pub struct SimConfig {
     /// Extra delay of a late message (say one or two leases: far beyond the request
     /// timeout, so that the receiver has moved on).
     pub late_delay: Latency,
+    /// The takeover delay on every reset: the new incarnation grants nothing for one
+    /// lease stretched by the drift bound, by its own clock (the node's rule for a
+    /// replica whose previous host may have granted it; ARCHITECTURE.md, "Split brain").
+    pub takeover_delay: bool,
 }
 
 impl SimConfig {
@@ -116,6 +120,7 @@ impl SimConfig {
             drift_ppm: 0.0,
             late: 0.0,
             late_delay: Latency::Constant(Duration::ZERO),
+            takeover_delay: false,
         }
     }
 }
@@ -690,6 +695,11 @@ impl<'p, P: Protocol> Sim<'p, P> {
                 // memory takes over. Messages in flight reach the new incarnation.
                 let slot = &mut self.replicas[replica];
                 slot.replica = self.proto.new_replica_at(replica, true, slot.clock.local(now));
+                if self.cfg.takeover_delay {
+                    let lease = self.proto.config().lease();
+                    let drift = lease.mul_f64(f64::from(self.proto.config().max_drift_ppm()) / 1e6);
+                    self.proto.hold_grants_until(&mut slot.replica, slot.clock.local(now) + lease + drift);
+                }
                 slot.timer = None;
                 slot.last_reset = Some(now);
                 slot.incarnation = slot.incarnation.wrapping_add(1);

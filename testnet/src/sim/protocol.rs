@@ -105,6 +105,9 @@ pub trait Protocol {
     fn new_replica_at(&self, _index: usize, _recovering: bool, _now: Time) -> Self::Replica {
         self.new_replica()
     }
+    /// The takeover delay: a fresh replica grants nothing until `until` (default: the
+    /// protocol has none).
+    fn hold_grants_until(&self, _r: &mut Self::Replica, _until: Time) {}
     /// Next replica → replica message, with the target index (default: none).
     fn replica_transmit_peer(&self, _r: &mut Self::Replica) -> Option<(usize, Self::Up)> {
         None
@@ -172,6 +175,9 @@ impl Protocol for Sigma {
     }
     fn new_replica(&self) -> Self::Replica {
         Replica::new(self.0.clone())
+    }
+    fn hold_grants_until(&self, r: &mut Self::Replica, until: Time) {
+        r.hold_grants_until(until);
     }
     fn replica_handle(&self, r: &mut Self::Replica, now: Time, from: ClientId, msg: Self::Up) -> bool {
         r.handle(now, &from, msg).is_ok()

@@ -92,12 +92,7 @@ async fn one_holder_at_a_time_and_handoff_on_release() {
 #[tokio::test]
 async fn bad_input_is_refused_counted_and_harmless() {
     let mut s = swarms(2).await;
-    let mut probe = Swarm::new_ephemeral_tokio(|_| {
-        request_response::cbor::Behaviour::<Request, Reply>::new(
-            [(wire::PROTOCOL, ProtocolSupport::Full)],
-            request_response::Config::default(),
-        )
-    });
+    let mut probe = probe();
     probe.connect(&mut s[0]).await;
     let target = *s[0].local_peer_id();
     let me = *probe.local_peer_id();
@@ -147,24 +142,7 @@ async fn bad_input_is_refused_counted_and_harmless() {
         (Request::Notify { resource: owned.clone(), index: 0, resp: forged_promotion(target) }, Rejection::NotHost),
     ];
     for (request, expected) in cases {
-        probe.behaviour_mut().send_request(&target, request.clone());
-        let reply = with_timeout(async {
-            loop {
-                let (s0, s1) = s.split_at_mut(1);
-                tokio::select! {
-                    e = probe.select_next_some() => {
-                        if let SwarmEvent::Behaviour(request_response::Event::Message {
-                            message: request_response::Message::Response { response, .. }, ..
-                        }) = e {
-                            break response;
-                        }
-                    }
-                    _ = s0[0].select_next_some() => {}
-                    _ = s1[0].select_next_some() => {}
-                }
-            }
-        })
-        .await;
+        let reply = ask(&mut probe, &mut s, target, request.clone()).await;
         match reply {
             Reply::Rejected(r) => assert_eq!(r, expected, "for {request:?}"),
             other => panic!("for {request:?}: expected Rejected({expected:?}), got {other:?}"),
@@ -416,12 +394,7 @@ async fn a_peer_flooding_made_up_names_is_held_to_its_quota_and_budget() {
     let config = config().with_limits(30, 20, (1, 45));
     let mut node = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config.clone()));
     node.listen().with_memory_addr_external().await;
-    let mut probe = Swarm::new_ephemeral_tokio(|_| {
-        request_response::cbor::Behaviour::<Request, Reply>::new(
-            [(wire::PROTOCOL, ProtocolSupport::Full)],
-            request_response::Config::default(),
-        )
-    });
+    let mut probe = probe();
     probe.connect(&mut node).await;
     let (target, me) = (*node.local_peer_id(), *probe.local_peer_id());
     let mut replies = Vec::new();
@@ -429,23 +402,8 @@ async fn a_peer_flooding_made_up_names_is_held_to_its_quota_and_budget() {
         // 25 new names, then 25 requests on names already hosted.
         let resource = format!("flood/{}", k % 25);
         let msg = ToReplica::Request { ts: Timestamp::new(1 + k as u64, me), sent: 1, floor: 0 };
-        probe.behaviour_mut().send_request(&target, Request::Replica { resource, index: 0, n: 5, msg });
-        let reply = with_timeout(async {
-            loop {
-                tokio::select! {
-                    e = probe.select_next_some() => {
-                        if let SwarmEvent::Behaviour(request_response::Event::Message {
-                            message: request_response::Message::Response { response, .. }, ..
-                        }) = e {
-                            break response;
-                        }
-                    }
-                    _ = node.select_next_some() => {}
-                }
-            }
-        })
-        .await;
-        replies.push(reply);
+        let request = Request::Replica { resource, index: 0, n: 5, msg };
+        replies.push(ask(&mut probe, std::slice::from_mut(&mut node), target, request).await);
     }
     let kind = |r: &Reply| match r {
         Reply::Responses(_) => "served",
@@ -476,4 +434,40 @@ async fn a_peer_flooding_made_up_names_is_held_to_its_quota_and_budget() {
     })
     .await;
     assert!(matches!(event, Event::Acquired { id: got, .. } if got == id), "{event:?}");
+}
+
+/// A bare request-response peer speaking the sigma wire (no Sigma behind it).
+fn probe() -> Swarm<request_response::cbor::Behaviour<Request, Reply>> {
+    Swarm::new_ephemeral_tokio(|_| {
+        request_response::cbor::Behaviour::<Request, Reply>::new(
+            [(wire::PROTOCOL, ProtocolSupport::Full)],
+            request_response::Config::default(),
+        )
+    })
+}
+
+/// Sends `request` from `probe` to `target`, driving `nodes`, and returns the reply.
+async fn ask(
+    probe: &mut Swarm<request_response::cbor::Behaviour<Request, Reply>>,
+    nodes: &mut [Swarm<Behaviour>],
+    target: PeerId,
+    request: Request,
+) -> Reply {
+    probe.behaviour_mut().send_request(&target, request);
+    with_timeout(async {
+        loop {
+            let nodes_next = select_all(nodes.iter_mut().map(|x| Box::pin(x.select_next_some())));
+            tokio::select! {
+                e = probe.select_next_some() => {
+                    if let SwarmEvent::Behaviour(request_response::Event::Message {
+                        message: request_response::Message::Response { response, .. }, ..
+                    }) = e {
+                        break response;
+                    }
+                }
+                _ = nodes_next => {}
+            }
+        }
+    })
+    .await
 }

@@ -390,9 +390,10 @@ async fn error_text(resp: reqwest::Response) -> String {
 // ---------------------------------------------------------------------------------
 // sigma status
 
-async fn status(args: StatusArgs) -> anyhow::Result<u8> {
+/// `GET /v1/status` of the daemon at `api` (`what` names the command in errors).
+async fn fetch_status(api: Option<String>, what: &str) -> anyhow::Result<serde_json::Value> {
     init_tracing("warn");
-    let api = api_addr(args.api)?;
+    let api = api_addr(api)?;
     let resp = client()?
         .get(format!("http://{api}/v1/status"))
         .timeout(Duration::from_secs(10))
@@ -400,9 +401,13 @@ async fn status(args: StatusArgs) -> anyhow::Result<u8> {
         .await
         .map_err(|e| unreachable(api, e))?;
     if !resp.status().is_success() {
-        return Err(fail(EXIT_UNAVAILABLE, format!("status: {}", error_text(resp).await)));
+        return Err(fail(EXIT_UNAVAILABLE, format!("{what}: {}", error_text(resp).await)));
     }
-    let v: serde_json::Value = resp.json().await.context("status: bad JSON from the daemon")?;
+    resp.json().await.with_context(|| format!("{what}: bad JSON from the daemon"))
+}
+
+async fn status(args: StatusArgs) -> anyhow::Result<u8> {
+    let v = fetch_status(args.api, "status").await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
@@ -412,18 +417,7 @@ async fn status(args: StatusArgs) -> anyhow::Result<u8> {
 }
 
 async fn locks(args: StatusArgs) -> anyhow::Result<u8> {
-    init_tracing("warn");
-    let api = api_addr(args.api)?;
-    let resp = client()?
-        .get(format!("http://{api}/v1/status"))
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .map_err(|e| unreachable(api, e))?;
-    if !resp.status().is_success() {
-        return Err(fail(EXIT_UNAVAILABLE, format!("locks: {}", error_text(resp).await)));
-    }
-    let v: serde_json::Value = resp.json().await.context("locks: bad JSON from the daemon")?;
+    let v = fetch_status(args.api, "locks").await?;
     let held = v.get("locks_held").cloned().unwrap_or_default();
     let waiting = v.get("locks_waiting").cloned().unwrap_or_default();
     if args.json {

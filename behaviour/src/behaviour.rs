@@ -520,6 +520,47 @@ impl Clock {
     }
 }
 
+/// Keys filed under their next deadline, in time order, each at most once.
+#[derive(Debug)]
+struct DeadlineIndex<K> {
+    by_time: BTreeSet<(Time, K)>,
+    at: HashMap<K, Time>,
+}
+
+impl<K> Default for DeadlineIndex<K> {
+    fn default() -> Self {
+        DeadlineIndex { by_time: BTreeSet::new(), at: HashMap::new() }
+    }
+}
+
+impl<K: Clone + Ord + std::hash::Hash> DeadlineIndex<K> {
+    /// Files `key` under `at`, or takes it out (`None`).
+    fn set(&mut self, key: &K, at: Option<Time>) {
+        if let Some(old) = self.at.remove(key) {
+            self.by_time.remove(&(old, key.clone()));
+        }
+        if let Some(at) = at {
+            self.by_time.insert((at, key.clone()));
+            self.at.insert(key.clone(), at);
+        }
+    }
+
+    /// The keys due at `now` (collected: handling one may re-file it).
+    fn due(&self, now: Time) -> Vec<K> {
+        self.by_time.iter().take_while(|(at, _)| *at <= now).map(|(_, k)| k.clone()).collect()
+    }
+
+    /// The earliest deadline.
+    fn first(&self) -> Option<Time> {
+        self.by_time.first().map(|(t, _)| *t)
+    }
+
+    fn clear(&mut self) {
+        self.by_time.clear();
+        self.at.clear();
+    }
+}
+
 /// How often departed members are dialled again, and how many at a time: a healed
 /// partition reconnects without waiting for traffic.
 const REDIAL_INTERVAL: Duration = Duration::from_secs(2);
@@ -567,14 +608,12 @@ pub struct Behaviour {
     /// Peers Kademlia put in its routing table (client-side host estimates).
     routable: HashSet<PeerId>,
     replicas: HashMap<(String, u16), Replica<PeerId>>,
-    /// When each hosted replica next has work (a timer, or becoming disposable), in
-    /// time order: an event costs O(log n), not a walk over every replica.
-    replica_due: BTreeSet<(Time, (String, u16))>,
-    replica_due_at: HashMap<(String, u16), Time>,
+    /// When each hosted replica next has work (a timer, or becoming disposable): an
+    /// event costs O(log n), not a walk over every replica.
+    replica_due: DeadlineIndex<(String, u16)>,
     acquisitions: HashMap<AcquisitionId, Acquisition>,
     /// The same for the acquisitions' timers.
-    acquisition_due: BTreeSet<(Time, AcquisitionId)>,
-    acquisition_due_at: HashMap<AcquisitionId, Time>,
+    acquisition_due: DeadlineIndex<AcquisitionId>,
     by_ts: HashMap<Timestamp<PeerId>, AcquisitionId>,
     /// Recently finished acquisitions and the lock name: a late grant to one of them is
     /// handed back with a RELEASE.
@@ -647,11 +686,9 @@ impl Behaviour {
             connected: HashMap::new(),
             routable: HashSet::new(),
             replicas: HashMap::new(),
-            replica_due: BTreeSet::new(),
-            replica_due_at: HashMap::new(),
+            replica_due: DeadlineIndex::default(),
             acquisitions: HashMap::new(),
-            acquisition_due: BTreeSet::new(),
-            acquisition_due_at: HashMap::new(),
+            acquisition_due: DeadlineIndex::default(),
             by_ts: HashMap::new(),
             finished: HashMap::new(),
             finished_order: VecDeque::new(),
@@ -872,7 +909,6 @@ impl Behaviour {
             tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
             self.replicas.clear();
             self.replica_due.clear();
-            self.replica_due_at.clear();
             self.creators.clear();
             self.created_by.clear();
         }
@@ -1523,9 +1559,7 @@ impl Behaviour {
     /// Runs the core's due timers, and drops replicas that have become disposable.
     fn handle_timeouts(&mut self, now: Time) {
         // Collected first: a replica re-filed at `now` waits for the next pass.
-        let due: Vec<(String, u16)> =
-            self.replica_due.iter().take_while(|(at, _)| *at <= now).map(|(_, key)| key.clone()).collect();
-        for key in due {
+        for key in self.replica_due.due(now) {
             let mut outputs = Vec::new();
             if let Some(r) = self.replicas.get_mut(&key) {
                 r.handle_timeout(now);
@@ -1538,9 +1572,7 @@ impl Behaviour {
                 self.notify(to, &key.0, key.1, resp);
             }
         }
-        let due: Vec<AcquisitionId> =
-            self.acquisition_due.iter().take_while(|(at, _)| *at <= now).map(|(_, id)| *id).collect();
-        for id in due {
+        for id in self.acquisition_due.due(now) {
             if let Some(a) = self.acquisitions.get_mut(&id) {
                 a.client.handle_timeout(now);
             }
@@ -1549,26 +1581,23 @@ impl Behaviour {
     }
 
     fn next_deadline(&self) -> Option<Time> {
-        let replica = self.replica_due.first().map(|(t, _)| *t);
-        let acquisition = self.acquisition_due.first().map(|(t, _)| *t);
-        replica.into_iter().chain(acquisition).min()
+        self.replica_due.first().into_iter().chain(self.acquisition_due.first()).min()
     }
 
     /// Files a hosted replica under its next deadline, or drops it if it is disposable
     /// (idle, nothing to remember: see [`Replica::is_disposable`]).
     fn reindex_replica(&mut self, key: &(String, u16), now: Time) {
-        self.unindex_replica(key);
-        let Some(r) = self.replicas.get(key) else { return };
+        let Some(r) = self.replicas.get(key) else {
+            self.replica_due.set(key, None);
+            return;
+        };
         if r.is_disposable(now) {
             self.drop_replica(key);
             self.counters.replicas_evicted += 1;
             return;
         }
         let at = [r.poll_timeout(), r.disposable_at()].into_iter().flatten().min();
-        if let Some(at) = at {
-            self.replica_due.insert((at, key.clone()));
-            self.replica_due_at.insert(key.clone(), at);
-        }
+        self.replica_due.set(key, at);
     }
 
     /// Takes one request from `peer`'s budget (token bucket); false when it is spent.
@@ -1589,7 +1618,7 @@ impl Behaviour {
     /// Removes a hosted replica with its index entry and its creator's count.
     fn drop_replica(&mut self, key: &(String, u16)) {
         self.replicas.remove(key);
-        self.unindex_replica(key);
+        self.replica_due.set(key, None);
         if let Some(peer) = self.creators.remove(key) {
             if let Some(c) = self.created_by.get_mut(&peer) {
                 *c = c.saturating_sub(1);
@@ -1600,25 +1629,10 @@ impl Behaviour {
         }
     }
 
-    fn unindex_replica(&mut self, key: &(String, u16)) {
-        if let Some(at) = self.replica_due_at.remove(key) {
-            self.replica_due.remove(&(at, key.clone()));
-        }
-    }
-
     /// Files an acquisition under its next deadline (none while deferred or gone).
     fn reindex_acquisition(&mut self, id: AcquisitionId) {
-        if let Some(at) = self.acquisition_due_at.remove(&id) {
-            self.acquisition_due.remove(&(at, id));
-        }
-        let Some(a) = self.acquisitions.get(&id) else { return };
-        if a.deferred.is_some() {
-            return;
-        }
-        if let Some(at) = a.client.poll_timeout() {
-            self.acquisition_due.insert((at, id));
-            self.acquisition_due_at.insert(id, at);
-        }
+        let at = self.acquisitions.get(&id).filter(|a| a.deferred.is_none()).and_then(|a| a.client.poll_timeout());
+        self.acquisition_due.set(&id, at);
     }
 }
 
@@ -1743,8 +1757,8 @@ impl NetworkBehaviour for Behaviour {
             // One timer, reset only when the core's next deadline comes before it; at
             // most MAX_TIMER away (see there; the membership housekeeping also needs a
             // wake-up at least that often). Waking early is harmless.
-            let at =
-                self.next_deadline().map_or(self.clock.now() + MAX_TIMER, |at| at.min(self.clock.now() + MAX_TIMER));
+            let cap = self.clock.now() + MAX_TIMER;
+            let at = self.next_deadline().map_or(cap, |at| at.min(cap));
             if self.timer.as_ref().is_none_or(|(t, _)| *t > at) {
                 let deadline = tokio::time::Instant::from_std(self.clock.instant(at));
                 self.timer = Some((at, Box::pin(tokio::time::sleep_until(deadline))));

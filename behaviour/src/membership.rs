@@ -91,6 +91,8 @@ pub struct Membership {
     delay: Duration,
     liveness: Duration,
     members: HashMap<PeerId, Member>,
+    /// Members connected now (kept as a count: readiness is asked on every event).
+    up: usize,
     /// When serving last began.
     serving_since: Option<Time>,
     /// Departures within the takeover delay: (peer, when).
@@ -115,6 +117,7 @@ impl Membership {
             delay,
             liveness,
             members: HashMap::new(),
+            up: 0,
             serving_since: None,
             departures: Vec::new(),
             overflow_until: None,
@@ -135,6 +138,9 @@ impl Membership {
             self.forget_one(now);
         }
         let m = self.members.entry(peer).or_insert(Member { up: false, left_at: now });
+        if !m.up {
+            self.up += 1;
+        }
         m.up = true;
         m.left_at = now;
     }
@@ -144,6 +150,7 @@ impl Membership {
         let Some(m) = self.members.get_mut(&peer) else { return };
         if m.up {
             m.up = false;
+            self.up -= 1;
             m.left_at = now;
             if self.departures.len() >= MAX_MEMBERS {
                 // Too many to tell apart: every key counts as recently departed.
@@ -164,11 +171,6 @@ impl Membership {
         self.members.iter().filter(|(_, m)| !m.up).map(|(p, _)| p)
     }
 
-    /// Whether `peer` is a member now connected.
-    pub fn is_up(&self, peer: &PeerId) -> bool {
-        self.members.get(peer).is_some_and(|m| m.up)
-    }
-
     /// A Kademlia bootstrap completed.
     pub fn bootstrapped(&mut self) {
         if self.joining && self.reachable() > 0 {
@@ -183,7 +185,7 @@ impl Membership {
 
     /// Reachable members (connected), this peer excluded.
     pub fn reachable(&self) -> usize {
-        self.members.values().filter(|m| m.up).count()
+        self.up
     }
 
     /// Whether this peer may serve, and why not.

@@ -23,9 +23,7 @@ fn quick_paper_run_writes_every_figure() {
         let len = std::fs::metadata(out.join(file)).map(|m| m.len()).unwrap_or(0);
         assert!(len > 0, "seed 1: {file} missing or empty in {}", out.display());
     }
-    for must in
-        ["no exclusion violation", "every violation involves", "no budget violation", "sigma saturated"]
-    {
+    for must in ["no exclusion violation", "every violation involves", "no budget violation", "sigma saturated"] {
         let failed: Vec<_> = result.targets.iter().filter(|t| t.name.contains(must) && !t.pass).collect();
         assert!(failed.is_empty(), "seed 1: {failed:?}\n{}", result.summary);
     }

@@ -1,7 +1,11 @@
 //! The local HTTP control API of a sigma daemon: for `sigma lock`, `sigma status`, the
 //! testnet driver and programs in other languages. It binds to a loopback address only
-//! ([`Api::bind`] refuses anything else): there is no authentication, so anyone who can
-//! reach the port can take and release locks.
+//! ([`Api::bind`] refuses anything else). Every request passes the [`gate`] first:
+//! `Host` and `Origin` must be loopback (no web page, no DNS rebinding), every POST
+//! carries `Content-Type: application/json` (or a `Sigma-Client` header), bodies are at
+//! most 64 KiB, at most `--api-max-requests` are served at once, and with
+//! `--api-token-file` every request needs `Authorization: Bearer <token>`. Without a
+//! token, any local program that can reach the port can take and release locks.
 //!
 //! | method and path | body | answer |
 //! | --- | --- | --- |
@@ -45,6 +49,8 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+
+pub mod gate;
 
 use crate::metrics::{self, Metrics, Outcome};
 use crate::{LockError, LockGuard, LockOptions, NodeHandle};
@@ -141,6 +147,11 @@ pub struct KeptAlive {
     /// The client lease now ends this long from the answer.
     pub ttl_ms: u64,
 }
+
+/// Locks the daemon holds for HTTP clients at most (a new acquire past it: 503
+/// `too_many_locks`); acquires in flight when it is reached may add up to
+/// `--api-max-requests` more.
+pub const MAX_HTTP_LOCKS: usize = 10_000;
 
 /// Client lease of an HTTP-held lock when the acquire names none.
 pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(5);
@@ -381,6 +392,12 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
             ),
         );
     }
+    if lock_table(&s.held).len() >= MAX_HTTP_LOCKS {
+        s.metrics.http_rejected("too_many_locks");
+        let msg = format!("this daemon already holds {MAX_HTTP_LOCKS} locks for HTTP clients: release some first");
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(ErrorBody { error: msg, code: Some("too_many_locks".into()) }))
+            .into_response();
+    }
     let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis), min_peers: q.min_peers };
     let start = Instant::now();
     let result = s.handle.lock_with(name, opts).await;
@@ -567,8 +584,8 @@ async fn get_metrics(State(s): State<AppState>) -> Response {
     }
 }
 
-/// The API's routes over a node.
-fn router(state: AppState) -> Router {
+/// The API's routes over a node, behind the gate.
+fn router(state: AppState, gate: gate::Gate) -> Router {
     Router::new()
         .route("/v1/locks/{*path}", get(get_lock).post(post_lock))
         .route("/v1/status", get(get_status))
@@ -577,6 +594,23 @@ fn router(state: AppState) -> Router {
         .route("/v1/admin/unblock", axum::routing::post(post_unblock))
         .route("/metrics", get(get_metrics))
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(gate, gate::check))
+        .layer(axum::extract::DefaultBodyLimit::max(gate::MAX_BODY))
+}
+
+/// Options of the API ([`Api::bind_with`]).
+#[derive(Clone, Debug)]
+pub struct ApiOptions {
+    /// Requests served at once, waiting acquires included; more are refused (503 `busy`).
+    pub max_in_flight: usize,
+    /// If set, every request needs `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+impl Default for ApiOptions {
+    fn default() -> Self {
+        ApiOptions { max_in_flight: gate::DEFAULT_MAX_IN_FLIGHT, token: None }
+    }
 }
 
 /// A running control API.
@@ -589,20 +623,33 @@ pub struct Api {
 
 impl Api {
     /// Binds `addr` (loopback only; port 0 picks a free port) and serves the API
-    /// for `handle`. `registry` must already contain `metrics` (and libp2p's).
+    /// for `handle` with the default [`ApiOptions`]. `registry` must already contain
+    /// `metrics` (and libp2p's).
     pub async fn bind(
         addr: SocketAddr,
         handle: NodeHandle,
         metrics: Metrics,
         registry: Arc<Registry>,
     ) -> Result<Api, ApiError> {
+        Api::bind_with(addr, handle, metrics, registry, ApiOptions::default()).await
+    }
+
+    /// [`Api::bind`] with options.
+    pub async fn bind_with(
+        addr: SocketAddr,
+        handle: NodeHandle,
+        metrics: Metrics,
+        registry: Arc<Registry>,
+        options: ApiOptions,
+    ) -> Result<Api, ApiError> {
         let addr = check_loopback(addr)?;
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(ApiError::Io)?;
         let addr = listener.local_addr().map_err(ApiError::Io)?;
         let held: Table = Arc::default();
+        let gate = gate::Gate::new(options.max_in_flight, options.token, metrics.clone());
         let state = AppState { handle, metrics, registry, held: held.clone() };
         let (stop, stopped) = oneshot::channel::<()>();
-        let serve = axum::serve(listener, router(state)).with_graceful_shutdown(async {
+        let serve = axum::serve(listener, router(state, gate)).with_graceful_shutdown(async {
             let _ = stopped.await;
         });
         let task = tokio::spawn(async move { serve.await });

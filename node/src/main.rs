@@ -87,6 +87,15 @@ struct RunArgs {
     /// Control API address, loopback only; port 0 picks a free port (see SIGMA_API=).
     #[arg(long, value_name = "IP:PORT", default_value = DEFAULT_API)]
     api: String,
+    /// Require `Authorization: Bearer <token>` on every API request, the token read from
+    /// this file (created with a random token, mode 0600, if missing). For machines with
+    /// several users: only those who can read the file can use the API.
+    #[arg(long, value_name = "PATH", env = "SIGMA_API_TOKEN_FILE")]
+    api_token_file: Option<PathBuf>,
+    /// API requests served at once (waiting acquires included); more are refused with
+    /// 503 `busy`.
+    #[arg(long, value_name = "N", default_value_t = http::gate::DEFAULT_MAX_IN_FLIGHT, env = "SIGMA_API_MAX_REQUESTS")]
+    api_max_requests: usize,
     /// Logical replicas per lock (default 32). Every peer of a swarm must agree.
     #[arg(long, requires = "m")]
     n: Option<usize>,
@@ -133,9 +142,8 @@ struct LockArgs {
     /// Give up after this long (e.g. 500ms, 10s, 2m); default: wait as long as it takes.
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
-    /// Control API of the local daemon [default: $SIGMA_API or 127.0.0.1:7700].
-    #[arg(long, value_name = "IP:PORT")]
-    api: Option<String>,
+    #[command(flatten)]
+    api: ApiArgs,
     /// Quorum for this lock: replicas (with --m). Must be the swarm's n (one lock, one
     /// replica set); default: the daemon's.
     #[arg(long, requires = "m")]
@@ -164,11 +172,21 @@ struct LockArgs {
     command: Vec<OsString>,
 }
 
+/// How the client commands reach the local daemon's control API.
 #[derive(Args, Debug)]
-struct StatusArgs {
+struct ApiArgs {
     /// Control API of the local daemon [default: $SIGMA_API or 127.0.0.1:7700].
     #[arg(long, value_name = "IP:PORT")]
     api: Option<String>,
+    /// File holding the API's bearer token (the daemon's --api-token-file).
+    #[arg(long, value_name = "PATH", env = "SIGMA_API_TOKEN_FILE")]
+    api_token_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    #[command(flatten)]
+    api: ApiArgs,
     /// Print the daemon's JSON answer.
     #[arg(long)]
     json: bool,
@@ -275,6 +293,13 @@ fn main() -> ExitCode {
 async fn run(args: RunArgs) -> anyhow::Result<u8> {
     init_tracing("info");
     let api_addr = http::parse_loopback_addr(&args.api)?;
+    let token = match &args.api_token_file {
+        Some(path) => Some(load_or_create_token(path).with_context(|| format!("API token file {}", path.display()))?),
+        None => None,
+    };
+    if args.api_max_requests == 0 {
+        bail!("--api-max-requests must be at least 1");
+    }
     let mut proto = sigma_behaviour::proto::Config::default();
     if let (Some(n), Some(m)) = (args.n, args.m) {
         proto = proto.with_quorum(n, m);
@@ -309,7 +334,8 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     };
     let mut node = Node::start(config).await.context("cannot start the node")?;
     let handle = node.handle();
-    let api = match Api::bind(api_addr, handle.clone(), metrics, Arc::new(registry)).await {
+    let api_options = http::ApiOptions { max_in_flight: args.api_max_requests, token };
+    let api = match Api::bind_with(api_addr, handle.clone(), metrics, Arc::new(registry), api_options).await {
         Ok(api) => api,
         Err(e) => {
             let _ = node.shutdown().await;
@@ -357,14 +383,56 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
 // ---------------------------------------------------------------------------------
 // the client side of the control API
 
-fn api_addr(arg: Option<String>) -> anyhow::Result<std::net::SocketAddr> {
-    let s = arg.or_else(|| std::env::var("SIGMA_API").ok()).unwrap_or_else(|| DEFAULT_API.to_owned());
-    Ok(http::parse_loopback_addr(&s)?)
+impl ApiArgs {
+    /// The daemon's API address and a client that passes its gate (`http::gate`).
+    fn connect(&self) -> anyhow::Result<(std::net::SocketAddr, reqwest::Client)> {
+        let s = self.api.clone().or_else(|| std::env::var("SIGMA_API").ok()).unwrap_or_else(|| DEFAULT_API.to_owned());
+        let addr = http::parse_loopback_addr(&s)?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(http::gate::CLIENT_HEADER, reqwest::header::HeaderValue::from_static("sigma-cli"));
+        if let Some(path) = &self.api_token_file {
+            let token = read_token(path)
+                .map_err(|e| fail(EXIT_UNAVAILABLE, format!("API token file {}: {e:#}", path.display())))?;
+            let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| fail(EXIT_USAGE, format!("API token file {}: not a valid token", path.display())))?;
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        // Loopback only: never through a proxy from the environment.
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .default_headers(headers)
+            .build()
+            .context("building the HTTP client")?;
+        Ok((addr, client))
+    }
 }
 
-fn client() -> anyhow::Result<reqwest::Client> {
-    // Loopback only: never through a proxy from the environment.
-    reqwest::Client::builder().no_proxy().build().context("building the HTTP client")
+/// The token in `path` (surrounding whitespace removed; must not be empty).
+fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
+    let token = std::fs::read_to_string(path)?.trim().to_owned();
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        bail!("the token must be one word of printable ASCII");
+    }
+    Ok(token)
+}
+
+/// The daemon's API token: read from `path`, or, if it does not exist, a new random
+/// token written there with mode 0600.
+fn load_or_create_token(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(mut file) => {
+            let mut bytes = [0u8; 32];
+            std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+            let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            writeln!(file, "{token}")?;
+            tracing::info!(path = %path.display(), "created the API token file");
+            Ok(token)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_token(path),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The lock name as one path segment ('/' included), so no URL normalisation applies.
@@ -391,10 +459,10 @@ async fn error_text(resp: reqwest::Response) -> String {
 // sigma status
 
 /// `GET /v1/status` of the daemon at `api` (`what` names the command in errors).
-async fn fetch_status(api: Option<String>, what: &str) -> anyhow::Result<serde_json::Value> {
+async fn fetch_status(api: &ApiArgs, what: &str) -> anyhow::Result<serde_json::Value> {
     init_tracing("warn");
-    let api = api_addr(api)?;
-    let resp = client()?
+    let (api, client) = api.connect()?;
+    let resp = client
         .get(format!("http://{api}/v1/status"))
         .timeout(Duration::from_secs(10))
         .send()
@@ -407,7 +475,7 @@ async fn fetch_status(api: Option<String>, what: &str) -> anyhow::Result<serde_j
 }
 
 async fn status(args: StatusArgs) -> anyhow::Result<u8> {
-    let v = fetch_status(args.api, "status").await?;
+    let v = fetch_status(&args.api, "status").await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
@@ -417,7 +485,7 @@ async fn status(args: StatusArgs) -> anyhow::Result<u8> {
 }
 
 async fn locks(args: StatusArgs) -> anyhow::Result<u8> {
-    let v = fetch_status(args.api, "locks").await?;
+    let v = fetch_status(&args.api, "locks").await?;
     let held = v.get("locks_held").cloned().unwrap_or_default();
     let waiting = v.get("locks_waiting").cloned().unwrap_or_default();
     if args.json {
@@ -512,8 +580,7 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     if sigma_behaviour::wire::validate_resource(&name).is_err() || name == "." || name == ".." {
         return Err(fail(EXIT_USAGE, format!("invalid lock name {name:?}: 1 to 255 bytes of [A-Za-z0-9._/-]")));
     }
-    let api = api_addr(args.api.clone())?;
-    let client = client()?;
+    let (api, client) = args.api.connect()?;
     let mut signals = Signals::new()?;
 
     // Acquire.

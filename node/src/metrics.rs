@@ -23,6 +23,7 @@
 //! | `sigma_completed_total`, `sigma_completed_messages_total` | counter | messages per CS entry = their ratio |
 //! | `sigma_acquire_duration_seconds` | histogram | `outcome` |
 //! | `sigma_http_locks_held` | gauge | |
+//! | `sigma_http_rejected_total` (refused by the API's gate, `http::gate`) | counter | `reason` |
 //!
 //! The replica totals are sums over the replicas hosted *now*: a replica that moves
 //! away takes its counts with it, which Prometheus reads as a counter reset.
@@ -75,6 +76,17 @@ impl EncodeLabelSet for OutcomeLabel {
     }
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+impl EncodeLabelSet for ReasonLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("reason", self.reason).encode(encoder.encode_label())
+    }
+}
+
 type Snapshot = Arc<Mutex<Option<(Counters, ReplicaTotals)>>>;
 
 /// Our metrics: cheap to clone, shared by the HTTP handlers.
@@ -84,6 +96,7 @@ pub struct Metrics {
     acquire_latency: Family<OutcomeLabel, Histogram, fn() -> Histogram>,
     http_locks_held: Gauge,
     client_leases_expired: prometheus_client::metrics::counter::Counter,
+    http_rejected: Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -99,6 +112,7 @@ impl Metrics {
             acquire_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             http_locks_held: Gauge::default(),
             client_leases_expired: Default::default(),
+            http_rejected: Family::default(),
         };
         let sub = registry.sub_registry_with_prefix("sigma");
         sub.register_with_unit(
@@ -117,6 +131,11 @@ impl Metrics {
             "Locks released because their HTTP client stopped renewing its lease (a dead client)",
             m.client_leases_expired.clone(),
         );
+        sub.register(
+            "http_rejected",
+            "HTTP requests refused before reaching the API (bad Host or Origin, form POST, token, size, busy)",
+            m.http_rejected.clone(),
+        );
         sub.register_collector(Box::new(CounterCollector { snapshot: m.snapshot.clone() }));
         m
     }
@@ -134,6 +153,11 @@ impl Metrics {
     /// Counts a lock released because its HTTP client's lease ran out.
     pub fn client_lease_expired(&self) {
         self.client_leases_expired.inc();
+    }
+
+    /// Counts an HTTP request refused by the API's gate (`reason`: a fixed set of codes).
+    pub fn http_rejected(&self, reason: &'static str) {
+        self.http_rejected.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Sets the number of locks held for HTTP clients.

@@ -6,10 +6,14 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 
-/// An HTTP client for loopback APIs: never through a proxy from the environment.
+/// An HTTP client for loopback APIs: never through a proxy from the environment, and
+/// with the `Sigma-Client` header the API's gate asks of every POST.
 pub fn client() -> Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(sigma_node::http::gate::CLIENT_HEADER, reqwest::header::HeaderValue::from_static("sigma-testnet"));
     reqwest::Client::builder()
         .no_proxy()
+        .default_headers(headers)
         .pool_idle_timeout(Duration::from_secs(30))
         .build()
         .context("building the HTTP client")

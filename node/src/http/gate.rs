@@ -1,0 +1,273 @@
+//! What a request must pass before it reaches the API's handlers.
+//!
+//! The API listens on loopback only, but a loopback port is reachable from more than the
+//! local user's own programs: a web page in the user's browser can send it a form POST
+//! (a "simple" request, sent without a CORS preflight), and a page under an attacker's
+//! domain that re-resolves to 127.0.0.1 (DNS rebinding) can even read the answers. The
+//! gate refuses, in this order, each with a stable `code` in the [`super::ErrorBody`] and
+//! counted in `sigma_http_rejected_total{reason}`:
+//!
+//! | check | status | code |
+//! | --- | --- | --- |
+//! | a bearer token is configured (`--api-token-file`) and `Authorization: Bearer …` does not match | 401 | `unauthorized` |
+//! | `Host` missing or not a loopback address or `localhost` (DNS rebinding) | 403 | `bad_host` |
+//! | `Origin` present and not a loopback origin (a web page) | 403 | `bad_origin` |
+//! | a POST without `Content-Type: application/json` and without a `Sigma-Client` header (a form) | 415 | `bad_content_type` |
+//! | a body larger than [`MAX_BODY`] | 413 | `body_too_large` |
+//! | more than `max_in_flight` requests at once, waiting acquires included | 503 | `busy` |
+//!
+//! A browser cannot send a JSON content type, a custom header or an `Authorization` header
+//! to another origin without a preflight, which this API never answers. Programs send
+//! `Content-Type: application/json` on every POST (or `Sigma-Client: <anything>`).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tokio::sync::Semaphore;
+
+use super::ErrorBody;
+use crate::metrics::Metrics;
+
+/// Largest request body accepted (the API's bodies are a token or a list of peer ids).
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// Default bound on requests served at once (`--api-max-requests`).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// The header a program may send instead of a JSON content type.
+pub const CLIENT_HEADER: &str = "sigma-client";
+
+/// Why the gate refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Missing or wrong bearer token.
+    Unauthorized,
+    /// `Host` is not loopback.
+    BadHost,
+    /// `Origin` is not loopback.
+    BadOrigin,
+    /// A POST that a web form could have sent.
+    BadContentType,
+    /// The body is larger than [`MAX_BODY`].
+    BodyTooLarge,
+    /// Too many requests at once.
+    Busy,
+}
+
+impl Refusal {
+    /// The `code` of the error answer and the `reason` label of the metric.
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::Unauthorized => "unauthorized",
+            Refusal::BadHost => "bad_host",
+            Refusal::BadOrigin => "bad_origin",
+            Refusal::BadContentType => "bad_content_type",
+            Refusal::BodyTooLarge => "body_too_large",
+            Refusal::Busy => "busy",
+        }
+    }
+
+    fn status(self) -> StatusCode {
+        match self {
+            Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
+            Refusal::BadHost | Refusal::BadOrigin => StatusCode::FORBIDDEN,
+            Refusal::BadContentType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Refusal::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::Busy => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn message(self) -> String {
+        match self {
+            Refusal::Unauthorized => {
+                "this API needs `Authorization: Bearer <token>` (the daemon's --api-token-file)".to_owned()
+            }
+            Refusal::BadHost => {
+                "the Host header must name a loopback address or localhost (the API answers local programs only)"
+                    .to_owned()
+            }
+            Refusal::BadOrigin => "requests from web pages are refused (Origin is not a loopback address)".to_owned(),
+            Refusal::BadContentType => format!(
+                "a POST needs `Content-Type: application/json` or a `{CLIENT_HEADER}` header (web forms are refused)"
+            ),
+            Refusal::BodyTooLarge => format!("request body larger than {MAX_BODY} bytes"),
+            Refusal::Busy => "too many requests at once (--api-max-requests): retry later".to_owned(),
+        }
+    }
+
+    /// The error answer.
+    pub fn response(self) -> Response {
+        (self.status(), Json(ErrorBody { error: self.message(), code: Some(self.code().to_owned()) })).into_response()
+    }
+}
+
+/// The gate's settings and its count of requests in flight.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    permits: Arc<Semaphore>,
+    token: Option<Arc<str>>,
+    metrics: Metrics,
+}
+
+impl Gate {
+    /// At most `max_in_flight` requests at once; `token`: the bearer token every request
+    /// must carry, if any.
+    pub fn new(max_in_flight: usize, token: Option<String>, metrics: Metrics) -> Self {
+        Gate { permits: Arc::new(Semaphore::new(max_in_flight.max(1))), token: token.map(Into::into), metrics }
+    }
+
+    /// The checks on the request line and headers (everything but the in-flight bound).
+    pub fn admit(&self, method: &Method, headers: &HeaderMap) -> Result<(), Refusal> {
+        if let Some(token) = &self.token {
+            let given = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            if !same(given.trim().as_bytes(), token.as_bytes()) {
+                return Err(Refusal::Unauthorized);
+            }
+        }
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+        if !host.is_some_and(loopback_host) {
+            return Err(Refusal::BadHost);
+        }
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let local = origin
+                .to_str()
+                .ok()
+                .and_then(|o| o.strip_prefix("http://").or_else(|| o.strip_prefix("https://")))
+                .is_some_and(loopback_host);
+            if !local {
+                return Err(Refusal::BadOrigin);
+            }
+        }
+        if method == Method::POST {
+            let json = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(';').next())
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+            if !json && !headers.contains_key(CLIENT_HEADER) {
+                return Err(Refusal::BadContentType);
+            }
+        }
+        let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        if length.is_some_and(|l: u64| l > MAX_BODY as u64) {
+            return Err(Refusal::BodyTooLarge);
+        }
+        Ok(())
+    }
+
+    fn refuse(&self, why: Refusal) -> Response {
+        self.metrics.http_rejected(why.code());
+        tracing::debug!(reason = why.code(), "HTTP request refused");
+        why.response()
+    }
+}
+
+/// The middleware: checks, then holds one in-flight permit while the handler runs (a
+/// waiting acquire holds it until it is answered or its client goes away).
+pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    if let Err(why) = gate.admit(req.method(), req.headers()) {
+        return gate.refuse(why);
+    }
+    let Ok(permit) = gate.permits.clone().try_acquire_owned() else {
+        return gate.refuse(Refusal::Busy);
+    };
+    let resp = next.run(req).await;
+    drop(permit);
+    resp
+}
+
+/// `host[:port]` (or `[v6]:port`) names a loopback address or `localhost`.
+fn loopback_host(hostport: &str) -> bool {
+    let host = if let Some(rest) = hostport.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((h, _)) => h,
+            None => return false,
+        }
+    } else {
+        hostport.rsplit_once(':').map_or(hostport, |(h, _)| h)
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.to_canonical().is_loopback())
+}
+
+/// Compares in time independent of where the inputs differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn gate(token: Option<&str>) -> Gate {
+        let mut registry = prometheus_client::registry::Registry::default();
+        Gate::new(4, token.map(str::to_owned), Metrics::register(&mut registry))
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    const JSON: (&str, &str) = ("content-type", "application/json");
+
+    #[test]
+    fn a_local_program_passes() {
+        let g = gate(None);
+        for host in ["127.0.0.1:7700", "localhost:7700", "LOCALHOST", "[::1]:7700", "127.0.0.2"] {
+            assert_eq!(g.admit(&Method::GET, &headers(&[("host", host)])), Ok(()), "{host}");
+            assert_eq!(g.admit(&Method::POST, &headers(&[("host", host), JSON])), Ok(()), "{host}");
+        }
+        let h = headers(&[("host", "127.0.0.1:1"), ("content-type", "application/json; charset=utf-8")]);
+        assert_eq!(g.admit(&Method::POST, &h), Ok(()));
+        let h = headers(&[("host", "127.0.0.1:1"), (CLIENT_HEADER, "x")]);
+        assert_eq!(g.admit(&Method::POST, &h), Ok(()));
+        let h = headers(&[("host", "127.0.0.1:1"), ("origin", "http://localhost:7700"), JSON]);
+        assert_eq!(g.admit(&Method::POST, &h), Ok(()));
+    }
+
+    #[test]
+    fn web_pages_and_rebound_names_are_refused() {
+        let g = gate(None);
+        for host in ["evil.example:7700", "127.0.0.1.evil.example", "10.0.0.1:7700", "[::2]:1", "[::1", ""] {
+            assert_eq!(g.admit(&Method::GET, &headers(&[("host", host)])), Err(Refusal::BadHost), "{host:?}");
+        }
+        assert_eq!(g.admit(&Method::GET, &HeaderMap::new()), Err(Refusal::BadHost), "no Host");
+        for origin in ["http://evil.example", "null", "file://", "http://127.0.0.1.evil.example"] {
+            let h = headers(&[("host", "127.0.0.1:7700"), ("origin", origin), JSON]);
+            assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BadOrigin), "{origin}");
+        }
+        for ct in ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"] {
+            let h = headers(&[("host", "127.0.0.1:7700"), ("content-type", ct)]);
+            assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BadContentType), "{ct}");
+        }
+        let h = headers(&[("host", "127.0.0.1:7700")]);
+        assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BadContentType), "no content type");
+        let h = headers(&[("host", "127.0.0.1:7700"), JSON, ("content-length", "65537")]);
+        assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BodyTooLarge));
+    }
+
+    #[test]
+    fn a_configured_token_is_required() {
+        let g = gate(Some("s3cret"));
+        let local = ("host", "127.0.0.1:7700");
+        assert_eq!(g.admit(&Method::GET, &headers(&[local])), Err(Refusal::Unauthorized));
+        for wrong in ["Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret"] {
+            let h = headers(&[local, ("authorization", wrong)]);
+            assert_eq!(g.admit(&Method::GET, &h), Err(Refusal::Unauthorized), "{wrong}");
+        }
+        assert_eq!(g.admit(&Method::GET, &headers(&[local, ("authorization", "Bearer s3cret")])), Ok(()));
+    }
+}

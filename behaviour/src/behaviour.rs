@@ -331,7 +331,7 @@ pub struct ReplicaInfo {
 
 /// Sizes of the behaviour's per-lock and per-peer state (metrics, soak tests). Each has
 /// a bound or an expiry: see ARCHITECTURE.md, "Bounded state".
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StateSizes {
     /// Hosted replicas (idle ones are dropped once they have nothing to remember).
     pub replicas: usize,

@@ -257,12 +257,14 @@ impl EventLoop {
         connected_peers.sort();
         let readiness = sigma.readiness();
         let (reachable_members, members) = sigma.members();
+        let sizes = sigma.state_sizes();
         Status {
             peer_id: *self.swarm.local_peer_id(),
             listen_addrs: self.swarm.listeners().cloned().collect(),
             connected_peers,
             routable_peers: sigma.routable_peers(),
-            replicas_hosted: sigma.replica_totals().hosted,
+            replicas_hosted: sizes.replicas,
+            state: sizes,
             locks_held,
             locks_waiting,
             token_regressions: self.token_regressions,

@@ -127,6 +127,9 @@ pub struct Status {
     pub reachable_members: usize,
     /// The takeover delay: a replica this node takes over grants nothing for this long.
     pub takeover_delay_ms: u64,
+    /// Sizes of the per-lock and per-peer state (each bounded: ARCHITECTURE.md,
+    /// "Bounded state").
+    pub state: sigma_behaviour::StateSizes,
 }
 
 /// A running sigma peer: the swarm and its event loop (a tokio task). Dropping the

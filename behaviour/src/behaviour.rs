@@ -129,7 +129,7 @@ impl Default for Config {
             ping_interval: DEFAULT_PING_INTERVAL,
             ping_timeout: DEFAULT_PING_TIMEOUT,
             max_replicas: 100_000,
-            max_replicas_per_peer: 10_000,
+            max_replicas_per_peer: 50_000,
             peer_rate: (20_000, 40_000),
         }
     }
@@ -538,6 +538,9 @@ impl<K: Clone + Ord + std::hash::Hash> DeadlineIndex<K> {
     fn set(&mut self, key: &K, at: Option<Time>) {
         if let Some(old) = self.at.remove(key) {
             self.by_time.remove(&(old, key.clone()));
+            if at.is_none() {
+                shrink_if_sparse(&mut self.at);
+            }
         }
         if let Some(at) = at {
             self.by_time.insert((at, key.clone()));
@@ -556,8 +559,16 @@ impl<K: Clone + Ord + std::hash::Hash> DeadlineIndex<K> {
     }
 
     fn clear(&mut self) {
-        self.by_time.clear();
-        self.at.clear();
+        *self = DeadlineIndex::default();
+    }
+}
+
+/// Gives a map's memory back once it holds less than a quarter of its capacity: a
+/// `HashMap` never shrinks by itself, so a burst of lock names would keep its table for
+/// good. Amortised O(1) per removal (the next shrink needs the length to halve again).
+fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to(map.len() * 2);
     }
 }
 
@@ -615,9 +626,9 @@ pub struct Behaviour {
     /// The same for the acquisitions' timers.
     acquisition_due: DeadlineIndex<AcquisitionId>,
     by_ts: HashMap<Timestamp<PeerId>, AcquisitionId>,
-    /// Recently finished acquisitions and the lock name: a late grant to one of them is
-    /// handed back with a RELEASE.
-    finished: HashMap<Timestamp<PeerId>, String>,
+    /// Recently finished acquisitions, their lock name and replica count: a late grant
+    /// to one of them is handed back with a RELEASE.
+    finished: HashMap<Timestamp<PeerId>, (String, u16)>,
     finished_order: VecDeque<Timestamp<PeerId>>,
     /// Host of each replica as last known, for locks with a live local acquisition.
     hosts: HashMap<(String, u16), PeerId>,
@@ -907,10 +918,10 @@ impl Behaviour {
         if self.membership.tick(now) && !self.replicas.is_empty() {
             self.counters.replicas_dropped_not_serving += self.replicas.len() as u64;
             tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
-            self.replicas.clear();
+            self.replicas = HashMap::new();
             self.replica_due.clear();
-            self.creators.clear();
-            self.created_by.clear();
+            self.creators = HashMap::new();
+            self.created_by = HashMap::new();
         }
         if self.membership.ready() && self.deferred > 0 {
             self.deferred = 0;
@@ -1086,8 +1097,14 @@ impl Behaviour {
             if !self.membership.serving() {
                 return; // not serving: as if lost; the core retries
             }
-            if let Ok(responses) = self.handle_replica(local, &resource, index, msg) {
-                responses.into_iter().for_each(|r| self.deliver(local, &resource, index, r));
+            match self.handle_replica(local, &resource, index, msg) {
+                Ok(responses) => responses.into_iter().for_each(|r| self.deliver(local, &resource, index, r)),
+                Err(r) => {
+                    // Counted like a remote peer's (a full replica table refuses this
+                    // peer's own clients too); the core retries on its timers.
+                    Counters::bump(&mut self.counters.rejected, r.as_str());
+                    tracing::debug!(%resource, index, reason = r.as_str(), "a local replica refused a local request");
+                }
             }
             return;
         }
@@ -1235,12 +1252,15 @@ impl Behaviour {
             self.lamport.observe(resp.owner.counter);
         }
         let Some(id) = self.by_ts.get(&resp.ts).copied() else {
-            if resp.owner == resp.ts && self.finished.contains_key(&resp.ts) {
-                // The replica count is not in a RESPONSE; any n above the index passes
-                // validation, and the replica does not depend on it.
-                let n = MAX_REPLICAS_U16;
-                let msg = ToReplica::Release { ts: resp.ts, token: 0 };
-                self.send_to_replica(resource.to_owned(), n, index, msg, 0);
+            if resp.owner == resp.ts {
+                if let Some((_, n)) = self.finished.get(&resp.ts) {
+                    // With the acquisition's own n: a host refuses any other replica
+                    // count (`Rejection::QuorumMismatch`), and a refused hand-back would
+                    // leave the vote with nobody until its lease ran out.
+                    let n = *n;
+                    let msg = ToReplica::Release { ts: resp.ts, token: 0 };
+                    self.send_to_replica(resource.to_owned(), n, index, msg, 0);
+                }
             }
             return;
         };
@@ -1332,7 +1352,11 @@ impl Behaviour {
                     }
                 }
                 self.by_ts.remove(&ts);
-                self.finished.insert(ts, resource);
+                shrink_if_sparse(&mut self.acquisitions);
+                shrink_if_sparse(&mut self.by_ts);
+                shrink_if_sparse(&mut self.live_locks);
+                shrink_if_sparse(&mut self.hosts);
+                self.finished.insert(ts, (resource, n));
                 self.finished_order.push_back(ts);
                 while self.finished_order.len() > self.config.finished_memory {
                     if let Some(old) = self.finished_order.pop_front() {
@@ -1618,8 +1642,10 @@ impl Behaviour {
     /// Removes a hosted replica with its index entry and its creator's count.
     fn drop_replica(&mut self, key: &(String, u16)) {
         self.replicas.remove(key);
+        shrink_if_sparse(&mut self.replicas);
         self.replica_due.set(key, None);
         if let Some(peer) = self.creators.remove(key) {
+            shrink_if_sparse(&mut self.creators);
             if let Some(c) = self.created_by.get_mut(&peer) {
                 *c = c.saturating_sub(1);
                 if *c == 0 {
@@ -1648,9 +1674,6 @@ pub fn kad_protocol(n: usize) -> libp2p::StreamProtocol {
     }
     libp2p::StreamProtocol::try_from_owned(format!("/sigma/kad/1.0.0/n{n}")).unwrap_or(KAD_PROTOCOL)
 }
-
-/// [`proto::MAX_REPLICAS`] as a wire `n`.
-const MAX_REPLICAS_U16: u16 = proto::MAX_REPLICAS as u16;
 
 impl NetworkBehaviour for Behaviour {
     type ConnectionHandler = <Inner as NetworkBehaviour>::ConnectionHandler;
@@ -1775,5 +1798,38 @@ impl NetworkBehaviour for Behaviour {
             self.waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_map_emptied_after_a_burst_gives_its_table_back() {
+        let mut map: HashMap<u64, [u8; 256]> = HashMap::new();
+        for k in 0..100_000 {
+            map.insert(k, [0; 256]);
+        }
+        let burst = map.capacity();
+        for k in 0..99_990 {
+            map.remove(&k);
+            shrink_if_sparse(&mut map);
+        }
+        assert_eq!(map.len(), 10);
+        assert!(map.capacity() <= 64, "capacity {} after the burst (was {burst})", map.capacity());
+    }
+
+    #[test]
+    fn a_deadline_index_shrinks_with_its_keys() {
+        let mut index = DeadlineIndex::default();
+        for k in 0..10_000u64 {
+            index.set(&k, Some(Time::from_micros(k)));
+        }
+        for k in 0..10_000u64 {
+            index.set(&k, None);
+        }
+        assert_eq!(index.first(), None);
+        assert!(index.at.capacity() <= 64, "capacity {}", index.at.capacity());
     }
 }

@@ -52,6 +52,9 @@ pub struct Status {
     /// Tokens not above the previous one this node saw for the same lock.
     #[serde(default)]
     pub token_regressions: u64,
+    /// Sizes of its per-lock and per-peer state.
+    #[serde(default)]
+    pub state: sigma_behaviour::StateSizes,
 }
 
 /// Fetches a node's status.
@@ -92,12 +95,19 @@ pub struct Completed {
     pub completed: u64,
     /// `sigma_completed_messages_total`: their protocol messages.
     pub messages: u64,
+    /// `sigma_messages_rejected_total{reason="quorum_mismatch"}`: requests refused for
+    /// another replica count, which peers of one swarm never send each other.
+    pub quorum_mismatch: u64,
 }
 
 impl std::ops::Add for Completed {
     type Output = Completed;
     fn add(self, o: Completed) -> Completed {
-        Completed { completed: self.completed + o.completed, messages: self.messages + o.messages }
+        Completed {
+            completed: self.completed + o.completed,
+            messages: self.messages + o.messages,
+            quorum_mismatch: self.quorum_mismatch + o.quorum_mismatch,
+        }
     }
 }
 
@@ -117,6 +127,7 @@ pub async fn completed(client: &reqwest::Client, api: SocketAddr, timeout: Durat
         completed: metric(&text, "sigma_completed_total").context("sigma_completed_total missing from /metrics")?,
         messages: metric(&text, "sigma_completed_messages_total")
             .context("sigma_completed_messages_total missing from /metrics")?,
+        quorum_mismatch: metric(&text, "sigma_messages_rejected_total{reason=\"quorum_mismatch\"}").unwrap_or(0),
     })
 }
 

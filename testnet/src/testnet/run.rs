@@ -145,6 +145,9 @@ pub struct RunReport {
     pub completed_messages: u64,
     /// Their ratio: protocol messages per CS entry.
     pub messages_per_entry: f64,
+    /// Σ requests refused for another replica count (peers of one swarm share n, so
+    /// any is a bug: a refused RELEASE leaves a vote with nobody until its lease ends).
+    pub quorum_mismatch: u64,
     /// Faults that took effect, by kind.
     pub faults_fired: BTreeMap<String, usize>,
     /// Every fault, in order.
@@ -404,6 +407,11 @@ fn build_report(
             },
         },
         Target {
+            name: "requests refused for another replica count".into(),
+            pass: completed.quorum_mismatch == 0,
+            detail: completed.quorum_mismatch.to_string(),
+        },
+        Target {
             name: "nodes crashed".into(),
             pass: crashes.is_empty(),
             detail: if crashes.is_empty() {
@@ -461,6 +469,7 @@ fn build_report(
         },
         completed: completed.completed,
         completed_messages: completed.messages,
+        quorum_mismatch: completed.quorum_mismatch,
         messages_per_entry: if completed.completed > 0 {
             completed.messages as f64 / completed.completed as f64
         } else {

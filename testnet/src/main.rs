@@ -56,6 +56,12 @@ enum Command {
     Run(NetRunArgs),
     /// Benchmark real nodes on loopback (latency floor, lock/release, handoffs, messages).
     Bench(BenchArgs),
+    /// Does a swarm give its memory back? A stream of distinct lock names (each locked and
+    /// released once) through `sigma run` processes, optionally with a hostile peer
+    /// flooding made-up names, then an idle wait; prints per node over time RSS, hosted
+    /// replicas, live acquisitions, and lock+release latency, and the targets (RSS back
+    /// within 20 MB, replicas back to ~0, latency within 10%).
+    Soak(SoakArgs),
     /// Discrete-event simulator running the protocol core in virtual time.
     #[command(subcommand)]
     Sim(SimCommand),
@@ -163,6 +169,39 @@ struct DownArgs {
     /// Seconds between SIGTERM and SIGKILL.
     #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
     grace: f64,
+}
+
+#[derive(Args)]
+struct SoakArgs {
+    /// Nodes.
+    #[arg(long, default_value_t = 5)]
+    nodes: usize,
+    /// Distinct lock names, each locked and released once.
+    #[arg(long, default_value_t = 100_000)]
+    names: u64,
+    /// Concurrent HTTP clients (client k uses node k mod N).
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Seconds between samples.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    sample: f64,
+    /// Seconds to watch the idle swarm after the stream (idle replicas go after 60 s).
+    #[arg(long, default_value_t = 90.0, value_name = "SECONDS")]
+    idle: f64,
+    /// REQUESTs for made-up names sent by one hostile peer during the stream (0: none).
+    #[arg(long, default_value_t = 0)]
+    flood: u64,
+    /// Lock+release rounds of the latency probes before and after.
+    #[arg(long, default_value_t = 500)]
+    probe_rounds: u64,
+    /// Lease of a vote in milliseconds (default: the daemon's, 10000).
+    #[arg(long, value_name = "MS")]
+    lease_ms: Option<u64>,
+    /// Write the report (every sample) as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    net: NetArgs,
 }
 
 #[derive(Args)]
@@ -441,6 +480,23 @@ fn real_main() -> Result<ExitCode> {
             print!("{summary}");
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+        }
+        Command::Soak(a) => {
+            let opts = sigma_testnet::testnet::soak::SoakOptions {
+                up: up_options(a.nodes, &a.net, a.lease_ms)?,
+                names: a.names,
+                clients: a.clients,
+                sample: Duration::try_from_secs_f64(a.sample)?,
+                idle: Duration::try_from_secs_f64(a.idle)?,
+                flood: a.flood,
+                probe_rounds: a.probe_rounds,
+            };
+            let runtime = tokio::runtime::Runtime::new()?;
+            let (report, summary) = runtime.block_on(sigma_testnet::testnet::soak::run(&opts))?;
+            print!("{summary}");
+            if let Some(path) = &a.json {
+                std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
             }
         }
         Command::Sim(SimCommand::Paper(a)) => {

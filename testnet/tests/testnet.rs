@@ -363,3 +363,57 @@ fn partition_split_and_isolate_cut_heal_and_pass() {
         assert!(!alive(pid), "node pid {pid} still running after run");
     }
 }
+
+#[test]
+fn soak_streams_names_samples_every_node_and_counts_the_flood() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let net = dir.path().join("net");
+    let json = dir.path().join("soak.json");
+    let out = testnet(&[
+        "soak",
+        "--nodes",
+        "3",
+        "--names",
+        "300",
+        "--clients",
+        "6",
+        "--sample",
+        "1",
+        "--idle",
+        "1",
+        "--flood",
+        "3000",
+        "--probe-rounds",
+        "20",
+        "--lease-ms",
+        "3000",
+        "--dir",
+        path(&net),
+        "--json",
+        path(&json),
+        "--sigma-bin",
+        path(sigma_bin()),
+    ]);
+    assert!(out.status.success(), "soak failed:\n{}{}", stdout(&out), stderr(&out));
+    let r = read_json(&json);
+    assert_eq!(r["names_done"], 300, "{}", stdout(&out));
+    assert_eq!(r["failures"], 0, "{}", stdout(&out));
+    let samples = r["samples"].as_array().expect("samples");
+    assert!(samples.len() >= 2, "{}", stdout(&out));
+    for s in samples {
+        let nodes = s["nodes"].as_array().expect("nodes");
+        assert_eq!(nodes.len(), 3);
+        assert!(nodes.iter().all(|n| n["rss_kib"].as_u64() > Some(1024)), "RSS read: {s}");
+    }
+    let hosted = samples.iter().flat_map(|s| s["nodes"].as_array().unwrap()).map(|n| n["replicas"].as_u64().unwrap());
+    assert!(hosted.max() > Some(0), "replica counts read from the nodes");
+    let flood = &r["flood"];
+    let sent = flood["sent"].as_u64().expect("flood sent");
+    let answered: u64 = flood["answers"].as_object().expect("answers").values().map(|v| v.as_u64().unwrap()).sum();
+    assert!(sent > 0 && answered == sent, "every flood REQUEST answered or failed: {flood}");
+    assert!(flood["answers"]["accepted"].as_u64() > Some(0), "some made-up names reached their host: {flood}");
+    assert_eq!(r["targets"].as_array().map(Vec::len), Some(3));
+    assert!(stdout(&out).contains("RSS at the end within 20 MB"), "{}", stdout(&out));
+    assert!(!manifest_pids(&net).into_iter().any(alive), "soak leaves no node running");
+}

@@ -8,7 +8,9 @@
 //!   supervisor that notices nodes dying on their own;
 //! - [`check`]: exclusion, fencing tokens, starvation, from the recorded intervals;
 //! - [`run`]: `sigma-testnet run`, the whole job (up, workload, faults, checker, down)
-//!   with a live view and a summary.
+//!   with a live view and a summary;
+//! - [`soak`]: `sigma-testnet soak`, a stream of distinct lock names (and, with
+//!   [`flood`], a hostile peer) to see that a swarm gives its memory back.
 //!
 //! Ports: with `--base-port P`, node i listens for peers on TCP `P + i` and serves its
 //! API on `P + 1000 + i`; without it both are ephemeral (port 0, read back from the
@@ -18,6 +20,8 @@ pub mod api;
 pub mod chaos;
 pub mod check;
 pub mod cluster;
+pub mod flood;
 pub mod proc;
 pub mod run;
+pub mod soak;
 pub mod workload;

@@ -57,7 +57,9 @@ enum Cmd {
     /// SIGMA_FENCING_TOKEN= and SIGMA_LOCK_VALID_UNTIL_MS= lines.
     ///
     /// The command gets SIGMA_LOCK_NAME, SIGMA_FENCING_TOKEN and
-    /// SIGMA_LOCK_VALID_UNTIL_MS in its environment and runs in its own process group.
+    /// SIGMA_LOCK_VALID_UNTIL_MS (the validity at acquisition, ms since the Unix epoch;
+    /// renewals extend it without changing the variable) in its environment and runs in
+    /// its own process group.
     /// The lock is watched while it runs; if it is lost, the command gets SIGTERM, then
     /// SIGKILL after --grace. SIGINT, SIGTERM and SIGHUP are forwarded to it.
     ///
@@ -65,7 +67,7 @@ enum Cmd {
     /// acquired within --timeout; 76 if the lock was lost while the command ran; 78 if
     /// the daemon is not ready (not joined to its swarm, or cut off from the majority of
     /// it) when --timeout runs out; 69 if the daemon cannot be reached; 64 for a bad lock
-    /// name or quorum; 126/127 if the command cannot be started.
+    /// name or quorum or a usage error; 126/127 if the command cannot be started.
     Lock(LockArgs),
     /// Show the local peer: id, addresses, peers, replicas, locks held and waited for.
     Status(StatusArgs),
@@ -137,7 +139,7 @@ struct RunArgs {
 
 #[derive(Args, Debug)]
 struct LockArgs {
-    /// Lock name: 1 to 255 bytes of [A-Za-z0-9._/-].
+    /// Lock name: 1 to 200 bytes of [A-Za-z0-9._/-].
     name: String,
     /// Give up after this long (e.g. 500ms, 10s, 2m); default: wait as long as it takes.
     #[arg(long, value_parser = parse_duration)]
@@ -254,7 +256,16 @@ fn init_tracing(default: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version print and exit 0; a usage error exits 64 (EX_USAGE), like
+        // sigma's own refusals of a bad lock name or quorum.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     if matches!(cli.command, Cmd::Run(_)) {
         one_heap_arena();
     }
@@ -620,7 +631,13 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     init_tracing("warn");
     let name = args.name.clone();
     if sigma_behaviour::wire::validate_resource(&name).is_err() || name == "." || name == ".." {
-        return Err(fail(EXIT_USAGE, format!("invalid lock name {name:?}: 1 to 255 bytes of [A-Za-z0-9._/-]")));
+        return Err(fail(
+            EXIT_USAGE,
+            format!(
+                "invalid lock name {name:?}: 1 to {} bytes of [A-Za-z0-9._/-]",
+                sigma_behaviour::wire::MAX_RESOURCE_LEN
+            ),
+        ));
     }
     let (api, client) = args.api.connect()?;
     let mut signals = Signals::new()?;

@@ -248,6 +248,29 @@ async fn lock_without_a_daemon_says_so() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the sigma daemon"));
 }
 
+/// Usage errors exit 64 like sigma's own refusals (clap's default is 2); help is not an
+/// error; the lock-name limit in the help and the error is the wire's (200 bytes).
+#[tokio::test]
+async fn usage_errors_exit_64_and_the_name_limit_is_the_wires() {
+    let run = |args: &'static [&'static str]| async move { Command::new(SIGMA).args(args).output().await.unwrap() };
+    for args in [&["lock"][..], &["lock", "x", "--ttl", "soon"], &["frobnicate"], &["run", "--api-max-requests", "x"]] {
+        let out = run(args).await;
+        assert_eq!(out.status.code(), Some(64), "sigma {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = run(&["lock", "--help"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("1 to 200 bytes"), "{help}");
+    let long = "a".repeat(201);
+    let out = Command::new(SIGMA).args(["lock", &long, "--", "true"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 to 200 bytes"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The split-brain issue's first scenario: a daemon whose bootstrap peer is down does
 /// not grant itself the lock (before, it won with 24 votes from one peer: itself); it
 /// says it is not ready, with its own exit code; once the bootstrap peer is up it joins

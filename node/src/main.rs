@@ -73,6 +73,14 @@ enum Cmd {
     Status(StatusArgs),
     /// List the locks this peer holds (with their fencing tokens) and waits for.
     Locks(StatusArgs),
+    /// Print a shell completion script, e.g. `sigma completions bash >
+    /// /etc/bash_completion.d/sigma` (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `sigma man > /usr/local/share/man/man1/sigma.1`.
+    Man,
 }
 
 #[derive(Args, Debug)]
@@ -266,8 +274,28 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    if matches!(cli.command, Cmd::Run(_)) {
-        one_heap_arena();
+    match cli.command {
+        Cmd::Run(_) => one_heap_arena(),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "sigma",
+                &mut std::io::stdout(),
+            );
+            return ExitCode::SUCCESS;
+        }
+        Cmd::Man => {
+            let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            return match page.render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("sigma: man: {e}");
+                    ExitCode::from(EXIT_UNAVAILABLE)
+                }
+            };
+        }
+        _ => {}
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -282,6 +310,7 @@ fn main() -> ExitCode {
             Cmd::Lock(args) => lock(args).await,
             Cmd::Status(args) => status(args).await,
             Cmd::Locks(args) => locks(args).await,
+            Cmd::Completions { .. } | Cmd::Man => Ok(0),
         }
     });
     // Do not wait for tasks still blocked (e.g. an HTTP request waiting for a lock).

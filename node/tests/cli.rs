@@ -271,6 +271,25 @@ async fn usage_errors_exit_64_and_the_name_limit_is_the_wires() {
     );
 }
 
+/// `sigma completions bash` is a script bash accepts and that knows the subcommands;
+/// `sigma man` is a roff page.
+#[tokio::test]
+async fn completions_and_man_page() {
+    let out = Command::new(SIGMA).args(["completions", "bash"]).output().await.unwrap();
+    assert!(out.status.success());
+    let script = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(script.contains("_sigma") && script.contains("lock") && script.contains("--api-token-file"), "{script}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sigma.bash");
+    std::fs::write(&file, &script).unwrap();
+    let check = Command::new("bash").arg("-n").arg(&file).output().await.unwrap();
+    assert!(check.status.success(), "bash -n: {}", String::from_utf8_lossy(&check.stderr));
+    let out = Command::new(SIGMA).arg("man").output().await.unwrap();
+    assert!(out.status.success());
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(page.contains(".TH sigma 1") && page.contains("lock"), "{page}");
+}
+
 /// The split-brain issue's first scenario: a daemon whose bootstrap peer is down does
 /// not grant itself the lock (before, it won with 24 votes from one peer: itself); it
 /// says it is not ready, with its own exit code; once the bootstrap peer is up it joins

@@ -1,0 +1,56 @@
+//! examples/python/sigma_lock.py against a real daemon: two Python clients for one lock
+//! take turns (the second is granted only after the first released, with a larger
+//! fencing token), and the client lease is renewed past its TTL.
+
+use std::path::Path;
+
+use tokio::process::Command;
+
+mod daemon;
+
+use daemon::{daemon_with, eventually, get_json};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/python/sigma_lock.py");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_clients_take_turns_and_renew_their_lease() {
+    if Command::new("python3").arg("--version").output().await.is_err() {
+        eprintln!("python3 is not installed: install it (apt-get install python3) to run this test");
+        return;
+    }
+    assert!(Path::new(SCRIPT).exists(), "{SCRIPT}");
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon_with(dir.path(), "py", &[], &["--listen", "/ip4/127.0.0.1/tcp/0"]).await;
+    let status = format!("http://{}/v1/status", d.api);
+    eventually("the daemon to serve", || async { get_json(&status).await["ready"] == true }).await;
+
+    // The first holds for 10 s, twice the 5 s client TTL: only its renewals keep it.
+    let first = Command::new("python3")
+        .args([SCRIPT, "--api", &d.api, "--hold", "10", "py/turns"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the first client to hold the lock", || async {
+        get_json(&status).await["locks_held"].as_array().is_some_and(|h| !h.is_empty())
+    })
+    .await;
+    let waiting = std::time::Instant::now();
+    let second =
+        Command::new("python3").args([SCRIPT, "--api", &d.api, "--timeout", "30", "py/turns"]).output().await.unwrap();
+    let waited = waiting.elapsed();
+    let first = first.wait_with_output().await.unwrap();
+    let (out1, out2) = (String::from_utf8_lossy(&first.stdout), String::from_utf8_lossy(&second.stdout));
+    assert!(first.status.success(), "first: {out1}\n{}", String::from_utf8_lossy(&first.stderr));
+    assert!(second.status.success(), "second: {out2}\n{}", String::from_utf8_lossy(&second.stderr));
+    let token = |out: &str, word: &str| -> u64 {
+        let line = out.lines().find(|l| l.starts_with(word)).unwrap_or_else(|| panic!("no {word} line in {out}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (t1, t2) = (token(&out1, "acquired"), token(&out2, "acquired"));
+    assert_eq!(token(&out1, "released"), t1, "the first kept its lock past its TTL: {out1}");
+    assert!(t2 > t1, "tokens {t1} then {t2}");
+    // Without renewals the daemon would have released the first lock one TTL (5 s) after
+    // it was taken; the second was granted only when the first released, near 10 s.
+    assert!(waited.as_secs_f64() > 7.0, "the second got the lock after {waited:?}: {out1}");
+    assert!(!out1.contains("lost"), "{out1}");
+}

@@ -65,25 +65,16 @@ impl Outcome {
     }
 }
 
+/// One label: `key="value"` (fixed strings, so the label sets are bounded).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct OutcomeLabel {
-    outcome: &'static str,
+struct Label {
+    key: &'static str,
+    value: &'static str,
 }
 
-impl EncodeLabelSet for OutcomeLabel {
+impl EncodeLabelSet for Label {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        ("outcome", self.outcome).encode(encoder.encode_label())
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct ReasonLabel {
-    reason: &'static str,
-}
-
-impl EncodeLabelSet for ReasonLabel {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        ("reason", self.reason).encode(encoder.encode_label())
+        (self.key, self.value).encode(encoder.encode_label())
     }
 }
 
@@ -93,10 +84,10 @@ type Snapshot = Arc<Mutex<Option<(Counters, ReplicaTotals)>>>;
 #[derive(Clone, Debug)]
 pub struct Metrics {
     snapshot: Snapshot,
-    acquire_latency: Family<OutcomeLabel, Histogram, fn() -> Histogram>,
+    acquire_latency: Family<Label, Histogram, fn() -> Histogram>,
     http_locks_held: Gauge,
     client_leases_expired: prometheus_client::metrics::counter::Counter,
-    http_rejected: Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
+    http_rejected: Family<Label, prometheus_client::metrics::counter::Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -147,7 +138,9 @@ impl Metrics {
 
     /// Records how long an acquisition took and how it ended.
     pub fn observe_acquire(&self, outcome: Outcome, elapsed: Duration) {
-        self.acquire_latency.get_or_create(&OutcomeLabel { outcome: outcome.as_str() }).observe(elapsed.as_secs_f64());
+        self.acquire_latency
+            .get_or_create(&Label { key: "outcome", value: outcome.as_str() })
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Counts a lock released because its HTTP client's lease ran out.
@@ -157,7 +150,7 @@ impl Metrics {
 
     /// Counts an HTTP request refused by the API's gate (`reason`: a fixed set of codes).
     pub fn http_rejected(&self, reason: &'static str) {
-        self.http_rejected.get_or_create(&ReasonLabel { reason }).inc();
+        self.http_rejected.get_or_create(&Label { key: "reason", value: reason }).inc();
     }
 
     /// Sets the number of locks held for HTTP clients.

@@ -393,10 +393,8 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
         );
     }
     if lock_table(&s.held).len() >= MAX_HTTP_LOCKS {
-        s.metrics.http_rejected("too_many_locks");
-        let msg = format!("this daemon already holds {MAX_HTTP_LOCKS} locks for HTTP clients: release some first");
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(ErrorBody { error: msg, code: Some("too_many_locks".into()) }))
-            .into_response();
+        s.metrics.http_rejected(gate::Refusal::TooManyLocks.code());
+        return gate::Refusal::TooManyLocks.response();
     }
     let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis), min_peers: q.min_peers };
     let start = Instant::now();

@@ -57,6 +57,9 @@ pub enum Refusal {
     BodyTooLarge,
     /// Too many requests at once.
     Busy,
+    /// The daemon holds [`super::MAX_HTTP_LOCKS`] locks for HTTP clients (checked by the
+    /// acquire handler, answered and counted like the gate's refusals).
+    TooManyLocks,
 }
 
 impl Refusal {
@@ -69,6 +72,7 @@ impl Refusal {
             Refusal::BadContentType => "bad_content_type",
             Refusal::BodyTooLarge => "body_too_large",
             Refusal::Busy => "busy",
+            Refusal::TooManyLocks => "too_many_locks",
         }
     }
 
@@ -78,7 +82,7 @@ impl Refusal {
             Refusal::BadHost | Refusal::BadOrigin => StatusCode::FORBIDDEN,
             Refusal::BadContentType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Refusal::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Refusal::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Busy | Refusal::TooManyLocks => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -97,6 +101,10 @@ impl Refusal {
             ),
             Refusal::BodyTooLarge => format!("request body larger than {MAX_BODY} bytes"),
             Refusal::Busy => "too many requests at once (--api-max-requests): retry later".to_owned(),
+            Refusal::TooManyLocks => format!(
+                "this daemon already holds {} locks for HTTP clients: release some first",
+                super::MAX_HTTP_LOCKS
+            ),
         }
     }
 

@@ -70,6 +70,31 @@ pub struct Config {
     max_replicas: usize,
     max_replicas_per_peer: usize,
     peer_rate: (u32, u32),
+    admin: Admin,
+}
+
+/// Which remote peers may revoke a lock held through this peer ([`wire::Request::Revoke`]).
+/// The local application always may ([`Behaviour::revoke`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Admin {
+    /// No remote peer (the default: in an open swarm, any peer could break any lock).
+    #[default]
+    Nobody,
+    /// These peers (an operator's own nodes).
+    Peers(HashSet<PeerId>),
+    /// Any peer of the swarm (a swarm whose every peer is trusted, such as a testnet).
+    Any,
+}
+
+impl Admin {
+    /// Whether `peer` may revoke.
+    pub fn allows(&self, peer: &PeerId) -> bool {
+        match self {
+            Admin::Nobody => false,
+            Admin::Peers(set) => set.contains(peer),
+            Admin::Any => true,
+        }
+    }
 }
 
 /// Default membership window: a departed peer still counts toward the majority a
@@ -131,6 +156,7 @@ impl Default for Config {
             max_replicas: 100_000,
             max_replicas_per_peer: 50_000,
             peer_rate: (20_000, 40_000),
+            admin: Admin::Nobody,
         }
     }
 }
@@ -199,6 +225,11 @@ impl Config {
         self.max_replicas = max_replicas;
         self.max_replicas_per_peer = max_replicas_per_peer;
         self.peer_rate = (peer_rate.0.max(1), peer_rate.1.max(1));
+        self
+    }
+    /// Which remote peers may revoke locks held through this peer (default none).
+    pub fn with_admin(mut self, admin: Admin) -> Self {
+        self.admin = admin;
         self
     }
     /// How long a dead peer can go unnoticed: one ping interval plus its timeout.
@@ -281,6 +312,33 @@ pub enum Event {
         /// Why.
         reason: proto::LostReason,
     },
+    /// An acquisition that held the lock was revoked: by an operator through a
+    /// [`wire::Request::Revoke`] from `by`, or locally (`by` is this peer). The lock has
+    /// been released; whoever used it must stop.
+    Revoked {
+        /// The acquisition.
+        id: AcquisitionId,
+        /// Lock name.
+        resource: String,
+        /// Its fencing token.
+        token: u64,
+        /// Who revoked it.
+        by: PeerId,
+    },
+    /// A [`Behaviour::inspect`] finished.
+    Inspected {
+        /// The inspection.
+        id: ProbeId,
+        /// What the host of each replica answered, by replica index.
+        replicas: Vec<ReplicaAnswer>,
+    },
+    /// A [`Behaviour::ask`] was answered (or failed: `None`).
+    Answered {
+        /// The question.
+        id: ProbeId,
+        /// The peer's reply.
+        reply: Option<Reply>,
+    },
     /// A [`Behaviour::probe`] finished.
     Probed {
         /// The probe.
@@ -291,14 +349,48 @@ pub enum Event {
     },
 }
 
-/// Identifies a [`Behaviour::probe`].
+/// Identifies a [`Behaviour::probe`], [`Behaviour::inspect`] or [`Behaviour::ask`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProbeId(u64);
 
+/// What the host of one replica answered a [`Behaviour::inspect`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplicaAnswer {
+    /// The replica's state (hosted here when `host` is this peer).
+    State {
+        /// The host that answered.
+        host: PeerId,
+        /// Its replica.
+        state: wire::ReplicaState,
+    },
+    /// The host refused (e.g. `NotServing`: it is joining or in a minority).
+    Refused {
+        /// The host.
+        host: PeerId,
+        /// Why.
+        reason: Rejection,
+    },
+    /// No answer (unreachable, timed out, or redirected too often).
+    NoAnswer {
+        /// The last host tried.
+        host: PeerId,
+    },
+}
+
+/// A fan-out to the hosts of a lock's replicas, or one question to one peer.
 struct Probe {
     started: Instant,
-    rtts: Vec<Option<Duration>>,
+    kind: ProbeKind,
     outstanding: usize,
+}
+
+enum ProbeKind {
+    /// Round trips, by replica index.
+    Ping(Vec<Option<Duration>>),
+    /// Replica states, by replica index.
+    Inspect(Vec<ReplicaAnswer>),
+    /// One request to one peer.
+    Ask,
 }
 
 /// What the application can ask about one acquisition.
@@ -397,6 +489,8 @@ pub struct Counters {
     pub acquired: u64,
     /// Acquisitions that lost the lock while holding it.
     pub lost: u64,
+    /// Held locks revoked by an operator ([`Behaviour::revoke`], [`Request::Revoke`]).
+    pub revoked: u64,
     /// Acquisitions finished (released or abandoned) that had won.
     pub completed: u64,
     /// Protocol messages of those acquisitions, in the paper's sense (REQUEST, YIELD,
@@ -1117,21 +1211,122 @@ impl Behaviour {
     /// replicas, default the configured n) along the path a REQUEST takes, redirects
     /// included, without protocol work. The result comes as [`Event::Probed`].
     pub fn probe(&mut self, resource: &str, n: Option<usize>) -> Result<ProbeId, AcquireError> {
+        self.survey(resource, n, |n| ProbeKind::Ping(vec![None; n]))
+    }
+
+    /// Asks the host of every replica of `resource` (`n` replicas, default the
+    /// configured n) for the replica's state: owner, lease, queue. Changes nothing. The
+    /// result comes as [`Event::Inspected`].
+    pub fn inspect(&mut self, resource: &str, n: Option<usize>) -> Result<ProbeId, AcquireError> {
+        let local = self.local;
+        self.survey(resource, n, |n| ProbeKind::Inspect(vec![ReplicaAnswer::NoAnswer { host: local }; n]))
+    }
+
+    fn survey(
+        &mut self,
+        resource: &str,
+        n: Option<usize>,
+        kind: impl FnOnce(usize) -> ProbeKind,
+    ) -> Result<ProbeId, AcquireError> {
         wire::validate_resource(resource).map_err(|_| AcquireError::BadName)?;
         let n = n.unwrap_or(self.config.proto.n());
         let n16 = u16::try_from(n).ok().filter(|x| (1..=proto::MAX_REPLICAS).contains(&usize::from(*x)));
         let n16 = n16.ok_or(proto::ConfigError::TooManyReplicas(n))?;
         let id = ProbeId(self.next_id);
         self.next_id += 1;
-        self.probes.insert(id, Probe { started: Instant::now(), rtts: vec![None; n], outstanding: n });
+        self.probes.insert(id, Probe { started: Instant::now(), kind: kind(n), outstanding: n });
         for index in 0..n16 {
-            self.send_ping(resource.to_owned(), n16, index, id, 0);
+            self.send_survey(resource.to_owned(), n16, index, id, 0);
         }
         self.wake();
         Ok(id)
     }
 
-    fn send_ping(&mut self, resource: String, n: u16, index: u16, probe: ProbeId, hops: u8) {
+    /// Sends one question to `peer`: a [`Request::Holding`] or [`Request::Revoke`] (an
+    /// operator's tools). Asked of this peer, it is answered here at once. The answer
+    /// comes as [`Event::Answered`].
+    pub fn ask(&mut self, peer: PeerId, request: Request) -> ProbeId {
+        let id = ProbeId(self.next_id);
+        self.next_id += 1;
+        if peer == self.local {
+            let reply = self.answer_operator(self.local, request);
+            self.events.push_back(Event::Answered { id, reply: Some(reply) });
+        } else {
+            self.probes.insert(id, Probe { started: Instant::now(), kind: ProbeKind::Ask, outstanding: 1 });
+            let out = self.inner.rr.send_request(&peer, request);
+            let pending =
+                Pending { peer, resource: String::new(), index: 0, n: 0, msg: None, probe: Some(id), hops: 0 };
+            self.pending.insert(out, pending);
+        }
+        self.wake();
+        id
+    }
+
+    /// Revokes the local acquisition that holds `resource` under `token`, as ordered
+    /// by `by` (this peer, or an admin peer): the application gets [`Event::Revoked`]
+    /// and the lock is released. Returns whether such an acquisition was held here.
+    pub fn revoke(&mut self, resource: &str, token: u64, by: PeerId) -> bool {
+        let found = self
+            .acquisitions
+            .iter()
+            .find(|(_, a)| a.resource == resource && a.client.phase() == Phase::Holding && a.client.token() == token);
+        let Some((&id, _)) = found else { return false };
+        tracing::warn!(%resource, token, %by, "lock revoked by an operator");
+        self.counters.revoked += 1;
+        self.events.push_back(Event::Revoked { id, resource: resource.to_owned(), token, by });
+        self.release(id);
+        true
+    }
+
+    /// The state of replica `index` of `resource` here (idle if not hosted).
+    fn replica_state(&self, resource: &str, index: u16) -> wire::ReplicaState {
+        let Some(r) = self.replicas.get(&(resource.to_owned(), index)) else {
+            return wire::ReplicaState::default();
+        };
+        let now = self.clock.now();
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let left = |t: Option<Time>| t.map_or(0, |t| ms(t.saturating_sub(now)));
+        wire::ReplicaState {
+            owner: r.owner().map(|(ts, stamp)| (*ts, stamp, left(r.lease_until()))),
+            queue: r.queue().take(wire::MAX_INSPECT_QUEUE).copied().collect(),
+            queue_len: u32::try_from(r.queue_len()).unwrap_or(u32::MAX),
+            held_back_ms: left(r.holding_grants_until()),
+        }
+    }
+
+    /// Answers a [`Request::Holding`] or [`Request::Revoke`] from `peer` (this peer for
+    /// the local application).
+    fn answer_operator(&mut self, peer: PeerId, request: Request) -> Reply {
+        if let Err(r) = request.validate() {
+            return Reply::Rejected(r);
+        }
+        match request {
+            Request::Holding { resource, counter } => {
+                let ts = Timestamp::new(counter, self.local);
+                let info = self.by_ts.get(&ts).and_then(|id| self.acquisition(*id)).filter(|a| a.resource == resource);
+                Reply::Holding(info.map(|a| wire::HoldingState {
+                    held: a.phase == Phase::Holding,
+                    token: a.token,
+                    valid_for_ms: a.valid_until.map_or(0, |t| {
+                        u64::try_from(t.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(u64::MAX)
+                    }),
+                    votes: u16::try_from(a.votes).unwrap_or(u16::MAX),
+                }))
+            }
+            Request::Revoke { resource, token } => {
+                if peer != self.local && !self.config.admin.allows(&peer) {
+                    Reply::Rejected(Rejection::NotAllowed)
+                } else if self.revoke(&resource, token, peer) {
+                    Reply::Ack
+                } else {
+                    Reply::Rejected(Rejection::NotHolder)
+                }
+            }
+            _ => Reply::Rejected(Rejection::BadIndex),
+        }
+    }
+
+    fn send_survey(&mut self, resource: String, n: u16, index: u16, probe: ProbeId, hops: u8) {
         let mut host = self.host(&resource, index);
         if host == self.local {
             if let Some(closer) = self.closer_live_peer(&resource, index) {
@@ -1139,26 +1334,54 @@ impl Behaviour {
                 host = closer;
             }
         }
+        let inspect = matches!(self.probes.get(&probe).map(|p| &p.kind), Some(ProbeKind::Inspect(_)));
         if host == self.local {
-            self.probe_answered(probe, index, true);
+            let reply = if inspect { Reply::Replica(self.replica_state(&resource, index)) } else { Reply::Ack };
+            self.probe_answered(probe, index, host, Some(reply));
             return;
         }
-        let request = Request::Ping { resource: resource.clone(), index, n };
+        let request = if inspect {
+            Request::Inspect { resource: resource.clone(), index, n }
+        } else {
+            Request::Ping { resource: resource.clone(), index, n }
+        };
         let id = self.inner.rr.send_request(&host, request);
         self.pending.insert(id, Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops });
     }
 
-    fn probe_answered(&mut self, id: ProbeId, index: u16, ok: bool) {
+    /// Records the answer of `host` (`None`: no answer) for replica `index`.
+    fn probe_answered(&mut self, id: ProbeId, index: u16, host: PeerId, reply: Option<Reply>) {
         let Some(p) = self.probes.get_mut(&id) else { return };
-        if let Some(slot) = p.rtts.get_mut(usize::from(index)) {
-            if ok {
-                *slot = Some(p.started.elapsed());
+        let i = usize::from(index);
+        match &mut p.kind {
+            ProbeKind::Ping(rtts) => {
+                if let (Some(slot), Some(Reply::Ack)) = (rtts.get_mut(i), &reply) {
+                    *slot = Some(p.started.elapsed());
+                }
+            }
+            ProbeKind::Inspect(answers) => {
+                if let Some(slot) = answers.get_mut(i) {
+                    *slot = match reply {
+                        Some(Reply::Replica(state)) => ReplicaAnswer::State { host, state },
+                        Some(Reply::Rejected(reason)) => ReplicaAnswer::Refused { host, reason },
+                        _ => ReplicaAnswer::NoAnswer { host },
+                    };
+                }
+            }
+            ProbeKind::Ask => {
+                self.probes.remove(&id);
+                self.events.push_back(Event::Answered { id, reply });
+                return;
             }
         }
         p.outstanding = p.outstanding.saturating_sub(1);
         if p.outstanding == 0 {
             if let Some(p) = self.probes.remove(&id) {
-                self.events.push_back(Event::Probed { id, rtts: p.rtts });
+                self.events.push_back(match p.kind {
+                    ProbeKind::Ping(rtts) => Event::Probed { id, rtts },
+                    ProbeKind::Inspect(replicas) => Event::Inspected { id, replicas },
+                    ProbeKind::Ask => unreachable!("answered above"),
+                });
             }
         }
     }
@@ -1381,26 +1604,23 @@ impl Behaviour {
                 }
                 Request::Replica { .. } if !self.membership.serving() => Reply::Rejected(Rejection::NotServing),
                 Request::Replica { .. } if !self.take_token(peer) => Reply::Rejected(Rejection::RateLimited),
-                Request::Replica { resource, index, msg, .. } => {
-                    if let Some(closer) = self.closer_live_peer(&resource, index) {
-                        self.counters.redirects_sent += 1;
-                        let mut addrs: Vec<Multiaddr> = Vec::new();
-                        for b in self.inner.kad.kbuckets() {
-                            for e in b.iter() {
-                                if *e.node.key.preimage() == closer {
-                                    addrs.extend(e.node.value.iter().cloned());
-                                }
-                            }
-                        }
-                        addrs.truncate(wire::MAX_REDIRECT_ADDRS);
-                        Reply::Redirect { peer: closer, addrs }
-                    } else {
-                        match self.handle_replica(peer, &resource, index, msg) {
-                            Ok(responses) => Reply::Responses(responses),
-                            Err(r) => Reply::Rejected(r),
-                        }
-                    }
+                Request::Replica { resource, index, msg, .. } => match self.closer_live_peer(&resource, index) {
+                    Some(closer) => self.redirect(closer),
+                    None => match self.handle_replica(peer, &resource, index, msg) {
+                        Ok(responses) => Reply::Responses(responses),
+                        Err(r) => Reply::Rejected(r),
+                    },
+                },
+                Request::Inspect { .. } | Request::Holding { .. } | Request::Revoke { .. }
+                    if !self.take_token(peer) =>
+                {
+                    Reply::Rejected(Rejection::RateLimited)
                 }
+                Request::Inspect { resource, index, .. } => match self.closer_live_peer(&resource, index) {
+                    Some(closer) => self.redirect(closer),
+                    None => Reply::Replica(self.replica_state(&resource, index)),
+                },
+                request @ (Request::Holding { .. } | Request::Revoke { .. }) => self.answer_operator(peer, request),
                 Request::Ping { resource, index, .. } => match self.closer_live_peer(&resource, index) {
                     Some(closer) => {
                         self.counters.redirects_sent += 1;
@@ -1432,16 +1652,34 @@ impl Behaviour {
         let _ = self.inner.rr.send_response(channel, reply);
     }
 
+    /// A redirect to `closer`, with the addresses this peer knows for it.
+    fn redirect(&mut self, closer: PeerId) -> Reply {
+        self.counters.redirects_sent += 1;
+        let mut addrs: Vec<Multiaddr> = Vec::new();
+        for b in self.inner.kad.kbuckets() {
+            for e in b.iter() {
+                if *e.node.key.preimage() == closer {
+                    addrs.extend(e.node.value.iter().cloned());
+                }
+            }
+        }
+        addrs.truncate(wire::MAX_REDIRECT_ADDRS);
+        Reply::Redirect { peer: closer, addrs }
+    }
+
     fn on_reply(&mut self, peer: PeerId, id: OutboundRequestId, reply: Reply) {
         let Some(p) = self.pending.remove(&id) else { return };
         if let Some(probe) = p.probe {
             match reply {
-                Reply::Redirect { peer: closer, .. } if p.hops < self.config.max_redirects && closer != peer => {
+                Reply::Redirect { peer: closer, addrs } if p.hops < self.config.max_redirects && closer != peer => {
+                    for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
+                        self.add_address(&closer, a);
+                    }
                     self.cache_host(&p.resource, p.index, closer);
-                    self.send_ping(p.resource, p.n, p.index, probe, p.hops + 1);
+                    self.send_survey(p.resource, p.n, p.index, probe, p.hops + 1);
                 }
-                Reply::Ack => self.probe_answered(probe, p.index, true),
-                _ => self.probe_answered(probe, p.index, false),
+                Reply::Redirect { .. } => self.probe_answered(probe, p.index, peer, None),
+                reply => self.probe_answered(probe, p.index, peer, Some(reply)),
             }
             return;
         }
@@ -1470,7 +1708,7 @@ impl Behaviour {
             Reply::Rejected(r) => {
                 tracing::debug!(%peer, reason = r.as_str(), "sigma request rejected by peer");
             }
-            Reply::Ack => {}
+            Reply::Ack | Reply::Replica(_) | Reply::Holding(_) => {}
         }
     }
 
@@ -1486,11 +1724,12 @@ impl Behaviour {
         Counters::bump(&mut self.counters.outbound_failures, kind);
         let Some(p) = self.pending.remove(&id) else { return };
         if let Some(probe) = p.probe {
-            self.probe_answered(probe, p.index, false);
+            self.probe_answered(probe, p.index, p.peer, None);
         }
         // Timeout and ConnectionClosed mean "maybe delivered": the core's timers retry,
-        // and every handler is idempotent. A host that cannot be reached is looked up.
-        if matches!(error, F::DialFailure | F::UnsupportedProtocols) {
+        // and every handler is idempotent. A host that cannot be reached is looked up
+        // (a question to one peer, `ask`, names no replica).
+        if matches!(error, F::DialFailure | F::UnsupportedProtocols) && !p.resource.is_empty() {
             self.hosts.remove(&(p.resource.clone(), p.index));
             self.routable.remove(&p.peer);
             self.lookup(&p.resource, p.index);

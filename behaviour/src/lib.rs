@@ -15,7 +15,7 @@ pub mod proto;
 pub mod wire;
 
 pub use behaviour::{
-    kad_protocol, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, BootClock, Config, Counters, Event, Inner,
-    InnerEvent, ProbeId, ReplicaInfo, ReplicaTotals, StateSizes, DEFAULT_MAX_CONCURRENT_STREAMS,
+    kad_protocol, AcquireError, AcquisitionId, AcquisitionInfo, Admin, Behaviour, BootClock, Config, Counters, Event,
+    Inner, InnerEvent, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals, StateSizes, DEFAULT_MAX_CONCURRENT_STREAMS,
     DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_PROTOCOL,
 };

@@ -8,6 +8,13 @@
 //! - [`Request::Notify`]: a replica's unsolicited RESPONSE (a promoted queue head, or the
 //!   answer to a YIELD about another owner); the reply is an acknowledgement.
 //!
+//! and three for operators, answered without changing any replica:
+//! - [`Request::Inspect`]: the state of replica `index` (owner, lease, queue), answered
+//!   with [`Reply::Replica`] or a redirect;
+//! - [`Request::Holding`]: asks a lock's holder about its acquisition (token, validity);
+//! - [`Request::Revoke`]: asks a lock's holder to give the lock up (an operator's
+//!   break-lock); the holder decides whether the sender may (see `Config::admin`).
+//!
 //! Everything here comes from remote peers and is untrusted: [`validate_resource`] and
 //! [`Request::validate`] are applied before anything reaches the core. Size limits are
 //! deliberately small: a lock message is a few dozen bytes.
@@ -21,7 +28,7 @@ use libp2p::request_response;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use serde::{Deserialize, Serialize};
 
-use crate::proto::{Response, ToReplica, MAX_REPLICAS};
+use crate::proto::{Response, Timestamp, ToReplica, MAX_REPLICAS};
 
 /// Protocol name; the version is part of it. A peer speaking another version is not
 /// offered this protocol and the exchange fails with `UnsupportedProtocols`.
@@ -35,6 +42,8 @@ pub const MAX_REPLY_BYTES: u64 = 4096;
 pub const MAX_RESOURCE_LEN: usize = 200;
 /// Most addresses sent with a redirect.
 pub const MAX_REDIRECT_ADDRS: usize = 8;
+/// Most waiters listed in a [`ReplicaState`] (the queue's length is always given).
+pub const MAX_INSPECT_QUEUE: usize = 16;
 
 /// A request between two sigma peers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +79,60 @@ pub enum Request {
         /// The RESPONSE.
         resp: Response<PeerId>,
     },
+    /// Anyone → host of replica `index`: its state, for `sigma inspect`. Answered with
+    /// [`Reply::Replica`], or a redirect like any replica message.
+    Inspect {
+        /// Resource name.
+        resource: String,
+        /// Replica index.
+        index: u16,
+        /// Number of replicas.
+        n: u16,
+    },
+    /// Anyone → the peer that took acquisition `counter`: what it is now. Answered with
+    /// [`Reply::Holding`].
+    Holding {
+        /// Resource name.
+        resource: String,
+        /// The acquisition's Lamport counter (its client is the receiver).
+        counter: u64,
+    },
+    /// Operator → the holder of `resource` under fencing `token`: give it up. The
+    /// holder's application learns it lost the lock (revoked), and the lock is released
+    /// as by its holder. Answered with `Ack`, or `Rejected(NotHolder)` /
+    /// `Rejected(NotAllowed)`.
+    Revoke {
+        /// Resource name.
+        resource: String,
+        /// The holder's fencing token.
+        token: u64,
+    },
+}
+
+/// A replica's state as its host sees it ([`Request::Inspect`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaState {
+    /// Current owner, its grant stamp, and how long its lease still runs here (ms).
+    pub owner: Option<(Timestamp<PeerId>, u64, u64)>,
+    /// The first [`MAX_INSPECT_QUEUE`] waiters, in service order.
+    pub queue: Vec<Timestamp<PeerId>>,
+    /// Waiters in all.
+    pub queue_len: u32,
+    /// How long the takeover delay still holds its grants back (ms; 0: not held).
+    pub held_back_ms: u64,
+}
+
+/// An acquisition as its own peer sees it ([`Request::Holding`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldingState {
+    /// Whether it holds the lock (else it waits).
+    pub held: bool,
+    /// Fencing token (0 while waiting).
+    pub token: u64,
+    /// How long exclusion is still guaranteed (ms; 0 while waiting).
+    pub valid_for_ms: u64,
+    /// Votes it holds.
+    pub votes: u16,
 }
 
 /// The reply to a [`Request`].
@@ -86,8 +149,14 @@ pub enum Reply {
     },
     /// The request was refused; nothing changed.
     Rejected(Rejection),
-    /// Acknowledges a [`Request::Notify`] or [`Request::Ping`].
+    /// Acknowledges a [`Request::Notify`], [`Request::Ping`] or [`Request::Revoke`].
     Ack,
+    /// The answer to [`Request::Inspect`] (a replica this peer does not have is idle:
+    /// the default state).
+    Replica(ReplicaState),
+    /// The answer to [`Request::Holding`]: `None` if the acquisition is not (or no
+    /// longer) here.
+    Holding(Option<HoldingState>),
 }
 
 /// Why a request was refused. Counted per kind in the metrics.
@@ -124,6 +193,8 @@ pub enum Rejection {
     PeerQuota,
     /// The sender sent more requests than its budget allows; retry later.
     RateLimited,
+    /// A [`Request::Revoke`] from a peer this one does not take such orders from.
+    NotAllowed,
 }
 
 impl Rejection {
@@ -144,6 +215,7 @@ impl Rejection {
             Rejection::TooManyReplicas => "too_many_replicas",
             Rejection::PeerQuota => "peer_quota",
             Rejection::RateLimited => "rate_limited",
+            Rejection::NotAllowed => "not_allowed",
         }
     }
 }
@@ -179,10 +251,13 @@ impl Request {
     /// Validates what can be checked without state.
     pub fn validate(&self) -> Result<(), Rejection> {
         match self {
-            Request::Replica { resource, index, n, .. } | Request::Ping { resource, index, n } => {
+            Request::Replica { resource, index, n, .. }
+            | Request::Ping { resource, index, n }
+            | Request::Inspect { resource, index, n } => {
                 validate_resource(resource)?;
                 validate_index(*index, *n)
             }
+            Request::Holding { resource, .. } | Request::Revoke { resource, .. } => validate_resource(resource),
             Request::Notify { resource, index, .. } => {
                 validate_resource(resource)?;
                 validate_index(*index, u16::try_from(MAX_REPLICAS).unwrap_or(u16::MAX))
@@ -196,6 +271,9 @@ impl Request {
             Request::Replica { msg, .. } => msg.kind(),
             Request::Ping { .. } => "ping",
             Request::Notify { .. } => "notify",
+            Request::Inspect { .. } => "inspect",
+            Request::Holding { .. } => "holding",
+            Request::Revoke { .. } => "revoke",
         }
     }
 }
@@ -294,6 +372,32 @@ mod tests {
         assert_eq!(validate_index(32, 32), Err(Rejection::BadIndex));
         assert_eq!(validate_index(0, 0), Err(Rejection::BadIndex));
         assert_eq!(validate_index(0, 256), Err(Rejection::BadIndex));
+    }
+
+    #[test]
+    fn a_full_inspect_reply_fits_the_reply_limit() {
+        let ts = || Timestamp::new(u64::MAX, PeerId::random());
+        let state = ReplicaState {
+            owner: Some((ts(), u64::MAX, u64::MAX)),
+            queue: (0..MAX_INSPECT_QUEUE).map(|_| ts()).collect(),
+            queue_len: u32::MAX,
+            held_back_ms: u64::MAX,
+        };
+        let reply = Reply::Replica(state);
+        let mut codec = Codec::new(Arc::default());
+        let mut io = futures::io::Cursor::new(Vec::new());
+        futures::executor::block_on(request_response::Codec::write_response(
+            &mut codec,
+            &PROTOCOL,
+            &mut io,
+            reply.clone(),
+        ))
+        .unwrap();
+        let len = io.get_ref().len();
+        assert!(len as u64 <= MAX_REPLY_BYTES, "{len} bytes");
+        io.set_position(0);
+        let back = futures::executor::block_on(request_response::Codec::read_response(&mut codec, &PROTOCOL, &mut io));
+        assert_eq!(back.unwrap(), reply, "read back through the size limit");
     }
 
     #[test]

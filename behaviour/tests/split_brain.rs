@@ -144,13 +144,13 @@ impl Net {
                     }
                     self.holders.insert(resource.clone(), (i, *id));
                 }
-                Event::Lost { id, .. } => {
+                Event::Lost { id, .. } | Event::Revoked { id, .. } => {
                     let name = &self.names[&(i, *id)];
                     if self.holders.get(name) == Some(&(i, *id)) {
                         self.holders.remove(name);
                     }
                 }
-                Event::Probed { .. } => {}
+                Event::Probed { .. } | Event::Inspected { .. } | Event::Answered { .. } => {}
             }
             let done = stop(self, i, &event);
             seen.push((i, event));

@@ -106,3 +106,31 @@ impl From<sigma_behaviour::AcquireError> for LockError {
         }
     }
 }
+
+/// Errors of [`crate::NodeHandle::revoke`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RevokeError {
+    /// The lock name is bad, or the node is stopped.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// No peer that owns a replica of the lock holds it under that token, or those that
+    /// may do not take revokes from this node.
+    #[error("lock {name} is not held under token {token} here or at any peer that owns one of its replicas{}", refused_text(.refused))]
+    NotFound {
+        /// Lock name.
+        name: String,
+        /// The token asked for.
+        token: u64,
+        /// The owners that refused (`peer: reason`), e.g. `not_allowed` when this node
+        /// is not among their `--admin-peer`s.
+        refused: Vec<String>,
+    },
+}
+
+fn refused_text(refused: &[String]) -> String {
+    if refused.is_empty() {
+        String::new()
+    } else {
+        format!("; refused by {}", refused.join(", "))
+    }
+}

@@ -7,7 +7,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{identify, Swarm};
-use sigma_behaviour::{AcquisitionId, Event, ReplicaInfo};
+use sigma_behaviour::wire::{Reply, Request};
+use sigma_behaviour::{AcquisitionId, Event, ReplicaAnswer, ReplicaInfo};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -30,6 +31,8 @@ const JOINING_RETRY: Duration = Duration::from_secs(4);
 
 /// Where a probe's round trips go (by replica index; `None`: no answer).
 pub(crate) type ProbeReply = oneshot::Sender<Result<Vec<Option<Duration>>, LockError>>;
+/// Where an inspection's answers go (by replica index).
+pub(crate) type SurveyReply = oneshot::Sender<Result<Vec<ReplicaAnswer>, LockError>>;
 
 /// A request to the event loop, with the channel for its answer.
 pub(crate) enum Command {
@@ -63,6 +66,17 @@ pub(crate) enum Command {
         name: String,
         n: Option<usize>,
         reply: ProbeReply,
+    },
+    /// Asks the hosts of all of a lock's replicas for their state.
+    Survey {
+        name: String,
+        reply: SurveyReply,
+    },
+    /// Sends one operator's request (holding, revoke) to one peer, this one included.
+    Ask {
+        peer: libp2p::PeerId,
+        request: Box<Request>,
+        reply: oneshot::Sender<Option<Reply>>,
     },
     Shutdown {
         reply: oneshot::Sender<()>,
@@ -99,6 +113,10 @@ pub(crate) struct EventLoop {
     waiting: HashMap<AcquisitionId, Waiter>,
     /// Round-trip probes in flight.
     probes: HashMap<sigma_behaviour::ProbeId, ProbeReply>,
+    /// Inspections in flight.
+    surveys: HashMap<sigma_behaviour::ProbeId, SurveyReply>,
+    /// Operator's questions in flight.
+    asks: HashMap<sigma_behaviour::ProbeId, oneshot::Sender<Option<Reply>>>,
     deadlines: BTreeSet<(Instant, AcquisitionId)>,
     held: HashMap<AcquisitionId, Held>,
     last_tokens: HashMap<String, u64>,
@@ -125,6 +143,8 @@ impl EventLoop {
             sender,
             waiting: HashMap::new(),
             probes: HashMap::new(),
+            surveys: HashMap::new(),
+            asks: HashMap::new(),
             deadlines: BTreeSet::new(),
             held: HashMap::new(),
             last_tokens: HashMap::new(),
@@ -214,6 +234,18 @@ impl EventLoop {
                     let _ = reply.send(Err(e.into()));
                 }
             },
+            Command::Survey { name, reply } => match self.sigma().inspect(&name, None) {
+                Ok(id) => {
+                    self.surveys.insert(id, reply);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e.into()));
+                }
+            },
+            Command::Ask { peer, request, reply } => {
+                let id = self.sigma().ask(peer, *request);
+                self.asks.insert(id, reply);
+            }
             Command::Shutdown { reply } => {
                 // Handled in `run`.
                 let _ = reply.send(());
@@ -346,6 +378,23 @@ impl EventLoop {
                 if let Some(reply) = self.probes.remove(&id) {
                     let _ = reply.send(Ok(rtts));
                 }
+            }
+            Event::Inspected { id, replicas } => {
+                if let Some(reply) = self.surveys.remove(&id) {
+                    let _ = reply.send(Ok(replicas));
+                }
+            }
+            Event::Answered { id, reply } => {
+                if let Some(tx) = self.asks.remove(&id) {
+                    let _ = tx.send(reply);
+                }
+            }
+            Event::Revoked { id, resource, token, by } => {
+                if let Some(h) = self.held.get(&id) {
+                    tracing::warn!(lock = %resource, token, %by, %id, "lock revoked by an operator");
+                    h.state.send_modify(|s| s.lost = true);
+                }
+                self.release(id);
             }
             Event::Lost { id, reason } => {
                 if let Some(h) = self.held.get(&id) {

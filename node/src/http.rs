@@ -11,7 +11,10 @@
 //! | --- | --- | --- |
 //! | `POST /v1/locks/{name}/acquire?timeout_ms=T&n=N&m=M` | | blocks until held: 200 [`Acquired`]; 408 on timeout; 400 bad name or quorum; 503 node stopped |
 //! | `POST /v1/locks/{name}/release` | [`ReleaseBody`] `{"token": …}` | 200 [`Released`]; 404 not held under that token |
+//! | `POST /v1/locks/{name}/keepalive` | [`ReleaseBody`] `{"token": …}` | 200 [`KeptAlive`]; 404 not held (released, lost, expired) |
 //! | `GET /v1/locks/{name}` | | 200 [`LockView`]: locks held here for HTTP clients, this peer's replicas of the lock |
+//! | `GET /v1/inspect/{name}` | | 200 [`crate::inspect::Inspection`]: the lock seen from the hosts of all its replicas (holder, token, validity, waiters and positions, each replica) |
+//! | `POST /v1/revoke/{name}` | [`ReleaseBody`] `{"token": …}` | 200 [`crate::inspect::Revoked`]: the holder gave it up; 404 not held under that token, or refused (the holder's `--admin-peer`) |
 //! | `GET /v1/status` | | 200 the node's [`crate::Status`] |
 //! | `GET /metrics` | | Prometheus / OpenMetrics text ([`crate::metrics`]) |
 //!
@@ -53,7 +56,7 @@ use tokio::task::JoinHandle;
 pub mod gate;
 
 use crate::metrics::{self, Metrics, Outcome};
-use crate::{LockError, LockGuard, LockOptions, NodeHandle};
+use crate::{LockError, LockGuard, LockOptions, NodeHandle, RevokeError};
 
 /// Why the API could not start.
 #[derive(Debug)]
@@ -498,7 +501,7 @@ async fn get_lock(State(s): State<AppState>, Path(name): Path<String>) -> Respon
         Ok(st) => st,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
-    let replicas = match s.handle.inspect(&name).await {
+    let replicas = match s.handle.hosted_replicas(&name).await {
         Ok(r) => r,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
@@ -521,6 +524,30 @@ async fn get_lock(State(s): State<AppState>, Path(name): Path<String>) -> Respon
             .collect(),
     };
     (StatusCode::OK, Json(view)).into_response()
+}
+
+async fn get_inspect(State(s): State<AppState>, Path(name): Path<String>) -> Response {
+    match s.handle.inspect(&name).await {
+        Ok(view) => (StatusCode::OK, Json(view)).into_response(),
+        Err(e @ LockError::BadName) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn post_revoke(State(s): State<AppState>, Path(name): Path<String>, body: axum::body::Bytes) -> Response {
+    let token = match serde_json::from_slice::<ReleaseBody>(&body) {
+        Ok(b) => b.token,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad revoke body (expected {{\"token\": N}}): {e}")),
+    };
+    match s.handle.revoke(&name, token).await {
+        Ok(done) => {
+            tracing::warn!(name, token, holder = %done.holder, "lock revoked through the API");
+            (StatusCode::OK, Json(done)).into_response()
+        }
+        Err(e @ RevokeError::NotFound { .. }) => error(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e @ RevokeError::Lock(LockError::BadName)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
 }
 
 async fn get_status(State(s): State<AppState>) -> Response {
@@ -586,6 +613,8 @@ async fn get_metrics(State(s): State<AppState>) -> Response {
 fn router(state: AppState, gate: gate::Gate) -> Router {
     Router::new()
         .route("/v1/locks/{*path}", get(get_lock).post(post_lock))
+        .route("/v1/inspect/{*name}", get(get_inspect))
+        .route("/v1/revoke/{*name}", axum::routing::post(post_revoke))
         .route("/v1/status", get(get_status))
         .route("/v1/admin/blocked", get(get_blocked))
         .route("/v1/admin/block", axum::routing::post(post_block))

@@ -32,11 +32,12 @@ mod event_loop;
 mod guard;
 pub mod http;
 pub mod identity;
+pub mod inspect;
 pub mod metrics;
 mod node;
 mod swarm;
 
-pub use error::{IdentityError, LockError, NodeError};
+pub use error::{IdentityError, LockError, NodeError, RevokeError};
 pub use guard::LockGuard;
 pub use node::{Libp2pMetrics, LockOptions, Node, NodeConfig, NodeHandle, Status};
 pub use swarm::{NodeBehaviour, NodeBehaviourEvent, IDENTIFY_INTERVAL, IDENTIFY_PROTOCOL};

@@ -15,7 +15,9 @@ use clap::{Args, Parser, Subcommand};
 use libp2p::multiaddr::Protocol;
 use libp2p::Multiaddr;
 use prometheus_client::registry::Registry;
+use reqwest::StatusCode;
 use sigma_node::http::{self, Acquired, Api, ErrorBody, KeptAlive, ReleaseBody, DEFAULT_API};
+use sigma_node::inspect::Inspection;
 use sigma_node::metrics::Metrics;
 use sigma_node::{Node, NodeConfig};
 use tokio::signal::unix::{signal, SignalKind};
@@ -73,6 +75,16 @@ enum Cmd {
     Status(StatusArgs),
     /// List the locks this peer holds (with their fencing tokens) and waits for.
     Locks(StatusArgs),
+    /// Show a lock as the whole swarm sees it: the holder (fencing token, validity), the
+    /// waiters with their places in line, and each replica as its host answered.
+    /// Changes nothing. Exit status 69 if the daemon cannot be reached.
+    Inspect(InspectArgs),
+    /// An operator's break-lock: the holder of NAME under fencing token --token gives
+    /// it up, wherever it runs (its command, if `sigma lock` holds it, is stopped as for
+    /// a lost lock), and the next waiter gets it. A remote holder obeys only if its
+    /// daemon lists this one with --admin-peer. Exit status 0 when revoked, 1 if no
+    /// holder has that token (or it refused), 69 if the daemon cannot be reached.
+    Release(ReleaseArgs),
     /// Print a shell completion script, e.g. `sigma completions bash >
     /// /etc/bash_completion.d/sigma` (bash, zsh, fish, elvish, powershell).
     Completions {
@@ -143,6 +155,26 @@ struct RunArgs {
     /// Requests per second one remote peer may send (token bucket, burst twice that).
     #[arg(long, value_name = "N", default_value_t = 20_000, env = "SIGMA_PEER_RATE")]
     peer_rate: u32,
+    /// A peer whose operator may revoke the locks held through this one (`sigma
+    /// release NAME --token T` run there); repeatable, or `any` for every peer of the
+    /// swarm. Default: none (only this node's own API may).
+    #[arg(long, value_name = "PEER_ID|any", value_delimiter = ',', env = "SIGMA_ADMIN_PEERS")]
+    admin_peer: Vec<String>,
+}
+
+/// The `--admin-peer` list as a policy.
+fn admin_policy(list: &[String]) -> anyhow::Result<sigma_behaviour::Admin> {
+    if list.is_empty() {
+        return Ok(sigma_behaviour::Admin::Nobody);
+    }
+    if list.iter().any(|p| p == "any") {
+        return Ok(sigma_behaviour::Admin::Any);
+    }
+    let peers = list
+        .iter()
+        .map(|p| p.parse::<libp2p::PeerId>().map_err(|e| fail(EXIT_USAGE, format!("--admin-peer {p}: {e}"))))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(sigma_behaviour::Admin::Peers(peers))
 }
 
 #[derive(Args, Debug)]
@@ -191,6 +223,29 @@ struct ApiArgs {
     /// File holding the API's bearer token (the daemon's --api-token-file).
     #[arg(long, value_name = "PATH", env = "SIGMA_API_TOKEN_FILE")]
     api_token_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct InspectArgs {
+    /// Lock name.
+    name: String,
+    #[command(flatten)]
+    api: ApiArgs,
+    /// Print the daemon's JSON answer.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ReleaseArgs {
+    /// Lock name.
+    name: String,
+    /// The holder's fencing token (from `sigma inspect NAME`, or the holder's
+    /// SIGMA_FENCING_TOKEN).
+    #[arg(long)]
+    token: u64,
+    #[command(flatten)]
+    api: ApiArgs,
 }
 
 #[derive(Args, Debug)]
@@ -310,6 +365,8 @@ fn main() -> ExitCode {
             Cmd::Lock(args) => lock(args).await,
             Cmd::Status(args) => status(args).await,
             Cmd::Locks(args) => locks(args).await,
+            Cmd::Inspect(args) => inspect(args).await,
+            Cmd::Release(args) => release_cmd(args).await,
             Cmd::Completions { .. } | Cmd::Man => Ok(0),
         }
     });
@@ -360,7 +417,8 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         .with_takeover_delay(args.takeover_delay)
         .with_membership_window(args.membership_window)
         .with_ping(args.ping_interval, args.ping_timeout)
-        .with_limits(args.max_replicas, args.max_replicas_per_peer, (args.peer_rate, args.peer_rate.saturating_mul(2)));
+        .with_limits(args.max_replicas, args.max_replicas_per_peer, (args.peer_rate, args.peer_rate.saturating_mul(2)))
+        .with_admin(admin_policy(&args.admin_peer)?);
 
     // One registry for /metrics: libp2p's metrics (prefix libp2p_), recorded by the
     // node's event loop from the swarm's events, and ours (sigma_).
@@ -576,6 +634,54 @@ async fn locks(args: StatusArgs) -> anyhow::Result<u8> {
     }
     print!("{}", render_locks(&held, &waiting));
     Ok(0)
+}
+
+// ---------------------------------------------------------------------------------
+// sigma inspect, sigma release
+
+async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
+    init_tracing("warn");
+    let (api, client) = args.api.connect()?;
+    let resp = client
+        .get(format!("http://{api}/v1/inspect/{}", encode_name(&args.name)))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .map_err(|e| unreachable(api, e))?;
+    match resp.status() {
+        s if s.is_success() => {}
+        StatusCode::BAD_REQUEST => return Err(fail(EXIT_USAGE, format!("inspect: {}", error_text(resp).await))),
+        _ => return Err(fail(EXIT_UNAVAILABLE, format!("inspect: {}", error_text(resp).await))),
+    }
+    let view: Inspection = resp.json().await.context("inspect: bad JSON from the daemon")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    } else {
+        print!("{}", view.render());
+    }
+    Ok(0)
+}
+
+async fn release_cmd(args: ReleaseArgs) -> anyhow::Result<u8> {
+    init_tracing("warn");
+    let (api, client) = args.api.connect()?;
+    let resp = client
+        .post(format!("http://{api}/v1/revoke/{}", encode_name(&args.name)))
+        .json(&ReleaseBody { token: args.token })
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .map_err(|e| unreachable(api, e))?;
+    match resp.status() {
+        s if s.is_success() => {
+            let done: sigma_node::inspect::Revoked = resp.json().await.context("release: bad JSON from the daemon")?;
+            println!("revoked {} token {} (held through peer {})", done.name, done.token, done.holder);
+            Ok(0)
+        }
+        StatusCode::NOT_FOUND => Err(fail(1, format!("release: {}", error_text(resp).await))),
+        StatusCode::BAD_REQUEST => Err(fail(EXIT_USAGE, format!("release: {}", error_text(resp).await))),
+        _ => Err(fail(EXIT_UNAVAILABLE, format!("release: {}", error_text(resp).await))),
+    }
 }
 
 /// One line per lock: `held NAME token T` or `waiting NAME`.

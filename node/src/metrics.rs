@@ -20,6 +20,7 @@
 //! | `sigma_messages_rejected_total` | counter | `reason` |
 //! | `sigma_inbound_failures_total`, `sigma_outbound_failures_total` | counter | `kind` |
 //! | `sigma_acquisitions_total`, `sigma_acquired_total`, `sigma_lost_total` | counter | |
+//! | `sigma_revoked_total` | counter | held locks revoked by an operator (`sigma release --token`) |
 //! | `sigma_completed_total`, `sigma_completed_messages_total` | counter | messages per CS entry = their ratio |
 //! | `sigma_acquire_duration_seconds` | histogram | `outcome` |
 //! | `sigma_http_locks_held` | gauge | |
@@ -301,6 +302,7 @@ impl Collector for CounterCollector {
         counter(&mut e, "acquisitions", "Acquisitions started on this peer", c.acquisitions)?;
         counter(&mut e, "acquired", "Acquisitions that won the lock", c.acquired)?;
         counter(&mut e, "lost", "Acquisitions that lost the lock while holding it", c.lost)?;
+        counter(&mut e, "revoked", "Held locks revoked by an operator", c.revoked)?;
         counter(&mut e, "completed", "Acquisitions that won and finished", c.completed)?;
         counter(
             &mut e,

@@ -12,10 +12,12 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::error::{LockError, NodeError};
+use crate::error::{LockError, NodeError, RevokeError};
 use crate::event_loop::{Command, EventLoop};
 use crate::guard::LockGuard;
+use crate::inspect::{self, Inspection, Revoked};
 use crate::{identity, swarm};
+use sigma_behaviour::wire::{Reply, Request};
 
 /// Capacity of the command queue between handles and the event loop.
 const COMMAND_QUEUE: usize = 1024;
@@ -237,7 +239,8 @@ impl Node {
         event_loop.bootstrap_peers = bootstrap_peers;
         let task = tokio::spawn(event_loop.run());
         tracing::info!(peer = %local, "sigma node started");
-        let handle = NodeHandle { commands, peer_id: local, try_lock_timeout: config.try_lock_timeout };
+        let quorum = (config.behaviour.protocol().n(), config.behaviour.protocol().m());
+        let handle = NodeHandle { commands, peer_id: local, try_lock_timeout: config.try_lock_timeout, quorum };
         Ok(Node { handle, listen_addrs, task: Some(task) })
     }
 
@@ -317,6 +320,8 @@ pub struct NodeHandle {
     commands: mpsc::Sender<Command>,
     peer_id: PeerId,
     try_lock_timeout: Duration,
+    /// The swarm's replica count and quorum (n, m).
+    quorum: (usize, usize),
 }
 
 impl NodeHandle {
@@ -373,7 +378,7 @@ impl NodeHandle {
     }
 
     /// The replicas of lock `name` hosted by this node.
-    pub async fn inspect(&self, name: &str) -> Result<Vec<sigma_behaviour::ReplicaInfo>, NodeError> {
+    pub async fn hosted_replicas(&self, name: &str) -> Result<Vec<sigma_behaviour::ReplicaInfo>, NodeError> {
         let name = name.to_owned();
         self.ask(|reply| Command::Inspect { name, reply }).await
     }
@@ -381,6 +386,68 @@ impl NodeHandle {
     /// The behaviour's counters and the totals of the hosted replicas' counters.
     pub async fn counters(&self) -> Result<(sigma_behaviour::Counters, sigma_behaviour::ReplicaTotals), NodeError> {
         self.ask(|reply| Command::Counters { reply }).await
+    }
+
+    /// The lock as the whole swarm sees it: the state of each of its replicas at its
+    /// host, the holder (the acquisition owning m replicas) with its own answer (fencing
+    /// token, validity), and the waiters with their places in line. Changes nothing.
+    pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
+        let (reply, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Survey { name: name.to_owned(), reply })
+            .await
+            .map_err(|_| LockError::NodeStopped)?;
+        let answers = rx.await.map_err(|_| LockError::NodeStopped)??;
+        let inspection = inspect::gather(name, self.quorum.1, &answers);
+        let Some(holder) = &inspection.holder else { return Ok(inspection) };
+        let Ok(peer) = holder.acquisition.peer.parse::<PeerId>() else { return Ok(inspection) };
+        let request = Request::Holding { resource: name.to_owned(), counter: holder.acquisition.counter };
+        let holding = match self.ask_peer(peer, request).await? {
+            Some(Reply::Holding(h)) => h,
+            _ => None,
+        };
+        Ok(inspection.with_holding(holding.as_ref()))
+    }
+
+    /// An operator's break-lock: makes the holder of lock `name` under fencing `token`
+    /// give it up, wherever it is. Held through this node, it is revoked here; else the
+    /// peers that own its replicas are asked, and the holder revokes it if it takes
+    /// such orders from this node (`sigma run --admin-peer`). The holder's application
+    /// learns the lock was lost; the next waiter gets it.
+    pub async fn revoke(&self, name: &str, token: u64) -> Result<Revoked, RevokeError> {
+        sigma_behaviour::wire::validate_resource(name).map_err(|_| RevokeError::Lock(LockError::BadName))?;
+        let request = Request::Revoke { resource: name.to_owned(), token };
+        if let Some(Reply::Ack) = self.ask_peer(self.peer_id, request.clone()).await? {
+            return Ok(Revoked { name: name.to_owned(), token, holder: self.peer_id.to_string() });
+        }
+        let inspection = self.inspect(name).await?;
+        let mut owners: Vec<&str> =
+            inspection.replicas.iter().filter_map(|r| r.owner.as_ref()).map(|o| o.peer.as_str()).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        let mut refused = Vec::new();
+        for owner in owners {
+            let Ok(peer) = owner.parse::<PeerId>() else { continue };
+            if peer == self.peer_id {
+                continue;
+            }
+            match self.ask_peer(peer, request.clone()).await? {
+                Some(Reply::Ack) => return Ok(Revoked { name: name.to_owned(), token, holder: owner.to_owned() }),
+                Some(Reply::Rejected(sigma_behaviour::wire::Rejection::NotHolder)) => {}
+                Some(Reply::Rejected(r)) => refused.push(format!("{owner}: {}", r.as_str())),
+                _ => refused.push(format!("{owner}: no answer")),
+            }
+        }
+        Err(RevokeError::NotFound { name: name.to_owned(), token, refused })
+    }
+
+    async fn ask_peer(&self, peer: PeerId, request: Request) -> Result<Option<Reply>, LockError> {
+        let (reply, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Ask { peer, request: Box::new(request), reply })
+            .await
+            .map_err(|_| LockError::NodeStopped)?;
+        rx.await.map_err(|_| LockError::NodeStopped)
     }
 
     /// Releases a lock held through this node, named by lock name and fencing token

@@ -20,7 +20,7 @@ async fn three() -> (Vec<Node>, Vec<NodeHandle>) {
 /// True when no replica of `name` on any node has `peer` as owner or waiter.
 async fn forgotten(handles: &[NodeHandle], name: &str, peer: sigma_node::libp2p::PeerId) -> bool {
     for h in handles {
-        for r in h.inspect(name).await.unwrap() {
+        for r in h.hosted_replicas(name).await.unwrap() {
             if r.owner.is_some_and(|(p, _, _)| p == peer) || r.queue.iter().any(|(p, _)| *p == peer) {
                 return false;
             }
@@ -122,7 +122,7 @@ async fn lease_is_renewed_while_held_and_lost_on_shutdown() {
     assert!(matches!(h[0].status().await, Err(sigma_node::NodeError::Stopped)));
     // The lock was released before the node stopped: no replica left names it.
     for other in &h[1..] {
-        for r in other.inspect("api/renew").await.unwrap() {
+        for r in other.hosted_replicas("api/renew").await.unwrap() {
             assert!(r.owner.is_none_or(|(p, _, _)| p != h[0].peer_id()), "replica {} still owned: {r:?}", r.index);
         }
     }

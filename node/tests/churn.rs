@@ -62,7 +62,7 @@ async fn dump(handles: &[NodeHandle], name: &str) {
             status.routable_peers,
             status.locks_waiting
         );
-        for r in h.inspect(name).await.unwrap_or_default() {
+        for r in h.hosted_replicas(name).await.unwrap_or_default() {
             eprintln!("  replica {}: owner {:?} queue {:?}", r.index, r.owner, r.queue);
         }
         if let Ok((c, t)) = h.counters().await {
@@ -124,7 +124,7 @@ async fn locks_keep_being_granted_through_churn() {
     }
     let started = Instant::now();
     progress(&checker, "before any fault", &all_handles(&nodes), &name).await;
-    let hosted = handles[4].inspect(&name).await.unwrap().len();
+    let hosted = handles[4].hosted_replicas(&name).await.unwrap().len();
     assert!(hosted > N - M, "victim hosts {hosted} replicas");
 
     // Fault 1: a replica host shuts down.
@@ -144,7 +144,7 @@ async fn locks_keep_being_granted_through_churn() {
     nodes[4] = Some(back);
     progress(&checker, "replica host restarted", &all_handles(&nodes), &name).await;
     common::wait_for("the restarted node to host its replicas again", Duration::from_secs(20), || async {
-        back_handle.inspect(&name).await.unwrap().len() > N - M
+        back_handle.hosted_replicas(&name).await.unwrap().len() > N - M
     })
     .await;
     let (counters, _) = back_handle.counters().await.unwrap();

@@ -482,3 +482,60 @@ async fn admin(api: &str, action: &str, peers: Vec<String>) -> Value {
     assert!(resp.status().is_success(), "{action}: {}", resp.status());
     resp.json::<Value>().await.unwrap()
 }
+
+/// `sigma inspect` on any daemon shows the holder and its token; `sigma release NAME
+/// --token T` there breaks the lock held through another daemon that takes orders from
+/// any peer (`--admin-peer any`): the holding `sigma lock` stops its command as for a
+/// lost lock (exit 76). A token nobody holds is an error (exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_release_from_another_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = daemon_with(dir.path(), "a", &[], &["--admin-peer", "any"]).await;
+    let boot = vec![a.listen[0].clone()];
+    let b = daemon(dir.path(), "b", &boot).await;
+    let c = daemon(dir.path(), "c", &boot).await;
+    for d in [&a, &b, &c] {
+        let url = format!("http://{}/v1/status", d.api);
+        eventually("every daemon to be ready", || {
+            let url = url.clone();
+            async move { get_json(&url).await["ready"].as_bool() == Some(true) }
+        })
+        .await;
+    }
+    let marker = dir.path().join("holding");
+    let script = format!("touch {}; exec sleep 30", marker.display());
+    let holder = lock_cmd_with(&a.api, "broken", &["--grace", "1s"], &script).spawn().unwrap();
+    eventually("sigma lock to hold the lock", || {
+        let marker = marker.clone();
+        async move { marker.exists() }
+    })
+    .await;
+
+    let out = Command::new(SIGMA).args(["inspect", "broken", "--api", &c.api, "--json"]).output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view["holder"]["acquisition"]["peer"].as_str(), Some(a.peer_id.to_string().as_str()), "{view}");
+    let token = view["holder"]["token"].as_u64().expect("the holder's token");
+    let out = Command::new(SIGMA).args(["inspect", "broken", "--api", &c.api]).output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains(&format!("token {token}")), "{text}");
+
+    let out = Command::new(SIGMA)
+        .args(["release", "broken", "--token", &token.to_string(), "--api", &c.api])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("revoked broken token {token}")));
+    let status = tokio::time::timeout(PATIENCE, holder.wait_with_output()).await.unwrap().unwrap();
+    assert_eq!(status.status.code(), Some(76), "{}", String::from_utf8_lossy(&status.stderr));
+
+    let out = Command::new(SIGMA)
+        .args(["release", "broken", "--token", &token.to_string(), "--api", &b.api])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = lock_cmd_with(&b.api, "broken", &["--try"], "echo ran").output().await.unwrap();
+    assert!(out.status.success(), "free after the revoke: {}", String::from_utf8_lossy(&out.stderr));
+}

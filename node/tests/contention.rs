@@ -55,7 +55,7 @@ async fn sixteen_tasks_on_eight_nodes_take_turns() {
         let s = h.status().await.unwrap();
         assert!(s.locks_held.is_empty() && s.locks_waiting.is_empty(), "{s:?}");
         assert_eq!(s.token_regressions, 0);
-        hosted += h.inspect("contended").await.unwrap().len();
+        hosted += h.hosted_replicas("contended").await.unwrap().len();
     }
     assert_eq!(hosted, 16, "each of the 16 replicas hosted exactly once");
     for node in nodes {

@@ -33,7 +33,7 @@ async fn waiter_wins_within_about_one_lease_after_the_holder_vanishes() {
         let mut queued = 0;
         for h in &handles {
             queued += h
-                .inspect("vanish")
+                .hosted_replicas("vanish")
                 .await
                 .unwrap()
                 .iter()

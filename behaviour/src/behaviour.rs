@@ -404,6 +404,9 @@ pub struct AcquisitionInfo {
     pub token: u64,
     /// Votes held.
     pub votes: usize,
+    /// Place in line ([`Client::position`]): 0 when holding, k when it would win at
+    /// the k-th turn; `None` until m replicas have answered.
+    pub position: Option<u32>,
     /// Exclusion guaranteed until then, when holding.
     pub valid_until: Option<Instant>,
 }
@@ -1053,6 +1056,7 @@ impl Behaviour {
             phase: a.client.phase(),
             token: a.client.token(),
             votes: a.client.votes(),
+            position: a.client.position(),
             valid_until: a.client.valid_until().filter(|_| holding).map(|t| self.clock.instant(t)),
         })
     }

@@ -14,7 +14,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::error::LockError;
 use crate::guard::{GuardState, LockGuard};
-use crate::node::Status;
+use crate::node::{Status, WaitingLock};
 use crate::swarm::{NodeBehaviour, NodeBehaviourEvent};
 
 /// Lock names whose last token this node remembers (to count regressions).
@@ -285,6 +285,19 @@ impl EventLoop {
         locks_held.sort();
         let mut locks_waiting: Vec<String> = self.waiting.values().map(|w| w.name.clone()).collect();
         locks_waiting.sort();
+        let mut waiting: Vec<WaitingLock> = self
+            .waiting
+            .iter()
+            .map(|(id, w)| {
+                let info = sigma.acquisition(*id);
+                WaitingLock {
+                    name: w.name.clone(),
+                    position: info.as_ref().and_then(|a| a.position),
+                    votes: info.map_or(0, |a| a.votes),
+                }
+            })
+            .collect();
+        waiting.sort_by(|a, b| (&a.name, a.position).cmp(&(&b.name, b.position)));
         let mut connected_peers: Vec<_> = self.swarm.connected_peers().copied().collect();
         connected_peers.sort();
         let readiness = sigma.readiness();
@@ -299,6 +312,7 @@ impl EventLoop {
             state: sizes,
             locks_held,
             locks_waiting,
+            waiting,
             token_regressions: self.token_regressions,
             ready: readiness == sigma_behaviour::Readiness::Serving,
             readiness: readiness.as_str(),

@@ -39,7 +39,7 @@ mod swarm;
 
 pub use error::{IdentityError, LockError, NodeError, RevokeError};
 pub use guard::LockGuard;
-pub use node::{Libp2pMetrics, LockOptions, Node, NodeConfig, NodeHandle, Status};
+pub use node::{Libp2pMetrics, LockOptions, Node, NodeConfig, NodeHandle, Status, WaitingLock};
 pub use swarm::{NodeBehaviour, NodeBehaviourEvent, IDENTIFY_INTERVAL, IDENTIFY_PROTOCOL};
 
 /// The crates this one is built on, for applications that embed [`NodeBehaviour`].

@@ -627,7 +627,7 @@ async fn status(args: StatusArgs) -> anyhow::Result<u8> {
 async fn locks(args: StatusArgs) -> anyhow::Result<u8> {
     let v = fetch_status(&args.api, "locks").await?;
     let held = v.get("locks_held").cloned().unwrap_or_default();
-    let waiting = v.get("locks_waiting").cloned().unwrap_or_default();
+    let waiting = v.get("waiting").cloned().unwrap_or_default();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "held": held, "waiting": waiting }))?);
         return Ok(0);
@@ -684,7 +684,7 @@ async fn release_cmd(args: ReleaseArgs) -> anyhow::Result<u8> {
     }
 }
 
-/// One line per lock: `held NAME token T` or `waiting NAME`.
+/// One line per lock: `held NAME token T` or `waiting NAME position P (V votes)`.
 fn render_locks(held: &serde_json::Value, waiting: &serde_json::Value) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -694,7 +694,9 @@ fn render_locks(held: &serde_json::Value, waiting: &serde_json::Value) -> String
         }
     }
     for w in waiting.as_array().into_iter().flatten() {
-        let _ = writeln!(out, "waiting  {}", w.as_str().unwrap_or("?"));
+        let name = w["name"].as_str().unwrap_or("?");
+        let place = w["position"].as_u64().map_or_else(|| "not yet known".to_owned(), |p| p.to_string());
+        let _ = writeln!(out, "waiting  {name} position {place} ({} votes)", w["votes"].as_u64().unwrap_or(0));
     }
     if out.is_empty() {
         out.push_str("no locks held or waited for through this peer\n");
@@ -1133,6 +1135,19 @@ mod tests {
     fn names_are_one_path_segment() {
         assert_eq!(encode_name("orders/42"), "orders%2F42");
         assert_eq!(encode_name("a.b_c-d"), "a.b_c-d");
+    }
+
+    #[test]
+    fn locks_render_with_places_in_line() {
+        let held = serde_json::json!([["orders/42", 7]]);
+        let waiting = serde_json::json!([
+            {"name": "a", "position": 2, "votes": 3},
+            {"name": "b", "position": null, "votes": 0},
+        ]);
+        let s = render_locks(&held, &waiting);
+        assert!(s.contains("held     orders/42 token 7"), "{s}");
+        assert!(s.contains("waiting  a position 2 (3 votes)"), "{s}");
+        assert!(s.contains("waiting  b position not yet known (0 votes)"), "{s}");
     }
 
     #[test]

@@ -95,6 +95,18 @@ pub struct LockOptions {
     pub min_peers: Option<usize>,
 }
 
+/// A lock waited for through this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WaitingLock {
+    /// Lock name.
+    pub name: String,
+    /// Place in line: the turn at which m replicas would serve this waiter (1 = next);
+    /// `None` until m replicas have answered.
+    pub position: Option<u32>,
+    /// Votes it holds already.
+    pub votes: usize,
+}
+
 /// A snapshot of the node.
 #[derive(Clone, Debug, Serialize)]
 pub struct Status {
@@ -112,6 +124,8 @@ pub struct Status {
     pub locks_held: Vec<(String, u64)>,
     /// Locks being waited for through this node (one entry per waiting caller).
     pub locks_waiting: Vec<String>,
+    /// The same waits with their places in line.
+    pub waiting: Vec<WaitingLock>,
     /// Acquisitions through this node whose fencing token was not above the previous
     /// token this node saw for the same lock (should stay 0; see [`LockGuard::token`]).
     pub token_regressions: u64,

@@ -48,6 +48,10 @@ async fn inspect_from_any_node_and_revoke_only_where_the_holder_allows() {
     assert_eq!(view.waiters.len(), 1, "{view:?}");
     assert_eq!(view.waiters[0].acquisition.peer, h[1].peer_id().to_string());
     assert_eq!(view.waiters[0].position, Some(1));
+    // The waiter sees its own place in line.
+    let waits = h[1].status().await.unwrap().waiting;
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!((waits[0].name.as_str(), waits[0].position), ("ops/x", Some(1)), "{waits:?}");
     let text = view.render();
     assert!(text.contains(&format!("token {}", held.token())) && text.contains("position   1"), "{text}");
 

@@ -212,6 +212,14 @@ impl<C: Clone + Ord> Client<C> {
     pub fn views(&self) -> &[View<C>] {
         &self.views
     }
+    /// Place in line: the m-th best of this acquisition's positions at the replicas
+    /// that answered (0 = owner, k = k-th waiter), i.e. the turn at which m replicas
+    /// would be serving it; `None` until m replicas have answered.
+    pub fn position(&self) -> Option<u32> {
+        let mut known: Vec<u32> = self.views.iter().filter(|v| v.owner.is_some()).map(|v| v.position).collect();
+        known.sort_unstable();
+        known.get(self.config.m.checked_sub(1)?).copied()
+    }
     /// Counters.
     pub fn stats(&self) -> &ClientStats {
         &self.stats

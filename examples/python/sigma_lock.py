@@ -9,7 +9,7 @@ renewed by a background thread (`POST .../keepalive`) and released on leaving th
 if this process dies, the daemon releases the lock one TTL after the last renewal.
 `lock.lost` is set if a renewal finds the lock gone: stop touching the resource then.
 
-As a command: python3 sigma_lock.py [--api 127.0.0.1:7700] [--hold SECONDS] NAME
+As a command: python3 sigma_lock.py [--api 127.0.0.1:7591] [--hold SECONDS] NAME
 prints `acquired NAME token T`, holds the lock, prints `released NAME token T`.
 """
 
@@ -34,7 +34,7 @@ class SigmaError(Exception):
 class SigmaLock:
     def __init__(self, name, api=None, timeout_s=None, ttl_s=5.0, token_file=None):
         self.name = name
-        self.api = api or os.environ.get("SIGMA_API", "127.0.0.1:7700")
+        self.api = api or os.environ.get("SIGMA_API", "127.0.0.1:7591")
         self.timeout_s, self.ttl_s = timeout_s, ttl_s
         token_file = token_file or os.environ.get("SIGMA_API_TOKEN_FILE")
         self.bearer = open(token_file).read().strip() if token_file else None
@@ -110,7 +110,7 @@ class SigmaLock:
 def main():
     parser = argparse.ArgumentParser(description="Hold a sigma lock for a while.")
     parser.add_argument("name")
-    parser.add_argument("--api", default=None, help="IP:PORT of the daemon's API [$SIGMA_API or 127.0.0.1:7700]")
+    parser.add_argument("--api", default=None, help="IP:PORT of the daemon's API [$SIGMA_API or 127.0.0.1:7591]")
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to hold the lock")
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     args = parser.parse_args()

@@ -72,7 +72,7 @@ pub enum ApiError {
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ApiError::BadAddress(s) => write!(f, "bad API address {s:?}: expected IP:PORT, e.g. 127.0.0.1:7700"),
+            ApiError::BadAddress(s) => write!(f, "bad API address {s:?}: expected IP:PORT, e.g. 127.0.0.1:7591"),
             ApiError::NotLoopback(a) => write!(
                 f,
                 "refusing API address {a}: the control API has no authentication and binds to loopback only \
@@ -93,7 +93,7 @@ impl std::error::Error for ApiError {
 }
 
 /// Default API address of `sigma run` and of the client commands.
-pub const DEFAULT_API: &str = "127.0.0.1:7700";
+pub const DEFAULT_API: &str = "127.0.0.1:7591";
 
 /// Parses `IP:PORT` (or `localhost:PORT`) and checks that it is a loopback address.
 pub fn parse_loopback_addr(s: &str) -> Result<SocketAddr, ApiError> {
@@ -632,17 +632,25 @@ pub struct ApiOptions {
     pub max_in_flight: usize,
     /// If set, every request needs `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// If set, `/metrics` (and nothing else) is also served on this address, which may
+    /// be any (a remote Prometheus scrapes it): no gate, at most
+    /// [`MAX_METRICS_SCRAPES`] at once.
+    pub metrics_addr: Option<SocketAddr>,
 }
+
+/// Scrapes served at once on the metrics address; more wait.
+pub const MAX_METRICS_SCRAPES: usize = 4;
 
 impl Default for ApiOptions {
     fn default() -> Self {
-        ApiOptions { max_in_flight: gate::DEFAULT_MAX_IN_FLIGHT, token: None }
+        ApiOptions { max_in_flight: gate::DEFAULT_MAX_IN_FLIGHT, token: None, metrics_addr: None }
     }
 }
 
 /// A running control API.
 pub struct Api {
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     held: Table,
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
@@ -675,17 +683,43 @@ impl Api {
         let held: Table = Arc::default();
         let gate = gate::Gate::new(options.max_in_flight, options.token, metrics.clone());
         let state = AppState { handle, metrics, registry, held: held.clone() };
+        let metrics_listener = match options.metrics_addr {
+            Some(a) => Some(tokio::net::TcpListener::bind(a).await.map_err(ApiError::Io)?),
+            None => None,
+        };
+        let metrics_addr = match &metrics_listener {
+            Some(l) => Some(l.local_addr().map_err(ApiError::Io)?),
+            None => None,
+        };
         let (stop, stopped) = oneshot::channel::<()>();
-        let serve = axum::serve(listener, router(state, gate)).with_graceful_shutdown(async {
-            let _ = stopped.await;
+        let stopped = futures::FutureExt::shared(stopped);
+        let api_stopped = stopped.clone();
+        let serve = axum::serve(listener, router(state.clone(), gate)).with_graceful_shutdown(async move {
+            let _ = api_stopped.await;
         });
-        let task = tokio::spawn(async move { serve.await });
-        Ok(Api { addr, held, stop, task })
+        let task = tokio::spawn(async move {
+            let Some(listener) = metrics_listener else { return serve.await };
+            let metrics_only = Router::new()
+                .route("/metrics", get(get_metrics))
+                .with_state(state)
+                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_METRICS_SCRAPES));
+            let scrape = axum::serve(listener, metrics_only).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            let (a, b) = tokio::join!(serve, scrape);
+            a.and(b)
+        });
+        Ok(Api { addr, metrics_addr, held, stop, task })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The metrics address, if one was asked for ([`ApiOptions::metrics_addr`]).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// Stops accepting connections and releases the locks held for HTTP clients. Call

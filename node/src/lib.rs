@@ -10,7 +10,7 @@
 //! use sigma_node::{Node, NodeConfig};
 //!
 //! let node = Node::start(NodeConfig {
-//!     bootstrap: vec!["/ip4/10.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN".parse()?],
+//!     bootstrap: vec!["/ip4/10.0.0.1/tcp/7590/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN".parse()?],
 //!     key_file: Some("/var/lib/sigma/key".into()),
 //!     ..NodeConfig::default()
 //! })

@@ -1,7 +1,7 @@
 //! `sigma`: the peer daemon (`run`), a lock around a command (`lock`), and `status`.
 //!
 //! `lock` and `status` talk to a local daemon through its HTTP control API
-//! (`sigma_node::http`), `127.0.0.1:7700` unless `--api` or `$SIGMA_API` says otherwise.
+//! (`sigma_node::http`), `127.0.0.1:7591` unless `--api` or `$SIGMA_API` says otherwise.
 
 use std::ffi::OsString;
 use std::io::Write as _;
@@ -21,6 +21,11 @@ use sigma_node::inspect::Inspection;
 use sigma_node::metrics::Metrics;
 use sigma_node::{Node, NodeConfig};
 use tokio::signal::unix::{signal, SignalKind};
+
+mod cli {
+    pub mod config_file;
+}
+use cli::config_file;
 
 /// Exit code of `sigma lock` when the lock was not acquired within `--timeout`.
 const EXIT_TIMEOUT: u8 = 75;
@@ -97,18 +102,36 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Address to listen on for peers (repeatable).
-    #[arg(long, value_name = "MULTIADDR", num_args = 1.., default_value = "/ip4/0.0.0.0/tcp/4001")]
+    /// Read settings from this TOML file: one `flag-name = value` per option of `sigma
+    /// run` (lists as arrays), e.g. `listen = ["/ip4/0.0.0.0/tcp/7590"]`. Precedence: the
+    /// command line, then the environment (SIGMA_…), then the file.
+    #[arg(long, value_name = "PATH", env = "SIGMA_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on for peers (repeatable, or comma-separated).
+    #[arg(long, value_name = "MULTIADDR", num_args = 1.., value_delimiter = ',', default_value = DEFAULT_LISTEN, env = "SIGMA_LISTEN")]
     listen: Vec<Multiaddr>,
-    /// A peer to join through, ending with /p2p/PEER_ID (repeatable).
-    #[arg(long, value_name = "MULTIADDR", num_args = 1..)]
+    /// A peer to join through, ending with /p2p/PEER_ID (repeatable, or comma-separated).
+    #[arg(long, value_name = "MULTIADDR", num_args = 1.., value_delimiter = ',', env = "SIGMA_BOOTSTRAP")]
     bootstrap: Vec<Multiaddr>,
-    /// Persistent identity, created on first start (default: a new identity each run).
-    #[arg(long, value_name = "PATH")]
+    /// Persistent identity, created on first start [default: `key` in $STATE_DIRECTORY
+    /// (systemd), else $XDG_STATE_HOME/sigma, else ~/.local/state/sigma]. A restart keeps
+    /// the peer id others bootstrap from. Two daemons cannot share one key file.
+    #[arg(long, value_name = "PATH", env = "SIGMA_KEY_FILE")]
     key_file: Option<PathBuf>,
+    /// A new identity each run, kept nowhere (instead of the key file).
+    #[arg(long, conflicts_with = "key_file", env = "SIGMA_EPHEMERAL_KEY")]
+    ephemeral_key: bool,
     /// Control API address, loopback only; port 0 picks a free port (see SIGMA_API=).
-    #[arg(long, value_name = "IP:PORT", default_value = DEFAULT_API)]
+    #[arg(long, value_name = "IP:PORT", default_value = DEFAULT_API, env = "SIGMA_API")]
     api: String,
+    /// Also serve /metrics (only) on this address, e.g. 0.0.0.0:9590 for a remote
+    /// Prometheus; port 0 picks a free port (see SIGMA_METRICS=). /metrics is always
+    /// served on the control API as well.
+    #[arg(long, value_name = "IP:PORT", env = "SIGMA_METRICS")]
+    metrics: Option<std::net::SocketAddr>,
+    /// Log format on stderr: `text`, or `json` (one object per line, for log shippers).
+    #[arg(long, value_name = "FORMAT", default_value = "text", env = "SIGMA_LOG_FORMAT")]
+    log_format: LogFormat,
     /// Require `Authorization: Bearer <token>` on every API request, the token read from
     /// this file (created with a random token, mode 0600, if missing). For machines with
     /// several users: only those who can read the file can use the API.
@@ -119,13 +142,13 @@ struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = http::gate::DEFAULT_MAX_IN_FLIGHT, env = "SIGMA_API_MAX_REQUESTS")]
     api_max_requests: usize,
     /// Logical replicas per lock (default 32). Every peer of a swarm must agree.
-    #[arg(long, requires = "m")]
+    #[arg(long, requires = "m", env = "SIGMA_N")]
     n: Option<usize>,
     /// Votes needed to win, a strict majority of n (default 24).
-    #[arg(long, requires = "n")]
+    #[arg(long, requires = "n", env = "SIGMA_M")]
     m: Option<usize>,
     /// Lease of a vote in milliseconds (default 10000); renewals every third of it.
-    #[arg(long, value_name = "MS")]
+    #[arg(long, value_name = "MS", env = "SIGMA_LEASE_MS")]
     lease_ms: Option<u64>,
     /// Quorum diversity D: a lock is won only with votes hosted by at least D distinct
     /// peers [default: 2 once another peer is known, 1 in a one-node swarm].
@@ -217,7 +240,7 @@ struct LockArgs {
 /// How the client commands reach the local daemon's control API.
 #[derive(Args, Debug)]
 struct ApiArgs {
-    /// Control API of the local daemon [default: $SIGMA_API or 127.0.0.1:7700].
+    /// Control API of the local daemon [default: $SIGMA_API or 127.0.0.1:7591].
     #[arg(long, value_name = "IP:PORT")]
     api: Option<String>,
     /// File holding the API's bearer token (the daemon's --api-token-file).
@@ -313,12 +336,79 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn init_tracing(default: &str) {
+    init_tracing_as(LogFormat::Text, default);
+}
+
+/// Logs on stderr, filtered by RUST_LOG (else `default`), as text or JSON lines.
+fn init_tracing_as(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Default p2p listen address; the API's is 7591 (`http::DEFAULT_API`). Clear of the
+/// ports of services often run beside a peer: IPFS 4001, Meilisearch 7700, etcd
+/// 2379–2380, ZooKeeper 2181, Consul 8300–8600, Prometheus 9090, node exporter 9100.
+const DEFAULT_LISTEN: &str = "/ip4/0.0.0.0/tcp/7590";
+
+/// The default key file: `key` in systemd's $STATE_DIRECTORY (`StateDirectory=sigma`),
+/// else in $XDG_STATE_HOME/sigma, else in ~/.local/state/sigma.
+fn default_key_file() -> Option<PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let dir = env("STATE_DIRECTORY")
+        // systemd may pass several, separated by ':'; the first is ours.
+        .map(|d| PathBuf::from(d.to_string_lossy().split(':').next().unwrap_or_default()))
+        .or_else(|| env("XDG_STATE_HOME").map(|d| d.join("sigma")))
+        .or_else(|| env("HOME").map(|h| h.join(".local/state/sigma")))?;
+    Some(dir.join("key"))
+}
+
+/// Takes an exclusive lock on `KEY.lock` beside the key file, held while the returned
+/// handle lives: two daemons with one identity would be one peer to the swarm, each
+/// dropping the other's connections and replicas.
+fn lock_key_file(key: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if let Some(dir) = key.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut path = key.as_os_str().to_owned();
+    path.push(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("opening {}", PathBuf::from(&path).display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+        fail(
+            EXIT_UNAVAILABLE,
+            format!(
+                "key file {} is in use by another sigma daemon ({errno}): give each daemon its own --key-file",
+                key.display()
+            ),
+        )
+    })
 }
 
 fn main() -> ExitCode {
+    if let Err(e) = config_file::apply(std::env::args_os().collect()) {
+        eprintln!("sigma: {e:#}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // Help and version print and exit 0; a usage error exits 64 (EX_USAGE), like
@@ -391,8 +481,25 @@ fn main() -> ExitCode {
 // sigma run
 
 async fn run(args: RunArgs) -> anyhow::Result<u8> {
-    init_tracing("info");
+    init_tracing_as(args.log_format, "info");
     let api_addr = http::parse_loopback_addr(&args.api)?;
+    // The identity: the key file (default in the state directory), locked for as long
+    // as this daemon runs; or a throwaway one.
+    let (key_file, _key_lock) = if args.ephemeral_key {
+        (None, None)
+    } else {
+        let path =
+            match args.key_file.clone().or_else(default_key_file) {
+                Some(p) => p,
+                None => return Err(fail(
+                    EXIT_USAGE,
+                    "no state directory for the key file (neither STATE_DIRECTORY, XDG_STATE_HOME nor HOME is set): \
+                     give --key-file PATH or --ephemeral-key",
+                )),
+            };
+        let lock = lock_key_file(&path)?;
+        (Some(path), Some(lock))
+    };
     let token = match &args.api_token_file {
         Some(path) => Some(load_or_create_token(path).with_context(|| format!("API token file {}", path.display()))?),
         None => None,
@@ -428,14 +535,14 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let config = NodeConfig {
         listen: args.listen,
         bootstrap: args.bootstrap,
-        key_file: args.key_file,
+        key_file,
         behaviour,
         libp2p_metrics: Some(libp2p_metrics),
         ..NodeConfig::default()
     };
     let mut node = Node::start(config).await.context("cannot start the node")?;
     let handle = node.handle();
-    let api_options = http::ApiOptions { max_in_flight: args.api_max_requests, token };
+    let api_options = http::ApiOptions { max_in_flight: args.api_max_requests, token, metrics_addr: args.metrics };
     let api = match Api::bind_with(api_addr, handle.clone(), metrics, Arc::new(registry), api_options).await {
         Ok(api) => api,
         Err(e) => {
@@ -444,6 +551,9 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         }
     };
 
+    // Before anyone is told the daemon is up: a SIGTERM from then on is a clean stop.
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let peer = node.peer_id();
     let listen: Vec<Multiaddr> = node.listen_addrs().to_vec();
     {
@@ -458,14 +568,21 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
             writeln!(out, "SIGMA_LISTEN={full}")?;
         }
         writeln!(out, "SIGMA_API={}", api.local_addr())?;
+        if let Some(m) = api.metrics_addr() {
+            writeln!(out, "SIGMA_METRICS={m}")?;
+        }
         writeln!(out, "SIGMA_READY")?;
         out.flush()?;
     }
-    tracing::info!(%peer, api = %api.local_addr(), "sigma daemon ready");
+    tracing::info!(%peer, api = %api.local_addr(), metrics = ?api.metrics_addr(), "sigma daemon ready");
+    // systemd (Type=notify): up and listening. Whether the peer serves locks yet (it
+    // may still be joining its swarm) is in `sigma status` and /metrics.
+    let status = format!("STATUS=peer {peer}, API {}", api.local_addr());
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Custom(&status)]) {
+        tracing::warn!(%e, "cannot notify systemd of readiness");
+    }
 
     spawn_heap_trimmer();
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let which = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
@@ -476,6 +593,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         }
     };
     tracing::info!(signal = which, "shutting down");
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     api.shutdown().await;
     node.shutdown().await.context("stopping the node")?;
     tracing::info!("stopped");

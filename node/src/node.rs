@@ -29,7 +29,7 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// the paper's quorum (n = 32, m = 24).
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
-    /// Addresses to listen on, e.g. `/ip4/0.0.0.0/tcp/4001`, `/ip4/0.0.0.0/udp/4001/quic-v1`.
+    /// Addresses to listen on, e.g. `/ip4/0.0.0.0/tcp/7590`, `/ip4/0.0.0.0/udp/7590/quic-v1`.
     pub listen: Vec<Multiaddr>,
     /// Peers to join through; each address ends with `/p2p/<peer id>`. An entry naming
     /// this node itself is skipped (one list can serve every node).

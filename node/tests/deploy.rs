@@ -1,0 +1,186 @@
+//! `sigma run` as operators deploy it: settings from a config file, a key file that
+//! persists by default and that two daemons cannot share, /metrics on its own address,
+//! JSON logs, and systemd's readiness notification (Type=notify).
+
+use std::collections::HashMap;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+mod daemon;
+
+use daemon::{get_text, PATIENCE, SIGMA};
+
+/// `sigma run ARGS` with a clean environment of SIGMA_* variables plus `env`; returns
+/// the child and its `SIGMA_…=` lines once it printed `SIGMA_READY`.
+async fn start(args: &[&str], env: &[(&str, &Path)], stderr: Stdio) -> (Child, HashMap<String, String>) {
+    let mut cmd = Command::new(SIGMA);
+    cmd.arg("run").args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr).kill_on_drop(true);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SIGMA_") || k == "STATE_DIRECTORY" || k == "NOTIFY_SOCKET" {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn sigma run");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = HashMap::new();
+    let ready = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line == "SIGMA_READY" {
+                return true;
+            }
+            if let Some((k, v)) = line.split_once('=') {
+                seen.insert(k.to_owned(), v.to_owned());
+            }
+        }
+        false
+    };
+    assert!(tokio::time::timeout(PATIENCE, ready).await.unwrap_or(false), "sigma run {args:?} did not get ready");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, seen)
+}
+
+fn sigterm(child: &Child) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_metrics_address_json_logs_and_a_key_file_two_daemons_cannot_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("k");
+    let config = dir.path().join("sigma.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = [\"/ip4/127.0.0.1/tcp/0\"]\napi = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\
+             log-format = \"json\"\nkey-file = \"{}\"\n",
+            key.display()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("a.log");
+    let cfg = config.to_str().unwrap();
+    let (a, lines) = start(&["--config", cfg], &[], std::fs::File::create(&log).unwrap().into()).await;
+    let metrics = lines.get("SIGMA_METRICS").expect("SIGMA_METRICS= printed");
+    let text = get_text(&format!("http://{metrics}/metrics")).await;
+    assert!(text.contains("sigma_ready"), "{text}");
+    // Only /metrics there: the lock API stays on loopback behind its gate.
+    let other = daemon::http().get(format!("http://{metrics}/v1/status")).send().await.unwrap();
+    assert_eq!(other.status(), 404);
+    assert!(key.exists(), "the key file named in the config file");
+    let first = std::fs::read_to_string(&log).unwrap();
+    let line = first.lines().next().expect("a log line");
+    let json: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert!(json["level"].is_string() && json["message"].is_string(), "{json}");
+
+    // The same key file for a second daemon: refused, exit 69.
+    let out = Command::new(SIGMA)
+        .args(["run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0", "--key-file"])
+        .arg(&key)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another sigma daemon"));
+
+    // The command line wins over the file: another API address.
+    drop(a);
+    let (_b, lines) =
+        start(&["--config", cfg, "--api", "127.0.0.2:0", "--log-format", "text"], &[], Stdio::null()).await;
+    assert!(lines["SIGMA_API"].starts_with("127.0.0.2:"), "{lines:?}");
+
+    // A typo in the file is a usage error.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "lisen = [\"/ip4/127.0.0.1/tcp/0\"]\n").unwrap();
+    let out = Command::new(SIGMA).args(["run", "--config", bad.to_str().unwrap()]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown setting \"lisen\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_key_file_keeps_the_peer_id_and_systemd_is_told_ready_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    let env = [("XDG_STATE_HOME", dir.path()), ("NOTIFY_SOCKET", socket_path.as_path())];
+    let args = ["--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0"];
+    let (mut a, lines) = start(&args, &env, Stdio::null()).await;
+    let peer = lines["SIGMA_PEER_ID"].clone();
+    assert!(dir.path().join("sigma/key").exists(), "the key file in $XDG_STATE_HOME/sigma");
+    let mut buf = [0u8; 512];
+    let n = socket.recv(&mut buf).unwrap();
+    let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg}");
+    sigterm(&a);
+    let n = socket.recv(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "STOPPING=1"));
+    assert!(tokio::time::timeout(PATIENCE, a.wait()).await.unwrap().unwrap().success());
+
+    let (_again, lines) = start(&args, &env, Stdio::null()).await;
+    assert_eq!(lines["SIGMA_PEER_ID"], peer, "a restart keeps the peer id");
+    let (_other, lines) = start(&[&args[..], &["--ephemeral-key"]].concat(), &env, Stdio::null()).await;
+    assert_ne!(lines["SIGMA_PEER_ID"], peer, "--ephemeral-key: a new identity, the key file untouched");
+}
+
+/// `deploy/sigma.service` passes `systemd-analyze verify` (pointed at the binary under
+/// test), and its command, run as systemd runs it (Type=notify: $NOTIFY_SOCKET;
+/// StateDirectory: $STATE_DIRECTORY), starts with the shipped `deploy/sigma.toml`
+/// (addresses moved to loopback through the environment, which wins over the file),
+/// tells systemd it is ready and keeps its key in the state directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_systemd_unit_verifies_and_its_command_runs_as_systemd_runs_it() {
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let unit = std::fs::read_to_string(deploy.join("sigma.service")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let here = dir.path().join("sigma.service");
+    std::fs::write(&here, unit.replace("/usr/local/bin/sigma", SIGMA)).unwrap();
+    let verify = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&here)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("systemd-analyze: {e} (Debian: apt-get install systemd; .ci/run installs it)"));
+    let complaints = String::from_utf8_lossy(&verify.stderr);
+    assert!(verify.status.success() && complaints.trim().is_empty(), "systemd-analyze verify: {complaints}");
+    for line in ["Type=notify", "StateDirectory=sigma", "KillSignal=SIGTERM"] {
+        assert!(unit.lines().any(|l| l == line), "the unit lacks {line}");
+    }
+
+    let exec = unit.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("ExecStart=");
+    let mut words = exec.split_whitespace();
+    assert_eq!(words.next(), Some("/usr/local/bin/sigma"));
+    let config = deploy.join("sigma.toml");
+    let args: Vec<String> =
+        words.map(|w| if w == "/etc/sigma/sigma.toml" { config.display().to_string() } else { w.to_owned() }).collect();
+    assert_eq!(args[0], "run");
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let socket_path = dir.path().join("notify");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    let env: [(&str, &Path); 5] = [
+        ("STATE_DIRECTORY", &state),
+        ("NOTIFY_SOCKET", &socket_path),
+        ("SIGMA_LISTEN", Path::new("/ip4/127.0.0.1/tcp/0")),
+        ("SIGMA_API", Path::new("127.0.0.1:0")),
+        ("SIGMA_METRICS", Path::new("127.0.0.1:0")),
+    ];
+    let args: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+    let log = dir.path().join("unit.log");
+    let (_unit, lines) = start(&args, &env, std::fs::File::create(&log).unwrap().into()).await;
+    assert!(lines["SIGMA_API"].starts_with("127.0.0.1:") && lines["SIGMA_METRICS"].starts_with("127.0.0.1:"));
+    let mut buf = [0u8; 512];
+    let n = socket.recv(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1"));
+    assert!(state.join("key").exists(), "the key file in the state directory");
+    let first = std::fs::read_to_string(&log).unwrap();
+    assert!(first.lines().next().is_some_and(|l| l.starts_with('{')), "JSON logs from the shipped config: {first}");
+}

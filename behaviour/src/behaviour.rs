@@ -682,14 +682,10 @@ const MAX_TIMER: Duration = Duration::from_secs(1);
 /// Time since boot, suspends included.
 #[cfg(target_os = "linux")]
 fn boottime() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on every Linux
-    // since 2.6.39 and the call has no other effect.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    if rc != 0 {
-        return monotonic();
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME) {
+        Ok(ts) => Duration::new(u64::try_from(ts.tv_sec()).unwrap_or(0), u32::try_from(ts.tv_nsec()).unwrap_or(0)),
+        Err(_) => monotonic(),
     }
-    Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
 }
 
 /// Elsewhere, the monotonic clock (it may stop during a suspend).

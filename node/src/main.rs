@@ -20,6 +20,8 @@ use sigma_node::http::{self, Acquired, Api, ErrorBody, KeptAlive, ReleaseBody, D
 use sigma_node::inspect::Inspection;
 use sigma_node::metrics::Metrics;
 use sigma_node::{Node, NodeConfig};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 
 mod cli {
@@ -976,7 +978,7 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
             return Err(fail(code, format!("cannot run {:?}: {e}", args.command[0])));
         }
     };
-    let pgid = child.id().and_then(|p| i32::try_from(p).ok());
+    let pgid = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
     let terminal = Terminal::give_to(pgid);
 
     let mut valid_until = Instant::now() + Duration::from_millis(acquired.valid_for_ms);
@@ -1132,21 +1134,19 @@ fn exit_code(status: &std::process::ExitStatus) -> u8 {
     }
 }
 
-fn kill_group(pgid: i32, sig: i32) {
-    // SAFETY: kill(2) with a negative pid signals a process group; no memory involved.
-    unsafe {
-        libc::kill(-pgid, sig);
-    }
+fn kill_group(pgid: Pid, sig: Signal) {
+    // The group may be gone already (ESRCH): nothing to stop then.
+    let _ = nix::sys::signal::killpg(pgid, sig);
 }
 
 /// SIGTERM to the command's process group, SIGKILL after `grace`.
 async fn stop_child(
     child: &mut tokio::process::Child,
-    pgid: Option<i32>,
+    pgid: Option<Pid>,
     grace: Duration,
 ) -> anyhow::Result<std::process::ExitStatus> {
     match pgid {
-        Some(pg) => kill_group(pg, libc::SIGTERM),
+        Some(pg) => kill_group(pg, Signal::SIGTERM),
         None => return child.wait().await.context("waiting for the command"),
     }
     if let Ok(st) = tokio::time::timeout(grace, child.wait()).await {
@@ -1154,7 +1154,7 @@ async fn stop_child(
     }
     eprintln!("sigma: the command did not stop within {grace:?}; sending SIGKILL");
     if let Some(pg) = pgid {
-        kill_group(pg, libc::SIGKILL);
+        kill_group(pg, Signal::SIGKILL);
     }
     child.wait().await.context("waiting for the command")
 }
@@ -1175,11 +1175,11 @@ impl Signals {
         })
     }
 
-    async fn recv(&mut self) -> i32 {
+    async fn recv(&mut self) -> Signal {
         tokio::select! {
-            _ = self.int.recv() => libc::SIGINT,
-            _ = self.term.recv() => libc::SIGTERM,
-            _ = self.hup.recv() => libc::SIGHUP,
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.hup.recv() => Signal::SIGHUP,
         }
     }
 }
@@ -1187,37 +1187,45 @@ impl Signals {
 /// While the command runs in its own process group, it owns the terminal (if stdin is
 /// one), so it can read it and gets the terminal's Ctrl-C itself. Given back on drop.
 struct Terminal {
-    ours: Option<libc::pid_t>,
+    ours: Option<Pid>,
 }
 
 impl Terminal {
-    fn give_to(pgid: Option<i32>) -> Terminal {
+    fn give_to(pgid: Option<Pid>) -> Terminal {
+        use nix::unistd::{getpgrp, isatty, tcgetpgrp};
         let Some(pg) = pgid else { return Terminal { ours: None } };
-        // SAFETY: plain syscalls on fd 0 and our own process; no memory involved.
-        unsafe {
-            if libc::isatty(0) != 1 || libc::tcgetpgrp(0) != libc::getpgrp() {
-                return Terminal { ours: None };
-            }
-            // A background process group calling tcsetpgrp gets SIGTTOU: ignore it.
-            libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-            let ours = libc::getpgrp();
-            if libc::tcsetpgrp(0, pg) != 0 {
-                return Terminal { ours: None };
-            }
-            // The command may have tried to read before it owned the terminal.
-            libc::kill(-pg, libc::SIGCONT);
-            Terminal { ours: Some(ours) }
+        let stdin = std::io::stdin();
+        let ours = getpgrp();
+        if !isatty(&stdin).unwrap_or(false) || tcgetpgrp(&stdin).ok() != Some(ours) {
+            return Terminal { ours: None };
         }
+        if set_foreground(pg).is_err() {
+            return Terminal { ours: None };
+        }
+        // The command may have tried to read before it owned the terminal.
+        let _ = nix::sys::signal::killpg(pg, Signal::SIGCONT);
+        Terminal { ours: Some(ours) }
     }
+}
+
+/// Makes `pg` the terminal's foreground process group. A process outside it that does
+/// this gets SIGTTOU (which would stop it) unless the signal is blocked: it is blocked
+/// in this thread for the call.
+fn set_foreground(pg: Pid) -> nix::Result<()> {
+    use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let mut before = SigSet::empty();
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut before))?;
+    let done = nix::unistd::tcsetpgrp(std::io::stdin(), pg);
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None);
+    done
 }
 
 impl Drop for Terminal {
     fn drop(&mut self) {
         if let Some(ours) = self.ours {
-            // SAFETY: as above.
-            unsafe {
-                libc::tcsetpgrp(0, ours);
-            }
+            let _ = set_foreground(ours);
         }
     }
 }

@@ -378,7 +378,7 @@ impl Supervisor {
         self.set_slot(node, NodeState::Down);
         let m = &mut self.cluster.members[node];
         let pid = m.record.pid;
-        proc::signal(pid, libc::SIGKILL);
+        proc::signal(pid, nix::sys::signal::Signal::SIGKILL);
         if let Some(mut child) = m.child.take() {
             let _ = tokio::task::spawn_blocking(move || child.wait()).await;
         }
@@ -492,7 +492,7 @@ impl Supervisor {
         };
         let Some((client, node)) = found else { return };
         let pid = self.cluster.members[node].record.pid;
-        proc::signal(pid, libc::SIGSTOP);
+        proc::signal(pid, nix::sys::signal::Signal::SIGSTOP);
         self.cluster.members[node].record.state = State::Paused;
         let planned = self.opts.pause_for.as_secs_f64();
         self.record(
@@ -506,7 +506,7 @@ impl Supervisor {
             _ = stop.wait_for(|s| *s) => {}
             _ = tokio::time::sleep(self.opts.pause_for) => {}
         }
-        proc::signal(pid, libc::SIGCONT);
+        proc::signal(pid, nix::sys::signal::Signal::SIGCONT);
         self.cluster.members[node].record.state = State::Running;
         self.set_slot(node, NodeState::Up);
         let _ = self.cluster.manifest().save();

@@ -194,8 +194,8 @@ impl Drop for Cluster {
         }
         for m in &mut self.members {
             if matches!(m.record.state, State::Running | State::Paused) && !m.exited() {
-                proc::signal(m.record.pid, libc::SIGKILL);
-                proc::signal(m.record.pid, libc::SIGCONT);
+                proc::signal(m.record.pid, nix::sys::signal::Signal::SIGKILL);
+                proc::signal(m.record.pid, nix::sys::signal::Signal::SIGCONT);
                 if let Some(mut c) = m.child.take() {
                     let _ = c.wait();
                 }

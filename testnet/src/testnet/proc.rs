@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _, Result};
 use libp2p::multiaddr::Protocol;
 use libp2p::Multiaddr;
+use nix::sys::signal::Signal;
 
 /// Lines of a node's log shown when it fails.
 pub const LOG_TAIL: usize = 20;
@@ -211,14 +212,10 @@ pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
     }
     // Plain text logs (tracing-subscriber honours NO_COLOR).
     cmd.env("NO_COLOR", "1").stdin(Stdio::null()).stdout(out).stderr(log);
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    // SAFETY: the closure runs in the child between fork and exec; setsid is
+    // async-signal-safe, allocates nothing and touches no memory of the parent.
     unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
     }
     let mut child = cmd.spawn().with_context(|| format!("spawning {} for node {}", bin.display(), spec.index))?;
     let pid = child.id();
@@ -264,10 +261,10 @@ fn parse_ready(text: &str, child: Child, pid: u32) -> Result<Started> {
 }
 
 /// Sends `sig` to `pid`; false if there is no such process.
-pub fn signal(pid: u32, sig: i32) -> bool {
+pub fn signal(pid: u32, sig: Signal) -> bool {
     let Ok(pid) = i32::try_from(pid) else { return false };
-    // SAFETY: kill(2) with a positive pid signals that one process only.
-    pid > 0 && unsafe { libc::kill(pid, sig) } == 0
+    // A positive pid: that one process, never a group.
+    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).is_ok()
 }
 
 /// Whether `pid` is a live (not zombie) process.
@@ -299,8 +296,8 @@ pub fn terminate(pid: u32, grace: Duration, mut exited: impl FnMut() -> bool) ->
     if exited() {
         return false;
     }
-    signal(pid, libc::SIGCONT);
-    signal(pid, libc::SIGTERM);
+    signal(pid, Signal::SIGCONT);
+    signal(pid, Signal::SIGTERM);
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if exited() {
@@ -308,7 +305,7 @@ pub fn terminate(pid: u32, grace: Duration, mut exited: impl FnMut() -> bool) ->
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    signal(pid, libc::SIGKILL);
+    signal(pid, Signal::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !exited() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));

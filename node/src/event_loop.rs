@@ -315,7 +315,7 @@ impl EventLoop {
             waiting,
             token_regressions: self.token_regressions,
             ready: readiness == sigma_behaviour::Readiness::Serving,
-            readiness: readiness.as_str(),
+            readiness: readiness.as_str().to_owned(),
             readiness_detail: readiness.to_string(),
             members,
             reachable_members,

@@ -27,6 +27,7 @@
 //! The lease of a held lock is renewed in the background; [`LockGuard::lost`] resolves
 //! when exclusion is no longer guaranteed.
 
+pub mod client;
 mod error;
 mod event_loop;
 mod guard;

@@ -15,9 +15,8 @@ use clap::{Args, Parser, Subcommand};
 use libp2p::multiaddr::Protocol;
 use libp2p::Multiaddr;
 use prometheus_client::registry::Registry;
-use reqwest::StatusCode;
-use sigma_node::http::{self, Acquired, Api, ErrorBody, KeptAlive, ReleaseBody, DEFAULT_API};
-use sigma_node::inspect::Inspection;
+use sigma_node::client::{AcquireOptions, Client, ClientError};
+use sigma_node::http::{self, Acquired, Api, KeptAlive, DEFAULT_API};
 use sigma_node::metrics::Metrics;
 use sigma_node::{Node, NodeConfig};
 use nix::sys::signal::Signal;
@@ -31,8 +30,6 @@ use cli::config_file;
 
 /// Exit code of `sigma lock` when the lock was not acquired within `--timeout`.
 const EXIT_TIMEOUT: u8 = 75;
-/// How much longer than `--timeout` `sigma lock` waits for the daemon's answer.
-const ACQUIRE_SLACK: Duration = Duration::from_secs(5);
 /// How long `sigma lock --try` tries.
 const TRY_TIMEOUT: Duration = Duration::from_secs(1);
 /// Exit code of `sigma lock` when the lock was lost while the command ran.
@@ -644,27 +641,32 @@ fn spawn_heap_trimmer() {
 // the client side of the control API
 
 impl ApiArgs {
-    /// The daemon's API address and a client that passes its gate (`http::gate`).
-    fn connect(&self) -> anyhow::Result<(std::net::SocketAddr, reqwest::Client)> {
+    /// A client of the daemon's API (with its token, if one is given).
+    fn connect(&self) -> anyhow::Result<Client> {
         let s = self.api.clone().or_else(|| std::env::var("SIGMA_API").ok()).unwrap_or_else(|| DEFAULT_API.to_owned());
         let addr = http::parse_loopback_addr(&s)?;
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(http::gate::CLIENT_HEADER, reqwest::header::HeaderValue::from_static("sigma-cli"));
-        if let Some(path) = &self.api_token_file {
-            let token = read_token(path)
-                .map_err(|e| fail(EXIT_UNAVAILABLE, format!("API token file {}: {e:#}", path.display())))?;
-            let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-                .map_err(|_| fail(EXIT_USAGE, format!("API token file {}: not a valid token", path.display())))?;
-            headers.insert(reqwest::header::AUTHORIZATION, value);
+        let client = Client::new(addr);
+        match &self.api_token_file {
+            None => Ok(client),
+            Some(path) => {
+                let token = read_token(path)
+                    .map_err(|e| fail(EXIT_UNAVAILABLE, format!("API token file {}: {e:#}", path.display())))?;
+                client
+                    .with_token(&token)
+                    .map_err(|_| fail(EXIT_USAGE, format!("API token file {}: not a valid token", path.display())))
+            }
         }
-        // Loopback only: never through a proxy from the environment.
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .default_headers(headers)
-            .build()
-            .context("building the HTTP client")?;
-        Ok((addr, client))
     }
+}
+
+/// The exit code for a failed call (`what` names the command in the message).
+fn api_error(what: &str, e: ClientError) -> anyhow::Error {
+    let code = match &e {
+        ClientError::BadRequest(_) => EXIT_USAGE,
+        ClientError::NotReady(_) => EXIT_NOT_READY,
+        _ => EXIT_UNAVAILABLE,
+    };
+    fail(code, format!("{what}: {e}"))
 }
 
 /// The token in `path` (surrounding whitespace removed; must not be empty).
@@ -695,43 +697,14 @@ fn load_or_create_token(path: &std::path::Path) -> anyhow::Result<String> {
     }
 }
 
-/// The lock name as one path segment ('/' included), so no URL normalisation applies.
-fn encode_name(name: &str) -> String {
-    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.');
-    percent_encoding::utf8_percent_encode(name, SET).to_string()
-}
-
-fn unreachable(api: std::net::SocketAddr, e: reqwest::Error) -> anyhow::Error {
-    fail(EXIT_UNAVAILABLE, format!("cannot reach the sigma daemon at {api} (is `sigma run` running?): {e}"))
-}
-
-async fn error_text(resp: reqwest::Response) -> String {
-    let status = resp.status();
-    let body = resp.text().await.unwrap_or_default();
-    match serde_json::from_str::<ErrorBody>(&body) {
-        Ok(e) => e.error,
-        Err(_) if body.trim().is_empty() => status.to_string(),
-        Err(_) => format!("{status}: {}", body.trim()),
-    }
-}
-
 // ---------------------------------------------------------------------------------
 // sigma status
 
 /// `GET /v1/status` of the daemon at `api` (`what` names the command in errors).
 async fn fetch_status(api: &ApiArgs, what: &str) -> anyhow::Result<serde_json::Value> {
     init_tracing("warn");
-    let (api, client) = api.connect()?;
-    let resp = client
-        .get(format!("http://{api}/v1/status"))
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .map_err(|e| unreachable(api, e))?;
-    if !resp.status().is_success() {
-        return Err(fail(EXIT_UNAVAILABLE, format!("{what}: {}", error_text(resp).await)));
-    }
-    resp.json().await.with_context(|| format!("{what}: bad JSON from the daemon"))
+    let status = api.connect()?.status().await.map_err(|e| api_error(what, e))?;
+    Ok(serde_json::to_value(status)?)
 }
 
 async fn status(args: StatusArgs) -> anyhow::Result<u8> {
@@ -761,19 +734,7 @@ async fn locks(args: StatusArgs) -> anyhow::Result<u8> {
 
 async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
     init_tracing("warn");
-    let (api, client) = args.api.connect()?;
-    let resp = client
-        .get(format!("http://{api}/v1/inspect/{}", encode_name(&args.name)))
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .map_err(|e| unreachable(api, e))?;
-    match resp.status() {
-        s if s.is_success() => {}
-        StatusCode::BAD_REQUEST => return Err(fail(EXIT_USAGE, format!("inspect: {}", error_text(resp).await))),
-        _ => return Err(fail(EXIT_UNAVAILABLE, format!("inspect: {}", error_text(resp).await))),
-    }
-    let view: Inspection = resp.json().await.context("inspect: bad JSON from the daemon")?;
+    let view = args.api.connect()?.inspect(&args.name).await.map_err(|e| api_error("inspect", e))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&view)?);
     } else {
@@ -784,23 +745,13 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
 
 async fn release_cmd(args: ReleaseArgs) -> anyhow::Result<u8> {
     init_tracing("warn");
-    let (api, client) = args.api.connect()?;
-    let resp = client
-        .post(format!("http://{api}/v1/revoke/{}", encode_name(&args.name)))
-        .json(&ReleaseBody { token: args.token })
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .map_err(|e| unreachable(api, e))?;
-    match resp.status() {
-        s if s.is_success() => {
-            let done: sigma_node::inspect::Revoked = resp.json().await.context("release: bad JSON from the daemon")?;
+    match args.api.connect()?.revoke(&args.name, args.token).await {
+        Ok(done) => {
             println!("revoked {} token {} (held through peer {})", done.name, done.token, done.holder);
             Ok(0)
         }
-        StatusCode::NOT_FOUND => Err(fail(1, format!("release: {}", error_text(resp).await))),
-        StatusCode::BAD_REQUEST => Err(fail(EXIT_USAGE, format!("release: {}", error_text(resp).await))),
-        _ => Err(fail(EXIT_UNAVAILABLE, format!("release: {}", error_text(resp).await))),
+        Err(ClientError::NotFound(msg)) => Err(fail(1, format!("release: {msg}"))),
+        Err(e) => Err(api_error("release", e)),
     }
 }
 
@@ -896,71 +847,42 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
             ),
         ));
     }
-    let (api, client) = args.api.connect()?;
+    let client = args.api.connect()?;
     let mut signals = Signals::new()?;
 
-    // Acquire.
-    let mut url = format!("http://{api}/v1/locks/{}/acquire", encode_name(&name));
-    let mut query = Vec::new();
+    // Acquire (the client has a deadline too: a hung daemon must not make --timeout
+    // hang forever).
     let timeout = if args.try_once { Some(TRY_TIMEOUT) } else { args.timeout };
-    if let Some(t) = timeout {
-        query.push(format!("timeout_ms={}", t.as_millis()));
-    }
-    if let (Some(n), Some(m)) = (args.n, args.m) {
-        query.push(format!("n={n}&m={m}"));
-    }
-    if let Some(d) = args.min_peers {
-        query.push(format!("min_peers={d}"));
-    }
-    query.push(format!("ttl_ms={}", args.ttl.as_millis()));
-    if !query.is_empty() {
-        url = format!("{url}?{}", query.join("&"));
-    }
-    // A client-side deadline too: a hung daemon must not make --timeout hang forever.
-    let mut request = client.post(&url);
-    if let Some(t) = timeout {
-        request = request.timeout(t + ACQUIRE_SLACK);
-    }
-    let request = request.send();
-    let resp = tokio::select! {
-        r = request => match r {
-            Ok(r) => r,
-            Err(e) if e.is_timeout() => {
-                return Err(fail(EXIT_TIMEOUT, format!("lock {name}: the daemon did not answer within the timeout ({e})")));
+    let opts = AcquireOptions {
+        timeout,
+        ttl: Some(args.ttl),
+        quorum: args.n.zip(args.m),
+        min_peers: args.min_peers,
+    };
+    let acquired = tokio::select! {
+        r = client.acquire(&name, &opts) => match r {
+            Ok(a) => a,
+            Err(ClientError::NoAnswer { .. }) => {
+                return Err(fail(EXIT_TIMEOUT, format!("lock {name}: the daemon did not answer within the timeout")));
             }
-            Err(e) => return Err(unreachable(api, e)),
+            Err(ClientError::Timeout) if args.try_once => {
+                return Err(fail(EXIT_TIMEOUT, format!("lock {name} is held elsewhere (not won within {TRY_TIMEOUT:?})")));
+            }
+            Err(ClientError::Timeout) => {
+                let waited = timeout.map_or_else(String::new, |t| format!(" after {t:?}"));
+                return Err(fail(EXIT_TIMEOUT, format!("timed out{waited} waiting for lock {name}")));
+            }
+            Err(e) => return Err(api_error(&format!("lock {name}"), e)),
         },
         sig = signals.recv() => {
             // Dropping the request closes the connection: the daemon abandons the wait.
             return Err(fail(128 + sig as u8, format!("interrupted while waiting for lock {name}")));
         }
     };
-    let acquired: Acquired = match resp.status().as_u16() {
-        200 => resp.json().await.context("acquire: bad JSON from the daemon")?,
-        408 if args.try_once => {
-            return Err(fail(EXIT_TIMEOUT, format!("lock {name} is held elsewhere (not won within {TRY_TIMEOUT:?})")));
-        }
-        408 => {
-            let waited = timeout.map_or_else(String::new, |t| format!(" after {t:?}"));
-            return Err(fail(EXIT_TIMEOUT, format!("timed out{waited} waiting for lock {name}")));
-        }
-        400 => return Err(fail(EXIT_USAGE, format!("lock {name}: {}", error_text(resp).await))),
-        503 => {
-            let body = resp.text().await.unwrap_or_default();
-            return Err(match serde_json::from_str::<ErrorBody>(&body) {
-                Ok(e) if e.code.as_deref() == Some("not_ready") => {
-                    fail(EXIT_NOT_READY, format!("lock {name}: {}", e.error))
-                }
-                Ok(e) => fail(EXIT_UNAVAILABLE, format!("lock {name}: {}", e.error)),
-                Err(_) => fail(EXIT_UNAVAILABLE, format!("lock {name}: 503 {}", body.trim())),
-            });
-        }
-        _ => return Err(fail(EXIT_UNAVAILABLE, format!("lock {name}: {}", error_text(resp).await))),
-    };
     let token = acquired.token;
     tracing::info!(%name, token, "lock acquired");
     if args.command.is_empty() {
-        return hold_until_signal(&client, api, &name, &acquired, args.ttl, &mut signals).await;
+        return hold_until_signal(&client, &name, &acquired, args.ttl, &mut signals).await;
     }
 
     // Run the command.
@@ -974,7 +896,7 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
         Ok(c) => c,
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-            let _ = release(&client, api, &name, token).await;
+            let _ = release(&client, &name, token).await;
             return Err(fail(code, format!("cannot run {:?}: {e}", args.command[0])));
         }
     };
@@ -1000,7 +922,7 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
                 }
             }
             _ = tokio::time::sleep(poll) => {
-                match keepalive(&client, api, &name, token).await {
+                match keepalive(&client, &name, token).await {
                     Ok(Some(kept)) => {
                         valid_until = Instant::now() + Duration::from_millis(kept.valid_for_ms);
                         warned_unreachable = false;
@@ -1031,13 +953,13 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
 
     let code = exit_code(&status);
     if lost.is_some() {
-        let _ = release(&client, api, &name, token).await;
+        let _ = release(&client, &name, token).await;
         return Err(fail(
             EXIT_LOST,
             format!("lock {name} was lost while the command ran (command exit status {code})"),
         ));
     }
-    match release(&client, api, &name, token).await {
+    match release(&client, &name, token).await {
         Ok(true) => Ok(code),
         Ok(false) => Err(fail(
             EXIT_LOST,
@@ -1053,8 +975,7 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
 /// `sigma lock NAME` without a command: prints the lock and its token, keeps the client
 /// lease alive, releases on SIGINT/SIGTERM/SIGHUP (exit 0), exits 76 if the lock is lost.
 async fn hold_until_signal(
-    client: &reqwest::Client,
-    api: std::net::SocketAddr,
+    client: &Client,
     name: &str,
     acquired: &Acquired,
     ttl: Duration,
@@ -1077,7 +998,7 @@ async fn hold_until_signal(
             .clamp(Duration::from_millis(50), Duration::from_secs(5));
         tokio::select! {
             _ = signals.recv() => {
-                return match release(client, api, name, token).await {
+                return match release(client, name, token).await {
                     Ok(true) => Ok(0),
                     Ok(false) => Err(fail(EXIT_LOST, format!("lock {name} (token {token}) was no longer held"))),
                     Err(e) => {
@@ -1086,7 +1007,7 @@ async fn hold_until_signal(
                     }
                 };
             }
-            () = tokio::time::sleep(poll) => match keepalive(client, api, name, token).await {
+            () = tokio::time::sleep(poll) => match keepalive(client, name, token).await {
                 Ok(Some(kept)) => valid_until = Instant::now() + Duration::from_millis(kept.valid_for_ms),
                 Ok(None) => return Err(fail(EXIT_LOST, format!("lock {name} (token {token}) was lost"))),
                 Err(e) if Instant::now() >= valid_until => {
@@ -1099,29 +1020,20 @@ async fn hold_until_signal(
 }
 
 /// Renews the client lease: `Ok(None)` when the daemon does not hold the lock any more.
-async fn keepalive(
-    client: &reqwest::Client,
-    api: std::net::SocketAddr,
-    name: &str,
-    token: u64,
-) -> anyhow::Result<Option<KeptAlive>> {
-    let url = format!("http://{api}/v1/locks/{}/keepalive", encode_name(name));
-    let resp = client.post(&url).json(&ReleaseBody { token }).timeout(Duration::from_secs(2)).send().await?;
-    match resp.status().as_u16() {
-        200 => Ok(Some(resp.json().await.context("keepalive: bad JSON from the daemon")?)),
-        404 => Ok(None),
-        _ => bail!("{}", error_text(resp).await),
+async fn keepalive(client: &Client, name: &str, token: u64) -> Result<Option<KeptAlive>, ClientError> {
+    match client.clone().with_timeout(Duration::from_secs(2)).keepalive(name, token).await {
+        Ok(kept) => Ok(Some(kept)),
+        Err(ClientError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
 /// `Ok(true)` released, `Ok(false)` the daemon does not hold it (lost).
-async fn release(client: &reqwest::Client, api: std::net::SocketAddr, name: &str, token: u64) -> anyhow::Result<bool> {
-    let url = format!("http://{api}/v1/locks/{}/release", encode_name(name));
-    let resp = client.post(&url).json(&ReleaseBody { token }).timeout(Duration::from_secs(10)).send().await?;
-    match resp.status().as_u16() {
-        200 => Ok(true),
-        404 => Ok(false),
-        _ => bail!("{}", error_text(resp).await),
+async fn release(client: &Client, name: &str, token: u64) -> Result<bool, ClientError> {
+    match client.clone().with_timeout(Duration::from_secs(10)).release(name, token).await {
+        Ok(_) => Ok(true),
+        Err(ClientError::NotFound(_)) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -1255,12 +1167,6 @@ mod tests {
         {
             assert!(parse_duration(s).is_err(), "{s:?} parsed as {:?}", parse_duration(s));
         }
-    }
-
-    #[test]
-    fn names_are_one_path_segment() {
-        assert_eq!(encode_name("orders/42"), "orders%2F42");
-        assert_eq!(encode_name("a.b_c-d"), "a.b_c-d");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{Multiaddr, PeerId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -96,7 +96,7 @@ pub struct LockOptions {
 }
 
 /// A lock waited for through this node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WaitingLock {
     /// Lock name.
     pub name: String,
@@ -107,8 +107,8 @@ pub struct WaitingLock {
     pub votes: usize,
 }
 
-/// A snapshot of the node.
-#[derive(Clone, Debug, Serialize)]
+/// A snapshot of the node (`GET /v1/status`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Status {
     /// This node.
     pub peer_id: PeerId,
@@ -133,7 +133,7 @@ pub struct Status {
     /// majority of the peers it knows. Locks are won only through serving nodes.
     pub ready: bool,
     /// `serving`, `joining` or `minority`.
-    pub readiness: &'static str,
+    pub readiness: String,
     /// Why, in words.
     pub readiness_detail: String,
     /// Known sigma peers (present, or departed within the membership window), this

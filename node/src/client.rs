@@ -1,0 +1,275 @@
+//! A typed client of a daemon's HTTP control API ([`crate::http`]): what `sigma lock`,
+//! `sigma status`, `sigma inspect`, the testnet and Rust programs that talk to a running
+//! daemon (instead of embedding a [`crate::Node`]) use. One method per endpoint, the
+//! answers as the types the daemon serialises, every refusal as a [`ClientError`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), sigma_node::client::ClientError> {
+//! use sigma_node::client::{AcquireOptions, Client};
+//! use std::time::Duration;
+//!
+//! let api = Client::new("127.0.0.1:7591".parse().unwrap());
+//! let opts = AcquireOptions { timeout: Some(Duration::from_secs(10)), ..AcquireOptions::default() };
+//! let lock = api.acquire("orders/42", &opts).await?;
+//! // ... work, passing lock.token to the protected resource, and calling
+//! // api.keepalive("orders/42", lock.token) within every lock.ttl_ms ...
+//! api.release("orders/42", lock.token).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use reqwest::header::{HeaderValue, AUTHORIZATION};
+use serde::de::DeserializeOwned;
+
+use crate::http::{gate, Acquired, ErrorBody, KeptAlive, LockView, PeerList, ReleaseBody, Released};
+use crate::inspect::{Inspection, Revoked};
+use crate::Status;
+
+/// How much longer than an acquire's own timeout the client waits for the daemon's
+/// answer: the daemon answers 408 itself; this only bounds a hung daemon.
+pub const ACQUIRE_SLACK: Duration = Duration::from_secs(5);
+/// Deadline of every other call, unless [`Client::with_timeout`] says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No connection to the daemon, or it broke.
+    #[error("cannot reach the sigma daemon at {api} (is `sigma run` running?): {source}")]
+    Unreachable {
+        /// The API address.
+        api: SocketAddr,
+        /// What the transport said.
+        source: reqwest::Error,
+    },
+    /// The daemon did not answer within the call's deadline.
+    #[error("the sigma daemon at {api} did not answer in time")]
+    NoAnswer {
+        /// The API address.
+        api: SocketAddr,
+    },
+    /// `408`: the lock was not won within the acquire's timeout.
+    #[error("timed out waiting for the lock")]
+    Timeout,
+    /// `503` with code `not_ready`: the daemon does not serve (joining its swarm, or
+    /// cut off from the majority of it).
+    #[error("{0}")]
+    NotReady(String),
+    /// `400`: a bad lock name, quorum or body.
+    #[error("{0}")]
+    BadRequest(String),
+    /// `404`: not held under that token (released, lost, expired), or no such holder.
+    #[error("{0}")]
+    NotFound(String),
+    /// Any other refusal: its HTTP status, its stable code if any (e.g. `busy`,
+    /// `unauthorized`, see [`gate`]), and the message.
+    #[error("{message} (HTTP {status})")]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// The error's stable code.
+        code: Option<String>,
+        /// The daemon's message.
+        message: String,
+    },
+    /// An answer that does not decode.
+    #[error("bad answer from the sigma daemon: {0}")]
+    Decode(String),
+}
+
+/// Options of [`Client::acquire`].
+#[derive(Clone, Debug, Default)]
+pub struct AcquireOptions {
+    /// Give up after this long (408: [`ClientError::Timeout`]); `None`: wait as long as
+    /// it takes.
+    pub timeout: Option<Duration>,
+    /// The client lease: the daemon releases the lock this long after the last
+    /// [`Client::keepalive`]. `None`: the daemon's default (5 s).
+    pub ttl: Option<Duration>,
+    /// `(n, m)` for this lock; `None`: the swarm's.
+    pub quorum: Option<(usize, usize)>,
+    /// Votes from at least this many distinct peers; `None`: the daemon's.
+    pub min_peers: Option<usize>,
+}
+
+/// A client of one daemon's API. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Client {
+    api: SocketAddr,
+    http: reqwest::Client,
+    token: Option<HeaderValue>,
+    timeout: Duration,
+}
+
+impl Client {
+    /// A client of the API at `api` (loopback: the daemon serves nowhere else).
+    pub fn new(api: SocketAddr) -> Client {
+        // Loopback only: never through a proxy from the environment.
+        let http = reqwest::Client::builder().no_proxy().build().unwrap_or_default();
+        Client::with_http(api, http)
+    }
+
+    /// The same over an existing `reqwest` client (connection pool shared with other
+    /// daemons' clients).
+    pub fn with_http(api: SocketAddr, http: reqwest::Client) -> Client {
+        Client { api, http, token: None, timeout: DEFAULT_TIMEOUT }
+    }
+
+    /// Sends `Authorization: Bearer <token>` (a daemon started with `--api-token-file`).
+    pub fn with_token(mut self, token: &str) -> Result<Client, ClientError> {
+        let value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| ClientError::BadRequest("the API token is not a valid header value".to_owned()))?;
+        self.token = Some(value);
+        Ok(self)
+    }
+
+    /// Deadline of every call but acquire (default [`DEFAULT_TIMEOUT`]).
+    pub fn with_timeout(mut self, timeout: Duration) -> Client {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The API address.
+    pub fn api(&self) -> SocketAddr {
+        self.api
+    }
+
+    /// `POST /v1/locks/{name}/acquire`: waits until the lock is held (or
+    /// `opts.timeout`). The daemon holds it for this client while it keeps its lease
+    /// alive ([`Client::keepalive`]).
+    pub async fn acquire(&self, name: &str, opts: &AcquireOptions) -> Result<Acquired, ClientError> {
+        let mut query = Vec::new();
+        if let Some(t) = opts.timeout {
+            query.push(format!("timeout_ms={}", t.as_millis()));
+        }
+        if let Some((n, m)) = opts.quorum {
+            query.push(format!("n={n}&m={m}"));
+        }
+        if let Some(d) = opts.min_peers {
+            query.push(format!("min_peers={d}"));
+        }
+        if let Some(ttl) = opts.ttl {
+            query.push(format!("ttl_ms={}", ttl.as_millis()));
+        }
+        let mut url = self.lock_url(name, Some("acquire"));
+        if !query.is_empty() {
+            url = format!("{url}?{}", query.join("&"));
+        }
+        let mut request = self.http.post(url);
+        if let Some(t) = opts.timeout {
+            request = request.timeout(t + ACQUIRE_SLACK);
+        }
+        self.call(request).await
+    }
+
+    /// `POST /v1/locks/{name}/keepalive`: renews the client lease of a held lock.
+    pub async fn keepalive(&self, name: &str, token: u64) -> Result<KeptAlive, ClientError> {
+        let request = self.http.post(self.lock_url(name, Some("keepalive"))).json(&ReleaseBody { token });
+        self.call(request.timeout(self.timeout)).await
+    }
+
+    /// `POST /v1/locks/{name}/release`.
+    pub async fn release(&self, name: &str, token: u64) -> Result<Released, ClientError> {
+        let request = self.http.post(self.lock_url(name, Some("release"))).json(&ReleaseBody { token });
+        self.call(request.timeout(self.timeout)).await
+    }
+
+    /// `GET /v1/locks/{name}`: what this daemon holds of the lock, and its replicas here.
+    pub async fn lock(&self, name: &str) -> Result<LockView, ClientError> {
+        self.call(self.http.get(self.lock_url(name, None)).timeout(self.timeout)).await
+    }
+
+    /// `GET /v1/inspect/{name}`: the lock seen from the hosts of all its replicas.
+    pub async fn inspect(&self, name: &str) -> Result<Inspection, ClientError> {
+        let url = format!("http://{}/v1/inspect/{}", self.api, encode_name(name));
+        self.call(self.http.get(url).timeout(self.timeout)).await
+    }
+
+    /// `POST /v1/revoke/{name}`: an operator's break-lock (see [`crate::NodeHandle::revoke`]).
+    pub async fn revoke(&self, name: &str, token: u64) -> Result<Revoked, ClientError> {
+        let url = format!("http://{}/v1/revoke/{}", self.api, encode_name(name));
+        self.call(self.http.post(url).json(&ReleaseBody { token }).timeout(self.timeout)).await
+    }
+
+    /// `GET /v1/status`.
+    pub async fn status(&self) -> Result<Status, ClientError> {
+        self.call(self.http.get(format!("http://{}/v1/status", self.api)).timeout(self.timeout)).await
+    }
+
+    /// `GET /metrics`: the OpenMetrics text.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let resp = self.send(self.http.get(format!("http://{}/metrics", self.api)).timeout(self.timeout)).await?;
+        resp.text().await.map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// `POST /v1/admin/block` (or `unblock`): answers the peers blocked afterwards.
+    pub async fn block(&self, peers: &[String], block: bool) -> Result<Vec<String>, ClientError> {
+        let action = if block { "block" } else { "unblock" };
+        let url = format!("http://{}/v1/admin/{action}", self.api);
+        let request = self.http.post(url).json(&PeerList { peers: peers.to_vec() }).timeout(self.timeout);
+        let list: PeerList = self.call(request).await?;
+        Ok(list.peers)
+    }
+
+    fn lock_url(&self, name: &str, action: Option<&str>) -> String {
+        let base = format!("http://{}/v1/locks/{}", self.api, encode_name(name));
+        action.map_or_else(|| base.clone(), |a| format!("{base}/{a}"))
+    }
+
+    async fn call<T: DeserializeOwned>(&self, request: reqwest::RequestBuilder) -> Result<T, ClientError> {
+        let resp = self.send(request).await?;
+        resp.json().await.map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// Sends with the gate's header (and the token), and turns refusals into errors.
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let mut request = request.header(gate::CLIENT_HEADER, "sigma-client");
+        if let Some(t) = &self.token {
+            request = request.header(AUTHORIZATION, t.clone());
+        }
+        let resp = request.send().await.map_err(|e| {
+            if e.is_timeout() {
+                ClientError::NoAnswer { api: self.api }
+            } else {
+                ClientError::Unreachable { api: self.api, source: e }
+            }
+        })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let body = resp.text().await.unwrap_or_default();
+        let (message, code) = match serde_json::from_str::<ErrorBody>(&body) {
+            Ok(e) => (e.error, e.code),
+            Err(_) if body.trim().is_empty() => (status.to_string(), None),
+            Err(_) => (format!("{status}: {}", body.trim()), None),
+        };
+        Err(match status.as_u16() {
+            408 => ClientError::Timeout,
+            400 => ClientError::BadRequest(message),
+            404 => ClientError::NotFound(message),
+            503 if code.as_deref() == Some("not_ready") => ClientError::NotReady(message),
+            s => ClientError::Refused { status: s, code, message },
+        })
+    }
+}
+
+/// The lock name as one path segment ('/' included), so no URL normalisation applies.
+pub fn encode_name(name: &str) -> String {
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.');
+    percent_encoding::utf8_percent_encode(name, SET).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_one_path_segment() {
+        assert_eq!(encode_name("orders/42"), "orders%2F42");
+        assert_eq!(encode_name("a.b_c-d"), "a.b_c-d");
+    }
+}

@@ -14,13 +14,13 @@ use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use libp2p::multiaddr::Protocol;
 use libp2p::Multiaddr;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use prometheus_client::registry::Registry;
 use sigma_node::client::{AcquireOptions, Client, ClientError};
 use sigma_node::http::{self, Acquired, Api, KeptAlive, DEFAULT_API};
 use sigma_node::metrics::Metrics;
 use sigma_node::{Node, NodeConfig};
-use nix::sys::signal::Signal;
-use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 
 mod cli {
@@ -853,12 +853,7 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     // Acquire (the client has a deadline too: a hung daemon must not make --timeout
     // hang forever).
     let timeout = if args.try_once { Some(TRY_TIMEOUT) } else { args.timeout };
-    let opts = AcquireOptions {
-        timeout,
-        ttl: Some(args.ttl),
-        quorum: args.n.zip(args.m),
-        min_peers: args.min_peers,
-    };
+    let opts = AcquireOptions { timeout, ttl: Some(args.ttl), quorum: args.n.zip(args.m), min_peers: args.min_peers };
     let acquired = tokio::select! {
         r = client.acquire(&name, &opts) => match r {
             Ok(a) => a,

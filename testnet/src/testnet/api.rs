@@ -1,10 +1,13 @@
-//! The few calls of the nodes' HTTP control API that the testnet makes.
+//! The calls of the nodes' HTTP control API that the testnet makes, through the typed
+//! client (`sigma_node::client`), with the outcomes the testnet counts.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _, Result};
-use serde::{Deserialize, Serialize};
+use anyhow::{Context as _, Result};
+use serde::Serialize;
+use sigma_node::client::{AcquireOptions, Client, ClientError};
+use sigma_node::http::Acquired;
 
 /// An HTTP client for loopback APIs: never through a proxy from the environment, and
 /// with the `Sigma-Client` header the API's gate asks of every POST.
@@ -19,51 +22,17 @@ pub fn client() -> Result<reqwest::Client> {
         .context("building the HTTP client")
 }
 
-/// `GET /v1/status`, as much of it as the testnet reads.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Status {
-    /// The node's peer id.
-    #[serde(default)]
-    pub peer_id: String,
-    /// Addresses it listens on.
-    #[serde(default)]
-    pub listen_addrs: Vec<String>,
-    /// Peers with an open connection.
-    #[serde(default)]
-    pub connected_peers: Vec<String>,
-    /// Peers in its routing view.
-    #[serde(default)]
-    pub routable_peers: usize,
-    /// Logical replicas hosted.
-    #[serde(default)]
-    pub replicas_hosted: usize,
-    /// Serving: joined, and a majority of the peers it knows reachable.
-    #[serde(default)]
-    pub ready: bool,
-    /// The takeover delay in force, ms.
-    #[serde(default)]
-    pub takeover_delay_ms: u64,
-    /// Locks held through it: (name, token).
-    #[serde(default)]
-    pub locks_held: Vec<(String, u64)>,
-    /// Locks waited for through it.
-    #[serde(default)]
-    pub locks_waiting: Vec<String>,
-    /// Tokens not above the previous one this node saw for the same lock.
-    #[serde(default)]
-    pub token_regressions: u64,
-    /// Sizes of its per-lock and per-peer state.
-    #[serde(default)]
-    pub state: sigma_behaviour::StateSizes,
+/// `GET /v1/status`.
+pub use sigma_node::Status;
+
+/// The typed client of the node at `api`, over the shared connection pool.
+fn node(client: &reqwest::Client, api: SocketAddr) -> Client {
+    Client::with_http(api, client.clone())
 }
 
 /// Fetches a node's status.
 pub async fn status(client: &reqwest::Client, api: SocketAddr, timeout: Duration) -> Result<Status> {
-    let resp = client.get(format!("http://{api}/v1/status")).timeout(timeout).send().await?;
-    if !resp.status().is_success() {
-        bail!("status: HTTP {}", resp.status());
-    }
-    resp.json().await.context("status: bad JSON")
+    Ok(node(client, api).with_timeout(timeout).status().await?)
 }
 
 /// `POST /v1/admin/{block,unblock}` with `peers`: the node closes and refuses (or
@@ -75,16 +44,7 @@ pub async fn admin_block(
     block: bool,
     timeout: Duration,
 ) -> Result<()> {
-    let action = if block { "block" } else { "unblock" };
-    let resp = client
-        .post(format!("http://{api}/v1/admin/{action}"))
-        .json(&serde_json::json!({ "peers": peers }))
-        .timeout(timeout)
-        .send()
-        .await?;
-    if !resp.status().is_success() {
-        bail!("{action}: HTTP {}", resp.status());
-    }
+    node(client, api).with_timeout(timeout).block(peers, block).await?;
     Ok(())
 }
 
@@ -118,11 +78,7 @@ pub fn metric(text: &str, name: &str) -> Option<u64> {
 
 /// Scrapes `GET /metrics` for the completed-acquisition counters.
 pub async fn completed(client: &reqwest::Client, api: SocketAddr, timeout: Duration) -> Result<Completed> {
-    let resp = client.get(format!("http://{api}/metrics")).timeout(timeout).send().await?;
-    if !resp.status().is_success() {
-        bail!("metrics: HTTP {}", resp.status());
-    }
-    let text = resp.text().await?;
+    let text = node(client, api).with_timeout(timeout).metrics().await?;
     Ok(Completed {
         completed: metric(&text, "sigma_completed_total").context("sigma_completed_total missing from /metrics")?,
         messages: metric(&text, "sigma_completed_messages_total")
@@ -131,44 +87,27 @@ pub async fn completed(client: &reqwest::Client, api: SocketAddr, timeout: Durat
     })
 }
 
-/// A lock granted over HTTP (`200` of `POST /v1/locks/{name}/acquire`).
-#[derive(Clone, Debug, Deserialize)]
-pub struct Granted {
-    /// Fencing token.
-    pub token: u64,
-    /// Milliseconds the lease is guaranteed from the answer on.
-    pub valid_for_ms: u64,
-}
-
 /// How an acquire ended.
 #[derive(Debug)]
 pub enum Acquire {
     /// Got it.
-    Granted(Granted),
+    Granted(Acquired),
     /// `408`: not within `timeout_ms`.
     TimedOut,
     /// Anything else: transport error, `503`, `409`, a bad answer.
     Failed(String),
 }
 
-/// `POST /v1/locks/{name}/acquire?timeout_ms=` (name: no characters that need escaping).
+/// `POST /v1/locks/{name}/acquire?timeout_ms=`.
 ///
 /// The HTTP timeout is well above `timeout_ms`: the daemon must answer 408 itself, for a
 /// connection dropped at the moment it wins would leave the lock held for nobody.
 pub async fn acquire(client: &reqwest::Client, api: SocketAddr, name: &str, timeout_ms: u64) -> Acquire {
-    let url = format!("http://{api}/v1/locks/{name}/acquire?timeout_ms={timeout_ms}");
-    let resp = match client.post(&url).timeout(Duration::from_millis(timeout_ms) + Duration::from_secs(30)).send().await
-    {
-        Ok(r) => r,
-        Err(e) => return Acquire::Failed(e.to_string()),
-    };
-    match resp.status().as_u16() {
-        200 => match resp.json::<Granted>().await {
-            Ok(g) => Acquire::Granted(g),
-            Err(e) => Acquire::Failed(format!("bad acquire answer: {e}")),
-        },
-        408 => Acquire::TimedOut,
-        s => Acquire::Failed(format!("HTTP {s}: {}", resp.text().await.unwrap_or_default().trim())),
+    let opts = AcquireOptions { timeout: Some(Duration::from_millis(timeout_ms)), ..AcquireOptions::default() };
+    match node(client, api).acquire(name, &opts).await {
+        Ok(a) => Acquire::Granted(a),
+        Err(ClientError::Timeout) => Acquire::TimedOut,
+        Err(e) => Acquire::Failed(e.to_string()),
     }
 }
 
@@ -185,12 +124,9 @@ pub enum Release {
 
 /// `POST /v1/locks/{name}/release` with `{"token": …}`.
 pub async fn release(client: &reqwest::Client, api: SocketAddr, name: &str, token: u64) -> Release {
-    let url = format!("http://{api}/v1/locks/{name}/release");
-    let body = serde_json::json!({ "token": token });
-    match client.post(&url).json(&body).timeout(Duration::from_secs(30)).send().await {
-        Ok(r) if r.status().is_success() => Release::Released,
-        Ok(r) if r.status().as_u16() == 404 => Release::NotHeld,
-        Ok(r) => Release::Failed(format!("HTTP {}", r.status())),
+    match node(client, api).release(name, token).await {
+        Ok(_) => Release::Released,
+        Err(ClientError::NotFound(_)) => Release::NotHeld,
         Err(e) => Release::Failed(e.to_string()),
     }
 }

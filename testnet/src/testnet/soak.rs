@@ -201,12 +201,12 @@ async fn probe(
 async fn sample_nodes(http: &reqwest::Client, cluster: &Cluster) -> Vec<NodeSample> {
     let mut out = Vec::new();
     for m in &cluster.members {
-        let st = api::status(http, m.record.api, Duration::from_secs(10)).await.unwrap_or_default();
+        let state = api::status(http, m.record.api, Duration::from_secs(10)).await.map(|s| s.state).unwrap_or_default();
         out.push(NodeSample {
             rss_kib: rss_kib(m.record.pid),
-            replicas: st.state.replicas,
-            acquisitions: st.state.acquisitions,
-            hosts: st.state.hosts,
+            replicas: state.replicas,
+            acquisitions: state.acquisitions,
+            hosts: state.hosts,
         });
     }
     out

@@ -16,6 +16,7 @@
 //! | `GET /v1/inspect/{name}` | | 200 [`crate::inspect::Inspection`]: the lock seen from the hosts of all its replicas (holder, token, validity, waiters and positions, each replica) |
 //! | `POST /v1/revoke/{name}` | [`ReleaseBody`] `{"token": …}` | 200 [`crate::inspect::Revoked`]: the holder gave it up; 404 not held under that token, or refused (the holder's `--admin-peer`) |
 //! | `GET /v1/status` | | 200 the node's [`crate::Status`] |
+//! | `GET /v1/openapi.json` | | 200 the OpenAPI document of all of this ([`openapi`]) |
 //! | `GET /metrics` | | Prometheus / OpenMetrics text ([`crate::metrics`]) |
 //!
 //! Errors are JSON [`ErrorBody`] `{"error": "…"}`. A lock name may contain `/`; it can
@@ -118,7 +119,7 @@ pub fn check_loopback(addr: SocketAddr) -> Result<SocketAddr, ApiError> {
 }
 
 /// Answer of a successful acquire.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Acquired {
     /// Lock name.
     pub name: String,
@@ -137,7 +138,7 @@ pub struct Acquired {
 }
 
 /// Answer to a keep-alive: the lock is still held, the client lease renewed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KeptAlive {
     /// Lock name.
     pub name: String,
@@ -162,14 +163,14 @@ pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(5);
 pub const CLIENT_TTL_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_millis(200)..=Duration::from_secs(3600);
 
 /// Body of a release.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReleaseBody {
     /// The token the acquire returned.
     pub token: u64,
 }
 
 /// Answer of a successful release.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Released {
     /// Lock name.
     pub name: String,
@@ -178,7 +179,7 @@ pub struct Released {
 }
 
 /// Any error answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// What went wrong.
     pub error: String,
@@ -189,7 +190,7 @@ pub struct ErrorBody {
 }
 
 /// A lock held by the daemon for an HTTP client.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HeldView {
     /// Fencing token.
     pub token: u64,
@@ -200,7 +201,7 @@ pub struct HeldView {
 }
 
 /// Current owner of a replica.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OwnerView {
     /// Owner's peer id.
     pub peer: String,
@@ -211,7 +212,7 @@ pub struct OwnerView {
 }
 
 /// A waiter in a replica's queue.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WaiterView {
     /// Waiter's peer id.
     pub peer: String,
@@ -220,7 +221,7 @@ pub struct WaiterView {
 }
 
 /// One replica of the lock hosted by this peer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReplicaView {
     /// Replica index (0-based; the DHT name is `NAME:index+1`).
     pub index: u16,
@@ -231,7 +232,7 @@ pub struct ReplicaView {
 }
 
 /// Answer of `GET /v1/locks/{name}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LockView {
     /// Lock name.
     pub name: String,
@@ -378,6 +379,18 @@ async fn post_lock(
     }
 }
 
+#[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks",
+    params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F"),
+        ("timeout_ms" = Option<u64>, Query, description = "Give up after this many ms (408); absent: wait as long as it takes"),
+        ("ttl_ms" = Option<u64>, Query, description = "Client lease: released this long after the last keepalive (default 5000, 200 to 3600000)"),
+        ("n" = Option<usize>, Query, description = "Replicas (with m); must be the swarm's"),
+        ("m" = Option<usize>, Query, description = "Votes needed (with n); at least the swarm's"),
+        ("min_peers" = Option<usize>, Query, description = "Votes from at least this many distinct peers")),
+    responses((status = 200, description = "Held, for this client, while it keeps its lease alive", body = Acquired),
+        (status = 400, description = "Bad name, quorum or query", body = ErrorBody),
+        (status = 408, description = "Not won within timeout_ms", body = ErrorBody),
+        (status = 409, description = "Lost before it could be handed over", body = ErrorBody),
+        (status = 503, description = "Not ready (code not_ready), busy, or stopped", body = ErrorBody)))]
 async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
     let quorum = match (q.n, q.m) {
         (Some(n), Some(m)) => Some((n, m)),
@@ -436,6 +449,9 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
     }
 }
 
+#[utoipa::path(post, path = "/v1/locks/{name}/keepalive", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = ReleaseBody,
+    responses((status = 200, description = "Client lease renewed", body = KeptAlive),
+        (status = 404, description = "Not held under that token (released, lost, expired)", body = ErrorBody)))]
 async fn keepalive(s: AppState, name: &str, token: u64) -> Response {
     let tx = lock_table(&s.held).get(&(name.to_owned(), token)).cloned();
     if let Some(tx) = tx {
@@ -455,6 +471,9 @@ async fn keepalive(s: AppState, name: &str, token: u64) -> Response {
     )
 }
 
+#[utoipa::path(post, path = "/v1/locks/{name}/release", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = ReleaseBody,
+    responses((status = 200, description = "Released", body = Released),
+        (status = 404, description = "Not held under that token", body = ErrorBody)))]
 async fn release(s: AppState, name: &str, token: u64) -> Response {
     let tx = lock_table(&s.held).get(&(name.to_owned(), token)).cloned();
     if let Some(tx) = tx {
@@ -479,6 +498,9 @@ async fn release(s: AppState, name: &str, token: u64) -> Response {
     }
 }
 
+#[utoipa::path(get, path = "/v1/locks/{name}", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")),
+    responses((status = 200, description = "What this daemon holds of the lock, and its replicas here", body = LockView),
+        (status = 400, description = "Bad name", body = ErrorBody)))]
 async fn get_lock(State(s): State<AppState>, Path(name): Path<String>) -> Response {
     if sigma_behaviour::wire::validate_resource(&name).is_err() {
         return error(StatusCode::BAD_REQUEST, format!("invalid lock name {name:?}"));
@@ -526,6 +548,9 @@ async fn get_lock(State(s): State<AppState>, Path(name): Path<String>) -> Respon
     (StatusCode::OK, Json(view)).into_response()
 }
 
+#[utoipa::path(get, path = "/v1/inspect/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")),
+    responses((status = 200, description = "The lock seen from the hosts of all its replicas", body = crate::inspect::Inspection),
+        (status = 400, description = "Bad name", body = ErrorBody)))]
 async fn get_inspect(State(s): State<AppState>, Path(name): Path<String>) -> Response {
     match s.handle.inspect(&name).await {
         Ok(view) => (StatusCode::OK, Json(view)).into_response(),
@@ -534,6 +559,9 @@ async fn get_inspect(State(s): State<AppState>, Path(name): Path<String>) -> Res
     }
 }
 
+#[utoipa::path(post, path = "/v1/revoke/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = ReleaseBody,
+    responses((status = 200, description = "The holder gave the lock up", body = crate::inspect::Revoked),
+        (status = 404, description = "Not held under that token, or the holder refused", body = ErrorBody)))]
 async fn post_revoke(State(s): State<AppState>, Path(name): Path<String>, body: axum::body::Bytes) -> Response {
     let token = match serde_json::from_slice::<ReleaseBody>(&body) {
         Ok(b) => b.token,
@@ -550,6 +578,8 @@ async fn post_revoke(State(s): State<AppState>, Path(name): Path<String>, body: 
     }
 }
 
+#[utoipa::path(get, path = "/v1/status", tag = "node",
+    responses((status = 200, description = "The node: peers, readiness, locks, state sizes", body = crate::Status)))]
 async fn get_status(State(s): State<AppState>) -> Response {
     match s.handle.status().await {
         Ok(st) => (StatusCode::OK, Json(st)).into_response(),
@@ -558,16 +588,20 @@ async fn get_status(State(s): State<AppState>) -> Response {
 }
 
 /// Body of `POST /v1/admin/block` and `…/unblock`, and answer of all three admin calls.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PeerList {
     /// Peer ids.
     pub peers: Vec<String>,
 }
 
+#[utoipa::path(get, path = "/v1/admin/blocked", tag = "admin",
+    responses((status = 200, description = "Peers blocked now", body = PeerList)))]
 async fn get_blocked(State(s): State<AppState>) -> Response {
     block(s, Vec::new(), true).await
 }
 
+#[utoipa::path(post, path = "/v1/admin/block", tag = "admin", request_body = PeerList,
+    responses((status = 200, description = "Their connections closed and refused; the peers blocked afterwards", body = PeerList)))]
 async fn post_block(State(s): State<AppState>, body: axum::body::Bytes) -> Response {
     match parse_peers(&body) {
         Ok(peers) => block(s, peers, true).await,
@@ -575,6 +609,8 @@ async fn post_block(State(s): State<AppState>, body: axum::body::Bytes) -> Respo
     }
 }
 
+#[utoipa::path(post, path = "/v1/admin/unblock", tag = "admin", request_body = PeerList,
+    responses((status = 200, description = "The peers blocked afterwards", body = PeerList)))]
 async fn post_unblock(State(s): State<AppState>, body: axum::body::Bytes) -> Response {
     match parse_peers(&body) {
         Ok(peers) => block(s, peers, false).await,
@@ -597,6 +633,8 @@ async fn block(s: AppState, peers: Vec<libp2p::PeerId>, block: bool) -> Response
     }
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "node",
+    responses((status = 200, description = "Prometheus / OpenMetrics text", content_type = "application/openmetrics-text")))]
 async fn get_metrics(State(s): State<AppState>) -> Response {
     match s.handle.counters().await {
         Ok((c, t)) => s.metrics.set_snapshot(c, t),
@@ -610,8 +648,41 @@ async fn get_metrics(State(s): State<AppState>) -> Response {
 }
 
 /// The API's routes over a node, behind the gate.
+/// The API's OpenAPI 3.1 document, generated from the handlers and types above.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(title = "sigma daemon API", description = "The local control API of a sigma peer (loopback only)."),
+    paths(
+        acquire,
+        keepalive,
+        release,
+        get_lock,
+        get_inspect,
+        post_revoke,
+        get_status,
+        get_metrics,
+        get_blocked,
+        post_block,
+        post_unblock,
+        get_openapi
+    )
+)]
+pub struct ApiDoc;
+
+/// The OpenAPI document (`GET /v1/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    <ApiDoc as utoipa::OpenApi>::openapi()
+}
+
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "node",
+    responses((status = 200, description = "This document", content_type = "application/json")))]
+async fn get_openapi() -> Response {
+    (StatusCode::OK, Json(openapi())).into_response()
+}
+
 fn router(state: AppState, gate: gate::Gate) -> Router {
     Router::new()
+        .route("/v1/openapi.json", get(get_openapi))
         .route("/v1/locks/{*path}", get(get_lock).post(post_lock))
         .route("/v1/inspect/{*name}", get(get_inspect))
         .route("/v1/revoke/{*name}", axum::routing::post(post_revoke))
@@ -772,6 +843,37 @@ mod tests {
         }
         let msg = parse_loopback_addr("0.0.0.0:1").unwrap_err().to_string();
         assert!(msg.contains("loopback"), "{msg}");
+    }
+
+    #[test]
+    fn the_openapi_document_has_every_route_and_its_types() {
+        let doc = serde_json::to_value(openapi()).unwrap();
+        let mut paths: Vec<&str> = doc["paths"].as_object().unwrap().keys().map(String::as_str).collect();
+        paths.sort_unstable();
+        let mut want = vec![
+            "/metrics",
+            "/v1/admin/block",
+            "/v1/admin/blocked",
+            "/v1/admin/unblock",
+            "/v1/inspect/{name}",
+            "/v1/locks/{name}",
+            "/v1/locks/{name}/acquire",
+            "/v1/locks/{name}/keepalive",
+            "/v1/locks/{name}/release",
+            "/v1/openapi.json",
+            "/v1/revoke/{name}",
+            "/v1/status",
+        ];
+        want.sort_unstable();
+        assert_eq!(paths, want);
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for t in ["Acquired", "KeptAlive", "Released", "ReleaseBody", "ErrorBody", "LockView", "Inspection", "Status"] {
+            assert!(schemas.contains_key(t), "schema {t} missing: {:?}", schemas.keys().collect::<Vec<_>>());
+        }
+        let acquire = &doc["paths"]["/v1/locks/{name}/acquire"]["post"];
+        let params: Vec<&str> =
+            acquire["parameters"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+        assert_eq!(params, ["name", "timeout_ms", "ttl_ms", "n", "m", "min_peers"]);
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub struct LockOptions {
 }
 
 /// A lock waited for through this node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WaitingLock {
     /// Lock name.
     pub name: String,
@@ -108,13 +108,16 @@ pub struct WaitingLock {
 }
 
 /// A snapshot of the node (`GET /v1/status`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Status {
     /// This node.
+    #[schema(value_type = String)]
     pub peer_id: PeerId,
     /// Addresses it listens on.
+    #[schema(value_type = Vec<String>)]
     pub listen_addrs: Vec<Multiaddr>,
     /// Peers with an open connection.
+    #[schema(value_type = Vec<String>)]
     pub connected_peers: Vec<PeerId>,
     /// Peers known to the Sigma behaviour's routing view.
     pub routable_peers: usize,
@@ -145,6 +148,7 @@ pub struct Status {
     pub takeover_delay_ms: u64,
     /// Sizes of the per-lock and per-peer state (each bounded: ARCHITECTURE.md,
     /// "Bounded state").
+    #[schema(value_type = Object)]
     pub state: sigma_behaviour::StateSizes,
 }
 

@@ -7,16 +7,19 @@ use std::time::Duration;
 use futures::StreamExt;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{identify, Swarm};
-use sigma_behaviour::wire::{Reply, Request};
-use sigma_behaviour::{AcquisitionId, Event, ReplicaAnswer, ReplicaInfo};
+use sigma_behaviour::wire::Reply;
+use sigma_behaviour::{AcquisitionId, Event};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::command::{Command, ProbeReply, Status, SurveyReply, WaitingLock};
 use crate::error::LockError;
-use crate::guard::{GuardState, LockGuard};
-use crate::node::{Status, WaitingLock};
+use crate::guard::{GuardState, LockGuard, Release};
 use crate::swarm::{NodeBehaviour, NodeBehaviourEvent};
 
+/// Capacity of the guards' release channel (a full one makes a dropped guard hand its
+/// release to a task).
+const RELEASE_QUEUE: usize = 1024;
 /// Lock names whose last token this node remembers (to count regressions).
 const TOKEN_MEMORY: usize = 4096;
 /// First delay between the node's own Kademlia bootstraps; doubles up to
@@ -28,66 +31,6 @@ const BOOTSTRAP_FIRST_INTERVAL: Duration = Duration::from_secs(1);
 const BOOTSTRAP_MAX_INTERVAL: Duration = Duration::from_secs(300);
 /// Longest delay between attempts to reach the bootstrap peers while joining.
 const JOINING_RETRY: Duration = Duration::from_secs(4);
-
-/// Where a probe's round trips go (by replica index; `None`: no answer).
-pub(crate) type ProbeReply = oneshot::Sender<Result<Vec<Option<Duration>>, LockError>>;
-/// Where an inspection's answers go (by replica index).
-pub(crate) type SurveyReply = oneshot::Sender<Result<Vec<ReplicaAnswer>, LockError>>;
-
-/// A request to the event loop, with the channel for its answer.
-pub(crate) enum Command {
-    Lock {
-        name: String,
-        quorum: Option<(usize, usize)>,
-        min_peers: Option<usize>,
-        timeout: Option<Duration>,
-        reply: oneshot::Sender<Result<LockGuard, LockError>>,
-    },
-    Release {
-        id: AcquisitionId,
-        reply: Option<oneshot::Sender<()>>,
-    },
-    ReleaseByToken {
-        name: String,
-        token: u64,
-        reply: oneshot::Sender<bool>,
-    },
-    Status {
-        reply: oneshot::Sender<Status>,
-    },
-    Inspect {
-        name: String,
-        reply: oneshot::Sender<Vec<ReplicaInfo>>,
-    },
-    Counters {
-        reply: oneshot::Sender<(sigma_behaviour::Counters, sigma_behaviour::ReplicaTotals)>,
-    },
-    Probe {
-        name: String,
-        n: Option<usize>,
-        reply: ProbeReply,
-    },
-    /// Asks the hosts of all of a lock's replicas for their state.
-    Survey {
-        name: String,
-        reply: SurveyReply,
-    },
-    /// Sends one operator's request (holding, revoke) to one peer, this one included.
-    Ask {
-        peer: libp2p::PeerId,
-        request: Box<Request>,
-        reply: oneshot::Sender<Option<Reply>>,
-    },
-    Shutdown {
-        reply: oneshot::Sender<()>,
-    },
-    /// Blocks (or unblocks) peers; answers the peers blocked afterwards.
-    Block {
-        peers: Vec<libp2p::PeerId>,
-        block: bool,
-        reply: oneshot::Sender<Vec<libp2p::PeerId>>,
-    },
-}
 
 /// A caller waiting for a lock.
 struct Waiter {
@@ -108,8 +51,10 @@ pub(crate) struct EventLoop {
     pub(crate) metrics: Option<std::sync::Arc<libp2p::metrics::Metrics>>,
     swarm: Swarm<NodeBehaviour>,
     commands: mpsc::Receiver<Command>,
+    /// Guards' releases, taken before commands.
+    releases: mpsc::Receiver<Release>,
     /// Given to guards, so that they can release.
-    sender: mpsc::Sender<Command>,
+    release_sender: mpsc::Sender<Release>,
     waiting: HashMap<AcquisitionId, Waiter>,
     /// Round-trip probes in flight.
     probes: HashMap<sigma_behaviour::ProbeId, ProbeReply>,
@@ -133,14 +78,15 @@ impl EventLoop {
     pub(crate) fn new(
         swarm: Swarm<NodeBehaviour>,
         commands: mpsc::Receiver<Command>,
-        sender: mpsc::Sender<Command>,
         refresh: Duration,
         shutdown_grace: Duration,
     ) -> Self {
+        let (release_sender, releases) = mpsc::channel(RELEASE_QUEUE);
         EventLoop {
             swarm,
             commands,
-            sender,
+            releases,
+            release_sender,
             waiting: HashMap::new(),
             probes: HashMap::new(),
             surveys: HashMap::new(),
@@ -164,7 +110,15 @@ impl EventLoop {
         loop {
             let next_deadline = self.deadlines.first().map(|(t, _)| *t);
             tokio::select! {
-                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                // Releases first: a guard released (or dropped) before its task asks
+                // for the lock again must not find its own old hold in the way.
+                biased;
+                Some(Release { id, reply }) = self.releases.recv() => {
+                    self.release(id);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(());
+                    }
+                }
                 command = self.commands.recv() => match command {
                     Some(Command::Shutdown { reply }) => {
                         self.shutdown().await;
@@ -174,6 +128,7 @@ impl EventLoop {
                     Some(command) => self.on_command(command),
                     None => return,
                 },
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
                 _ = tick.tick() => self.on_tick(),
                 () = tokio::time::sleep_until(next_deadline.unwrap_or_else(Instant::now)), if next_deadline.is_some() => {
                     self.on_deadlines()
@@ -201,12 +156,6 @@ impl EventLoop {
                         }
                         self.waiting.insert(id, Waiter { name, reply, deadline });
                     }
-                }
-            }
-            Command::Release { id, reply } => {
-                self.release(id);
-                if let Some(reply) = reply {
-                    let _ = reply.send(());
                 }
             }
             Command::ReleaseByToken { name, token, reply } => {
@@ -375,7 +324,8 @@ impl EventLoop {
                 }
                 self.check_token(&resource, token);
                 let (state, rx) = watch::channel(GuardState { valid_until, lost: false });
-                let guard = LockGuard::new(resource.clone(), token, id, self.sender.clone(), rx, distinct_peers);
+                let guard =
+                    LockGuard::new(resource.clone(), token, id, self.release_sender.clone(), rx, distinct_peers);
                 self.held.insert(id, Held { name: resource.clone(), token, state });
                 match waiter.reply.send(Ok(guard)) {
                     Ok(()) => tracing::info!(lock = %resource, token, votes, distinct_peers, %id, "lock acquired"),

@@ -7,7 +7,6 @@ use sigma_behaviour::AcquisitionId;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::LockError;
-use crate::event_loop::Command;
 
 /// What the event loop publishes about a held lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +28,16 @@ pub(crate) struct GuardState {
 ///
 /// # Fencing token
 ///
+/// A guard's release, sent to the event loop on its own channel (the guard knows
+/// nothing of the node's other commands). The event loop takes releases before
+/// commands, so a release sent before a new `lock` call is applied first.
+pub(crate) struct Release {
+    /// The acquisition to release.
+    pub(crate) id: AcquisitionId,
+    /// Answered once the release is in hand (`LockGuard::release`); `None` from `Drop`.
+    pub(crate) reply: Option<oneshot::Sender<()>>,
+}
+
 /// The token is the largest grant stamp among the replica votes held at the win. Grant
 /// stamps are hybrid logical clocks: `max(wall clock in µs, last stamp + 1, any token
 /// the replica was told about)`, and the holder tells its replicas its token with every
@@ -44,7 +53,7 @@ pub struct LockGuard {
     name: String,
     token: u64,
     id: AcquisitionId,
-    commands: mpsc::Sender<Command>,
+    releases: mpsc::Sender<Release>,
     state: watch::Receiver<GuardState>,
     /// Release already sent (or detached): nothing to do on drop.
     done: bool,
@@ -57,11 +66,11 @@ impl LockGuard {
         name: String,
         token: u64,
         id: AcquisitionId,
-        commands: mpsc::Sender<Command>,
+        releases: mpsc::Sender<Release>,
         state: watch::Receiver<GuardState>,
         distinct_peers: usize,
     ) -> Self {
-        LockGuard { name, token, id, commands, state, done: false, distinct_peers }
+        LockGuard { name, token, id, releases, state, done: false, distinct_peers }
     }
 
     /// Distinct peers whose replicas voted for this holder at the win (at least the
@@ -128,10 +137,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         let was_lost = self.is_lost();
         let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Release { id: self.id, reply: Some(tx) })
-            .await
-            .map_err(|_| LockError::NodeStopped)?;
+        self.releases.send(Release { id: self.id, reply: Some(tx) }).await.map_err(|_| LockError::NodeStopped)?;
         self.done = true;
         rx.await.map_err(|_| LockError::NodeStopped)?;
         if was_lost {
@@ -155,23 +161,23 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        let command = Command::Release { id: self.id, reply: None };
-        match self.commands.try_send(command) {
+        let release = Release { id: self.id, reply: None };
+        match self.releases.try_send(release) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Closed(_)) => {} // the node is gone, and the lock with it
-            Err(mpsc::error::TrySendError::Full(command)) => {
-                let commands = self.commands.clone();
+            Err(mpsc::error::TrySendError::Full(release)) => {
+                let releases = self.releases.clone();
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => {
                         runtime.spawn(async move {
-                            let _ = commands.send(command).await;
+                            let _ = releases.send(release).await;
                         });
                     }
                     // Outside a runtime: a thread may block until there is room.
                     Err(_) => {
                         let _ = std::thread::Builder::new()
                             .name("sigma-release".into())
-                            .spawn(move || commands.blocking_send(command));
+                            .spawn(move || releases.blocking_send(release));
                     }
                 }
             }

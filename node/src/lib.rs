@@ -28,6 +28,7 @@
 //! when exclusion is no longer guaranteed.
 
 pub mod client;
+mod command;
 mod error;
 mod event_loop;
 mod guard;

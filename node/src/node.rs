@@ -8,12 +8,13 @@ use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{Multiaddr, PeerId};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::command::Command;
+pub use crate::command::{Status, WaitingLock};
 use crate::error::{LockError, NodeError, RevokeError};
-use crate::event_loop::{Command, EventLoop};
+use crate::event_loop::EventLoop;
 use crate::guard::LockGuard;
 use crate::inspect::{self, Inspection, Revoked};
 use crate::{identity, swarm};
@@ -93,63 +94,6 @@ pub struct LockOptions {
     /// many distinct peers; `None` for the node's (see
     /// [`sigma_behaviour::Config::with_min_voters`]).
     pub min_peers: Option<usize>,
-}
-
-/// A lock waited for through this node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct WaitingLock {
-    /// Lock name.
-    pub name: String,
-    /// Place in line: the turn at which m replicas would serve this waiter (1 = next);
-    /// `None` until m replicas have answered.
-    pub position: Option<u32>,
-    /// Votes it holds already.
-    pub votes: usize,
-}
-
-/// A snapshot of the node (`GET /v1/status`).
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Status {
-    /// This node.
-    #[schema(value_type = String)]
-    pub peer_id: PeerId,
-    /// Addresses it listens on.
-    #[schema(value_type = Vec<String>)]
-    pub listen_addrs: Vec<Multiaddr>,
-    /// Peers with an open connection.
-    #[schema(value_type = Vec<String>)]
-    pub connected_peers: Vec<PeerId>,
-    /// Peers known to the Sigma behaviour's routing view.
-    pub routable_peers: usize,
-    /// Logical replicas hosted here (all locks).
-    pub replicas_hosted: usize,
-    /// Locks held through this node: (name, fencing token).
-    pub locks_held: Vec<(String, u64)>,
-    /// Locks being waited for through this node (one entry per waiting caller).
-    pub locks_waiting: Vec<String>,
-    /// The same waits with their places in line.
-    pub waiting: Vec<WaitingLock>,
-    /// Acquisitions through this node whose fencing token was not above the previous
-    /// token this node saw for the same lock (should stay 0; see [`LockGuard::token`]).
-    pub token_regressions: u64,
-    /// True while the node serves: it has joined its swarm and reaches a strict
-    /// majority of the peers it knows. Locks are won only through serving nodes.
-    pub ready: bool,
-    /// `serving`, `joining` or `minority`.
-    pub readiness: String,
-    /// Why, in words.
-    pub readiness_detail: String,
-    /// Known sigma peers (present, or departed within the membership window), this
-    /// node included.
-    pub members: usize,
-    /// Of which connected now, this node included.
-    pub reachable_members: usize,
-    /// The takeover delay: a replica this node takes over grants nothing for this long.
-    pub takeover_delay_ms: u64,
-    /// Sizes of the per-lock and per-peer state (each bounded: ARCHITECTURE.md,
-    /// "Bounded state").
-    #[schema(value_type = Object)]
-    pub state: sigma_behaviour::StateSizes,
 }
 
 /// A running sigma peer: the swarm and its event loop (a tokio task). Dropping the
@@ -252,7 +196,7 @@ impl Node {
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
         let refresh =
             (config.behaviour.protocol().lease() / 10).clamp(Duration::from_millis(10), Duration::from_millis(200));
-        let mut event_loop = EventLoop::new(swarm, receiver, commands.clone(), refresh, config.shutdown_grace);
+        let mut event_loop = EventLoop::new(swarm, receiver, refresh, config.shutdown_grace);
         event_loop.metrics = config.libp2p_metrics.clone().map(|m| m.0);
         event_loop.bootstrap_peers = bootstrap_peers;
         let task = tokio::spawn(event_loop.run());

@@ -1,0 +1,129 @@
+//! The node's command protocol: what [`crate::NodeHandle`] asks of the event loop, each
+//! command with the channel for its answer, and the answers' types. The layers read
+//! top-down: `node` (the handle) and `event_loop` depend on this module and on
+//! `guard`; `guard` depends on neither (its releases travel on their own channel,
+//! [`crate::guard::Release`]).
+
+use std::time::Duration;
+
+use libp2p::{Multiaddr, PeerId};
+use serde::{Deserialize, Serialize};
+use sigma_behaviour::wire::{Reply, Request};
+use sigma_behaviour::{ReplicaAnswer, ReplicaInfo};
+use tokio::sync::oneshot;
+
+use crate::error::LockError;
+use crate::guard::LockGuard;
+
+/// Where a probe's round trips go (by replica index; `None`: no answer).
+pub(crate) type ProbeReply = oneshot::Sender<Result<Vec<Option<Duration>>, LockError>>;
+/// Where an inspection's answers go (by replica index).
+pub(crate) type SurveyReply = oneshot::Sender<Result<Vec<ReplicaAnswer>, LockError>>;
+
+/// A request to the event loop, with the channel for its answer.
+pub(crate) enum Command {
+    Lock {
+        name: String,
+        quorum: Option<(usize, usize)>,
+        min_peers: Option<usize>,
+        timeout: Option<Duration>,
+        reply: oneshot::Sender<Result<LockGuard, LockError>>,
+    },
+    ReleaseByToken {
+        name: String,
+        token: u64,
+        reply: oneshot::Sender<bool>,
+    },
+    Status {
+        reply: oneshot::Sender<Status>,
+    },
+    Inspect {
+        name: String,
+        reply: oneshot::Sender<Vec<ReplicaInfo>>,
+    },
+    Counters {
+        reply: oneshot::Sender<(sigma_behaviour::Counters, sigma_behaviour::ReplicaTotals)>,
+    },
+    Probe {
+        name: String,
+        n: Option<usize>,
+        reply: ProbeReply,
+    },
+    /// Asks the hosts of all of a lock's replicas for their state.
+    Survey {
+        name: String,
+        reply: SurveyReply,
+    },
+    /// Sends one operator's request (holding, revoke) to one peer, this one included.
+    Ask {
+        peer: libp2p::PeerId,
+        request: Box<Request>,
+        reply: oneshot::Sender<Option<Reply>>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+    /// Blocks (or unblocks) peers; answers the peers blocked afterwards.
+    Block {
+        peers: Vec<libp2p::PeerId>,
+        block: bool,
+        reply: oneshot::Sender<Vec<libp2p::PeerId>>,
+    },
+}
+
+/// A lock waited for through this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WaitingLock {
+    /// Lock name.
+    pub name: String,
+    /// Place in line: the turn at which m replicas would serve this waiter (1 = next);
+    /// `None` until m replicas have answered.
+    pub position: Option<u32>,
+    /// Votes it holds already.
+    pub votes: usize,
+}
+
+/// A snapshot of the node (`GET /v1/status`).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Status {
+    /// This node.
+    #[schema(value_type = String)]
+    pub peer_id: PeerId,
+    /// Addresses it listens on.
+    #[schema(value_type = Vec<String>)]
+    pub listen_addrs: Vec<Multiaddr>,
+    /// Peers with an open connection.
+    #[schema(value_type = Vec<String>)]
+    pub connected_peers: Vec<PeerId>,
+    /// Peers known to the Sigma behaviour's routing view.
+    pub routable_peers: usize,
+    /// Logical replicas hosted here (all locks).
+    pub replicas_hosted: usize,
+    /// Locks held through this node: (name, fencing token).
+    pub locks_held: Vec<(String, u64)>,
+    /// Locks being waited for through this node (one entry per waiting caller).
+    pub locks_waiting: Vec<String>,
+    /// The same waits with their places in line.
+    pub waiting: Vec<WaitingLock>,
+    /// Acquisitions through this node whose fencing token was not above the previous
+    /// token this node saw for the same lock (should stay 0; see [`LockGuard::token`]).
+    pub token_regressions: u64,
+    /// True while the node serves: it has joined its swarm and reaches a strict
+    /// majority of the peers it knows. Locks are won only through serving nodes.
+    pub ready: bool,
+    /// `serving`, `joining` or `minority`.
+    pub readiness: String,
+    /// Why, in words.
+    pub readiness_detail: String,
+    /// Known sigma peers (present, or departed within the membership window), this
+    /// node included.
+    pub members: usize,
+    /// Of which connected now, this node included.
+    pub reachable_members: usize,
+    /// The takeover delay: a replica this node takes over grants nothing for this long.
+    pub takeover_delay_ms: u64,
+    /// Sizes of the per-lock and per-peer state (each bounded: ARCHITECTURE.md,
+    /// "Bounded state").
+    #[schema(value_type = Object)]
+    pub state: sigma_behaviour::StateSizes,
+}

@@ -69,6 +69,8 @@ pub struct Config {
     ping_timeout: Duration,
     max_replicas: usize,
     max_replicas_per_peer: usize,
+    max_entries: usize,
+    max_entries_per_peer: usize,
     peer_rate: (u32, u32),
     admin: Admin,
 }
@@ -96,6 +98,13 @@ impl Admin {
         }
     }
 }
+
+/// Default cap on queue entries of remote peers' acquisitions in all hosted replicas
+/// (about 100 bytes each: ~200 MB at most).
+pub const DEFAULT_MAX_ENTRIES: usize = 2_000_000;
+/// Default cap per remote peer: 10,000 held or awaited locks of one gateway peer in a
+/// 3-peer swarm (about 11 replicas each per host) fit twice over.
+pub const DEFAULT_MAX_ENTRIES_PER_PEER: usize = 200_000;
 
 /// Default membership window: a departed peer still counts toward the majority a
 /// serving peer must reach for this long.
@@ -155,6 +164,8 @@ impl Default for Config {
             ping_timeout: DEFAULT_PING_TIMEOUT,
             max_replicas: 100_000,
             max_replicas_per_peer: 50_000,
+            max_entries: DEFAULT_MAX_ENTRIES,
+            max_entries_per_peer: DEFAULT_MAX_ENTRIES_PER_PEER,
             peer_rate: (20_000, 40_000),
             admin: Admin::Nobody,
         }
@@ -230,6 +241,16 @@ impl Config {
     /// Which remote peers may revoke locks held through this peer (default none).
     pub fn with_admin(mut self, admin: Admin) -> Self {
         self.admin = admin;
+        self
+    }
+    /// Queue entries (owners and waiters of remote peers' acquisitions) in all the
+    /// hosted replicas, and per remote peer (defaults [`DEFAULT_MAX_ENTRIES`],
+    /// [`DEFAULT_MAX_ENTRIES_PER_PEER`]). A REQUEST that would add one past either is
+    /// refused (`Rejection::QueueQuota`) and counted; an acquisition already queued is
+    /// always served (renewals, retries).
+    pub fn with_entry_limits(mut self, max_entries: usize, max_entries_per_peer: usize) -> Self {
+        self.max_entries = max_entries;
+        self.max_entries_per_peer = max_entries_per_peer;
         self
     }
     /// How long a dead peer can go unnoticed: one ping interval plus its timeout.
@@ -440,6 +461,10 @@ pub struct StateSizes {
     pub pending: usize,
     /// Kademlia lookups in flight.
     pub lookups: usize,
+    /// Queue entries (owners and waiters) of remote peers' acquisitions in the hosted
+    /// replicas.
+    #[serde(default)]
+    pub entries: usize,
 }
 
 /// Counters exported as metrics.
@@ -660,6 +685,10 @@ impl<K: Clone + Ord + std::hash::Hash> DeadlineIndex<K> {
     }
 }
 
+/// A replica's number of entries (owner and waiters) and its first one: when neither
+/// changed, nor did who is in it (see `recount_entries`).
+type EntryShape = (usize, Option<PeerId>);
+
 /// Gives a map's memory back once it holds less than a quarter of its capacity: a
 /// `HashMap` never shrinks by itself, so a burst of lock names would keep its table for
 /// good. Amortised O(1) per removal (the next shrink needs the length to halve again).
@@ -730,6 +759,11 @@ pub struct Behaviour {
     /// Which remote peer's request created each hosted replica, and how many each has.
     creators: HashMap<(String, u16), PeerId>,
     created_by: HashMap<PeerId, usize>,
+    /// The remote peers present (owner or waiter, with multiplicity) in each hosted
+    /// replica as last counted, and their entries in all: the queue-entry quotas.
+    entries: HashMap<(String, u16), (EntryShape, Vec<PeerId>)>,
+    entries_by: HashMap<PeerId, usize>,
+    entries_total: usize,
     /// Request budget per connected peer: (tokens, last refill).
     buckets: HashMap<PeerId, (f64, Time)>,
     pending: HashMap<OutboundRequestId, Pending>,
@@ -800,6 +834,9 @@ impl Behaviour {
             live_locks: HashMap::new(),
             creators: HashMap::new(),
             created_by: HashMap::new(),
+            entries: HashMap::new(),
+            entries_by: HashMap::new(),
+            entries_total: 0,
             buckets: HashMap::new(),
             pending: HashMap::new(),
             lookups: HashMap::new(),
@@ -874,7 +911,28 @@ impl Behaviour {
             finished: self.finished.len(),
             pending: self.pending.len(),
             lookups: self.lookups.len(),
+            entries: self.entries_total,
         }
+    }
+
+    /// Recounts the remote peers' queue entries from the hosted replicas and compares
+    /// with the running counts behind the entry quotas (tests; O(hosted state)).
+    pub fn audit_entries(&self) -> Result<(), String> {
+        let mut by: HashMap<PeerId, usize> = HashMap::new();
+        for r in self.replicas.values() {
+            let all = r.owner().map(|(ts, _)| ts.client).into_iter().chain(r.queue().map(|ts| ts.client));
+            for p in all.filter(|p| *p != self.local) {
+                *by.entry(p).or_default() += 1;
+            }
+        }
+        let total: usize = by.values().sum();
+        if total != self.entries_total || by != self.entries_by {
+            return Err(format!(
+                "entries: counted {total} {by:?}, running {} {:?}",
+                self.entries_total, self.entries_by
+            ));
+        }
+        Ok(())
     }
 
     /// Sums of the hosted replicas' counters.
@@ -1015,6 +1073,9 @@ impl Behaviour {
             self.replica_due.clear();
             self.creators = HashMap::new();
             self.created_by = HashMap::new();
+            self.entries = HashMap::new();
+            self.entries_by = HashMap::new();
+            self.entries_total = 0;
         }
         if self.membership.ready() && self.deferred > 0 {
             self.deferred = 0;
@@ -1398,6 +1459,16 @@ impl Behaviour {
     ) -> Result<Vec<Response<PeerId>>, Rejection> {
         let now = self.clock.now();
         let key = (resource.to_owned(), index);
+        // A REQUEST that would add a remote peer's entry past its quota, or past the cap
+        // for all, is refused before anything is created; an acquisition already here
+        // is always served (renewals, retries).
+        if let ToReplica::Request { ts, .. } = &msg {
+            let over = self.entries_by.get(&from).is_some_and(|n| *n >= self.config.max_entries_per_peer)
+                || self.entries_total >= self.config.max_entries;
+            if from != self.local && over && !self.replicas.get(&key).is_some_and(|r| r.has(ts)) {
+                return Err(Rejection::QueueQuota);
+            }
+        }
         if !self.replicas.contains_key(&key) {
             if self.replicas.len() >= self.config.max_replicas {
                 return Err(Rejection::TooManyReplicas);
@@ -1850,6 +1921,7 @@ impl Behaviour {
     /// Files a hosted replica under its next deadline, or drops it if it is disposable
     /// (idle, nothing to remember: see [`Replica::is_disposable`]).
     fn reindex_replica(&mut self, key: &(String, u16), now: Time) {
+        self.recount_entries(key);
         let Some(r) = self.replicas.get(key) else {
             self.replica_due.set(key, None);
             return;
@@ -1861,6 +1933,46 @@ impl Behaviour {
         }
         let at = [r.poll_timeout(), r.disposable_at()].into_iter().flatten().min();
         self.replica_due.set(key, at);
+    }
+
+    /// Counts again the remote peers' entries (owner, waiters) of one replica, when they
+    /// may have changed: O(queue) then, nothing otherwise.
+    fn recount_entries(&mut self, key: &(String, u16)) {
+        let local = self.local;
+        let (shape, now): (EntryShape, Vec<PeerId>) = match self.replicas.get(key) {
+            Some(r) => {
+                // One event adds, removes, promotes or re-queues one acquisition: the
+                // same number of entries with the same first one means the same peers.
+                let first = r.owner().map(|(ts, _)| ts.client).or_else(|| r.queue().next().map(|ts| ts.client));
+                let shape = (r.queue_len() + usize::from(r.owner().is_some()), first);
+                if self.entries.get(key).is_some_and(|(s, _)| *s == shape) {
+                    return;
+                }
+                let all = r.owner().map(|(ts, _)| ts.client).into_iter().chain(r.queue().map(|ts| ts.client));
+                (shape, all.filter(|p| *p != local).collect())
+            }
+            None => ((0, None), Vec::new()),
+        };
+        let old = if shape.0 == 0 {
+            let old = self.entries.remove(key);
+            shrink_if_sparse(&mut self.entries);
+            old
+        } else {
+            self.entries.insert(key.clone(), (shape, now.clone()))
+        };
+        for p in old.map(|(_, v)| v).unwrap_or_default() {
+            self.entries_total = self.entries_total.saturating_sub(1);
+            if let Some(c) = self.entries_by.get_mut(&p) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.entries_by.remove(&p);
+                }
+            }
+        }
+        for p in now {
+            self.entries_total += 1;
+            *self.entries_by.entry(p).or_default() += 1;
+        }
     }
 
     /// Takes one request from `peer`'s budget (token bucket); false when it is spent.
@@ -1881,6 +1993,7 @@ impl Behaviour {
     /// Removes a hosted replica with its index entry and its creator's count.
     fn drop_replica(&mut self, key: &(String, u16)) {
         self.replicas.remove(key);
+        self.recount_entries(key);
         shrink_if_sparse(&mut self.replicas);
         self.replica_due.set(key, None);
         if let Some(peer) = self.creators.remove(key) {

@@ -17,5 +17,6 @@ pub mod wire;
 pub use behaviour::{
     kad_protocol, AcquireError, AcquisitionId, AcquisitionInfo, Admin, Behaviour, BootClock, Config, Counters, Event,
     Inner, InnerEvent, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals, StateSizes, DEFAULT_MAX_CONCURRENT_STREAMS,
-    DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_PROTOCOL,
+    DEFAULT_MAX_ENTRIES, DEFAULT_MAX_ENTRIES_PER_PEER, DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL,
+    DEFAULT_PING_TIMEOUT, KAD_PROTOCOL,
 };

@@ -195,6 +195,9 @@ pub enum Rejection {
     RateLimited,
     /// A [`Request::Revoke`] from a peer this one does not take such orders from.
     NotAllowed,
+    /// The sender's acquisitions occupy as many queue entries here as one peer may (or
+    /// all peers' together reach the cap): a new one is refused; queued ones are served.
+    QueueQuota,
 }
 
 impl Rejection {
@@ -216,6 +219,7 @@ impl Rejection {
             Rejection::PeerQuota => "peer_quota",
             Rejection::RateLimited => "rate_limited",
             Rejection::NotAllowed => "not_allowed",
+            Rejection::QueueQuota => "queue_quota",
         }
     }
 }

@@ -87,6 +87,13 @@ async fn one_holder_at_a_time_and_handoff_on_release() {
     assert_eq!(id, loser_id);
     assert!(token > first_token, "fencing token went from {first_token} to {token}");
     let _ = winner;
+    // The running counts behind the queue-entry quotas match the replicas (here the
+    // second holder owns replicas on peers other than its own).
+    let remote: usize = s.iter().map(|x| x.behaviour().state_sizes().entries).sum();
+    assert!(remote > 0, "the holder's votes on other peers are entries there");
+    for x in &s {
+        x.behaviour().audit_entries().unwrap();
+    }
 }
 
 #[tokio::test]
@@ -363,6 +370,9 @@ async fn a_stream_of_lock_names_leaves_no_state_behind() {
     assert_eq!(created(&s), 505);
     wait_until_no_replicas(&mut s).await;
     assert_eq!(evicted(&s), 505);
+    for x in &s {
+        x.behaviour().audit_entries().unwrap();
+    }
 }
 
 async fn lock_and_release(s: &mut [Swarm<Behaviour>], names: &[String]) {
@@ -434,6 +444,58 @@ async fn a_peer_flooding_made_up_names_is_held_to_its_quota_and_budget() {
     })
     .await;
     assert!(matches!(event, Event::Acquired { id: got, .. } if got == id), "{event:?}");
+}
+
+/// What one remote peer's acquisitions may occupy in the queues: past its quota of
+/// entries a new acquisition is refused (`QueueQuota`) and counted, an acquisition
+/// already queued is still served (a renewal), and a release frees an entry for the
+/// next one.
+#[tokio::test]
+async fn a_peer_filling_queues_is_held_to_its_entry_quota() {
+    let config = config().with_entry_limits(1_000, 10);
+    let mut node = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config.clone()));
+    node.listen().with_memory_addr_external().await;
+    let mut probe = probe();
+    probe.connect(&mut node).await;
+    let (target, me) = (*node.local_peer_id(), *probe.local_peer_id());
+    let request = |k: u64, name: &str| Request::Replica {
+        resource: name.to_owned(),
+        index: 0,
+        n: 5,
+        msg: ToReplica::Request { ts: Timestamp::new(k, me), sent: 1, floor: 0 },
+    };
+    let mut kinds = Vec::new();
+    // 12 acquisitions of one lock (1 owner, then waiters), then one of another lock.
+    for k in 1..=12 {
+        kinds.push(ask(&mut probe, std::slice::from_mut(&mut node), target, request(k, "queue/a")).await);
+    }
+    kinds.push(ask(&mut probe, std::slice::from_mut(&mut node), target, request(13, "queue/b")).await);
+    let kind = |r: &Reply| match r {
+        Reply::Responses(_) => "served".to_owned(),
+        Reply::Rejected(r) => r.as_str().to_owned(),
+        other => format!("{other:?}"),
+    };
+    let got: Vec<String> = kinds.iter().map(kind).collect();
+    assert!(got[..10].iter().all(|k| k == "served"), "{got:?}");
+    assert!(got[10..].iter().all(|k| k == "queue_quota"), "the 11th entry is over the quota: {got:?}");
+    assert_eq!(node.behaviour().state_sizes().entries, 10);
+    // A renewal of a queued acquisition is served; a release frees an entry.
+    let renewal = ask(&mut probe, std::slice::from_mut(&mut node), target, request(5, "queue/a")).await;
+    assert_eq!(kind(&renewal), "served");
+    let release = Request::Replica {
+        resource: "queue/a".to_owned(),
+        index: 0,
+        n: 5,
+        msg: ToReplica::Release { ts: Timestamp::new(7, me), token: 0 },
+    };
+    let released = ask(&mut probe, std::slice::from_mut(&mut node), target, release).await;
+    assert_eq!(kind(&released), "served");
+    assert_eq!(node.behaviour().state_sizes().entries, 9);
+    let next = ask(&mut probe, std::slice::from_mut(&mut node), target, request(13, "queue/b")).await;
+    assert_eq!(kind(&next), "served", "room again after a release");
+    assert_eq!(node.behaviour().state_sizes().entries, 10);
+    assert_eq!(node.behaviour().counters().rejected.get("queue_quota"), Some(&3));
+    node.behaviour().audit_entries().unwrap();
 }
 
 /// A bare request-response peer speaking the sigma wire (no Sigma behind it).

@@ -174,6 +174,13 @@ struct RunArgs {
     /// Most replicas one remote peer's requests may have created here.
     #[arg(long, value_name = "N", default_value_t = 50_000, env = "SIGMA_MAX_REPLICAS_PER_PEER")]
     max_replicas_per_peer: usize,
+    /// Most queue entries (owners and waiters of other peers' acquisitions, ~100 bytes
+    /// each) in all the replicas this peer hosts; past it a new one is refused.
+    #[arg(long, value_name = "N", default_value_t = sigma_behaviour::DEFAULT_MAX_ENTRIES, env = "SIGMA_MAX_QUEUE_ENTRIES")]
+    max_queue_entries: usize,
+    /// Most queue entries one remote peer's acquisitions may occupy here.
+    #[arg(long, value_name = "N", default_value_t = sigma_behaviour::DEFAULT_MAX_ENTRIES_PER_PEER, env = "SIGMA_MAX_QUEUE_ENTRIES_PER_PEER")]
+    max_queue_entries_per_peer: usize,
     /// Requests per second one remote peer may send (token bucket, burst twice that).
     #[arg(long, value_name = "N", default_value_t = 20_000, env = "SIGMA_PEER_RATE")]
     peer_rate: u32,
@@ -524,6 +531,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         .with_membership_window(args.membership_window)
         .with_ping(args.ping_interval, args.ping_timeout)
         .with_limits(args.max_replicas, args.max_replicas_per_peer, (args.peer_rate, args.peer_rate.saturating_mul(2)))
+        .with_entry_limits(args.max_queue_entries, args.max_queue_entries_per_peer)
         .with_admin(admin_policy(&args.admin_peer)?);
 
     // One registry for /metrics: libp2p's metrics (prefix libp2p_), recorded by the

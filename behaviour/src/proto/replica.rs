@@ -152,6 +152,11 @@ impl<C: Clone + Ord> Replica<C> {
         self.queue.len()
     }
 
+    /// Whether acquisition `ts` owns this replica or waits in its queue (O(log n)).
+    pub fn has(&self, ts: &Timestamp<C>) -> bool {
+        self.owner.as_ref().is_some_and(|o| o.ts == *ts) || self.position(ts).is_ok()
+    }
+
     /// Number of tombstones held.
     pub fn tombstones(&self) -> usize {
         self.tombstones.len()

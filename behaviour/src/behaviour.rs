@@ -1922,10 +1922,14 @@ impl Behaviour {
     /// (idle, nothing to remember: see [`Replica::is_disposable`]).
     fn reindex_replica(&mut self, key: &(String, u16), now: Time) {
         self.recount_entries(key);
-        let Some(r) = self.replicas.get(key) else {
+        let Some(r) = self.replicas.get_mut(key) else {
             self.replica_due.set(key, None);
             return;
         };
+        if r.is_idle() {
+            // Kept until its tombstones expire: give back what its emptied queues hold.
+            r.compact();
+        }
         if r.is_disposable(now) {
             self.drop_replica(key);
             self.counters.replicas_evicted += 1;

@@ -34,7 +34,7 @@
 //! can have given has run out; then the earliest waiter gets the vote. A reset then
 //! costs availability, not exclusion (ARCHITECTURE.md, "Split brain").
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use super::clock::{micros, Timestamp};
@@ -86,6 +86,84 @@ struct Waiter<C> {
     heard_at: Time,
 }
 
+/// Released acquisitions, in burial order (one TTL for all: also expiry order). Few, the
+/// common case (an idle replica keeps one), are looked up in that order itself; past
+/// [`TOMBSTONE_INDEX_FROM`] an ordered index is kept beside it. A `BTreeMap` alone would
+/// cost an idle replica a whole node (~1.2 KB) for its one tombstone.
+#[derive(Clone, Debug)]
+struct Tombstones<C> {
+    order: VecDeque<(Time, Timestamp<C>)>,
+    index: Option<BTreeSet<Timestamp<C>>>,
+}
+
+/// Tombstones searched linearly up to this many; an index beyond (dropped again below
+/// half of it).
+const TOMBSTONE_INDEX_FROM: usize = 16;
+
+impl<C: Clone + Ord> Tombstones<C> {
+    fn new() -> Self {
+        Tombstones { order: VecDeque::new(), index: None }
+    }
+
+    fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    fn contains(&self, ts: &Timestamp<C>) -> bool {
+        match &self.index {
+            Some(index) => index.contains(ts),
+            None => self.order.iter().any(|(_, t)| t == ts),
+        }
+    }
+
+    /// Buries `ts` until `until`, unless it is buried already (its first burial stands).
+    fn insert(&mut self, ts: Timestamp<C>, until: Time) {
+        if self.contains(&ts) {
+            return;
+        }
+        if let Some(index) = &mut self.index {
+            index.insert(ts.clone());
+        }
+        self.order.push_back((until, ts));
+        if self.index.is_none() && self.order.len() > TOMBSTONE_INDEX_FROM {
+            self.index = Some(self.order.iter().map(|(_, t)| t.clone()).collect());
+        }
+    }
+
+    /// Forgets the oldest.
+    fn pop_front(&mut self) -> Option<(Time, Timestamp<C>)> {
+        let (until, ts) = self.order.pop_front()?;
+        if let Some(index) = &mut self.index {
+            index.remove(&ts);
+            if self.order.len() <= TOMBSTONE_INDEX_FROM / 2 {
+                self.index = None;
+            }
+        }
+        Some((until, ts))
+    }
+
+    fn first_until(&self) -> Option<Time> {
+        self.order.front().map(|(until, _)| *until)
+    }
+
+    fn last_until(&self) -> Option<Time> {
+        self.order.back().map(|(until, _)| *until)
+    }
+
+    fn shrink(&mut self) {
+        self.order.shrink_to_fit();
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if let Some(index) = &self.index {
+            if index.len() != self.order.len() || self.order.iter().any(|(_, t)| !index.contains(t)) {
+                return Err("tombstone index out of step with the burial order".into());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One logical replica: owner, queue, lease, informed backoff.
 #[derive(Clone, Debug)]
 pub struct Replica<C> {
@@ -97,9 +175,7 @@ pub struct Replica<C> {
     /// `(expires, ts)` of every waiter: the next waiter to drop in O(log n).
     expiries: BTreeSet<(Time, Timestamp<C>)>,
     /// Released acquisitions and when they may be forgotten.
-    tombstones: BTreeMap<Timestamp<C>, Time>,
-    /// Tombstones in insertion order, for expiry and the size bound.
-    tombstone_order: VecDeque<(Time, Timestamp<C>)>,
+    tombstones: Tombstones<C>,
     /// Last grant stamp issued or floor observed.
     last_stamp: u64,
     /// T_cs estimate (EWMA, 1/8) of the interval between consecutive releases.
@@ -121,8 +197,7 @@ impl<C: Clone + Ord> Replica<C> {
             owner: None,
             queue: VecDeque::new(),
             expiries: BTreeSet::new(),
-            tombstones: BTreeMap::new(),
-            tombstone_order: VecDeque::new(),
+            tombstones: Tombstones::new(),
             last_stamp: 0,
             tcs,
             last_release: None,
@@ -150,6 +225,24 @@ impl<C: Clone + Ord> Replica<C> {
     /// Number of waiters.
     pub fn queue_len(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Gives back the memory the replica's empty collections still hold (a `VecDeque`
+    /// or a `BTreeSet` keeps its allocation when emptied): an idle replica is kept until
+    /// its tombstones expire, and a stream of lock names keeps many (call it when the
+    /// replica has just become idle, after draining `poll_transmit`). Changes nothing
+    /// observable.
+    pub fn compact(&mut self) {
+        if self.queue.is_empty() {
+            self.queue = VecDeque::new();
+        }
+        if self.outbox.is_empty() {
+            self.outbox = VecDeque::new();
+        }
+        if self.expiries.is_empty() {
+            self.expiries = BTreeSet::new();
+        }
+        self.tombstones.shrink();
     }
 
     /// Whether acquisition `ts` owns this replica or waits in its queue (O(log n)).
@@ -207,7 +300,7 @@ impl<C: Clone + Ord> Replica<C> {
             return None;
         }
         // Tombstones are kept in insertion order with one TTL: the last goes last.
-        let tombstones = self.tombstone_order.back().map_or(Duration::ZERO, |(until, _)| *until);
+        let tombstones = self.tombstones.last_until().unwrap_or(Duration::ZERO);
         let stamp = Duration::from_micros(self.last_stamp.saturating_add(1));
         Some(tombstones.max(stamp))
     }
@@ -248,7 +341,7 @@ impl<C: Clone + Ord> Replica<C> {
 
     /// Fig. 6 `OnRequest`, plus renewal by the owner and refresh of a waiter.
     fn on_request(&mut self, now: Time, ts: Timestamp<C>, sent: u64, floor: u64) -> Result<(), ReplicaError> {
-        if self.tombstones.contains_key(&ts) {
+        if self.tombstones.contains(&ts) {
             return Err(ReplicaError::Finished);
         }
         // A takeover delay that ran out before its timer was handled: the earliest
@@ -303,7 +396,7 @@ impl<C: Clone + Ord> Replica<C> {
             self.promote(now);
         } else if let Ok(i) = self.position(&ts) {
             self.remove_waiter(i);
-        } else if self.tombstones.contains_key(&ts) {
+        } else if self.tombstones.contains(&ts) {
             return Err(ReplicaError::Finished);
         } else {
             // Owner and queue stay as they are; the sender's own acquisition is
@@ -336,7 +429,7 @@ impl<C: Clone + Ord> Replica<C> {
             self.respond(ts, false);
             return Ok(());
         } else if self.position(&ts).is_err() {
-            return Err(if self.tombstones.contains_key(&ts) {
+            return Err(if self.tombstones.contains(&ts) {
                 ReplicaError::Finished
             } else {
                 ReplicaError::NotHolder
@@ -485,24 +578,17 @@ impl<C: Clone + Ord> Replica<C> {
 
     fn bury(&mut self, now: Time, ts: Timestamp<C>) {
         let until = now + self.config.tombstone_ttl;
-        if self.tombstones.insert(ts.clone(), until).is_none() {
-            self.tombstone_order.push_back((until, ts));
-        }
+        self.tombstones.insert(ts, until);
         while self.tombstones.len() > self.config.max_tombstones {
-            match self.tombstone_order.pop_front() {
-                Some((_, old)) => {
-                    self.tombstones.remove(&old);
-                }
-                None => break,
+            if self.tombstones.pop_front().is_none() {
+                break;
             }
         }
     }
 
     fn forget_tombstones(&mut self, now: Time) {
-        while self.tombstone_order.front().is_some_and(|(until, _)| *until <= now) {
-            if let Some((_, ts)) = self.tombstone_order.pop_front() {
-                self.tombstones.remove(&ts);
-            }
+        while self.tombstones.first_until().is_some_and(|until| until <= now) {
+            self.tombstones.pop_front();
         }
     }
 
@@ -528,6 +614,36 @@ impl<C: Clone + Ord> Replica<C> {
         if self.queue.len() > self.config.max_queue || self.tombstones.len() > self.config.max_tombstones {
             return Err("state bound exceeded".into());
         }
+        self.tombstones.check()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tombstones_are_found_with_or_without_their_index() {
+        let mut t: Tombstones<u8> = Tombstones::new();
+        let ts = |k: u64| Timestamp::new(k, 1u8);
+        let at = Duration::from_secs;
+        for k in 0..40 {
+            t.insert(ts(k), at(k));
+            t.insert(ts(k), at(k + 100)); // buried already: the first burial stands
+            assert!(t.contains(&ts(k)));
+            assert!(t.check().is_ok());
+        }
+        assert_eq!(t.len(), 40);
+        assert!(t.index.is_some(), "indexed past {TOMBSTONE_INDEX_FROM}");
+        assert_eq!((t.first_until(), t.last_until()), (Some(at(0)), Some(at(39))));
+        for k in 0..35 {
+            assert_eq!(t.pop_front(), Some((at(k), ts(k))));
+            assert!(!t.contains(&ts(k)));
+            assert!(t.check().is_ok());
+        }
+        assert!(t.index.is_none(), "dropped below half");
+        assert!((35..40).all(|k| t.contains(&ts(k))));
+        assert!(!t.contains(&ts(40)));
     }
 }

@@ -1441,7 +1441,8 @@ impl Behaviour {
                 self.events.push_back(match p.kind {
                     ProbeKind::Ping(rtts) => Event::Probed { id, rtts },
                     ProbeKind::Inspect(replicas) => Event::Inspected { id, replicas },
-                    ProbeKind::Ask => unreachable!("answered above"),
+                    // Answered above, when its one reply came.
+                    ProbeKind::Ask => Event::Answered { id, reply: None },
                 });
             }
         }

@@ -125,7 +125,7 @@ struct NetRunArgs {
     #[arg(long, default_value_t = 3000, value_name = "MS")]
     lease_ms: u64,
     /// Faults to fire, any of kill,restart,join,pause,partition,split,isolate
-    /// (comma-separated).
+    /// (comma-separated; restart brings killed nodes back, so it comes with kill).
     #[arg(long, value_delimiter = ',', value_name = "FAULTS")]
     chaos: Vec<Fault>,
     /// Mean seconds between faults (exponentially distributed).
@@ -415,6 +415,11 @@ fn real_main() -> Result<ExitCode> {
             let mut faults = a.chaos.clone();
             faults.sort();
             faults.dedup();
+            if faults.contains(&Fault::Restart) && !faults.contains(&Fault::Kill) {
+                anyhow::bail!(
+                    "--chaos restart brings killed nodes back: give it with kill (e.g. --chaos kill,restart)"
+                );
+            }
             let opts = RunOptions {
                 up: up_options(a.nodes, &a.net, Some(a.lease_ms))?,
                 resources: a.resources,

@@ -315,6 +315,11 @@ fn a_node_that_cannot_start_is_reported_with_its_log() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("cargo build --release -p sigma-node"), "{}", stderr(&out));
+
+    // `restart` brings killed nodes back: alone it would fire nothing.
+    let out = testnet(&["run", "--chaos", "restart", "--dir", path(&net)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("give it with kill"), "{}", stderr(&out));
 }
 
 /// Partitions, 50/50 splits and isolations really cut the traffic (the daemons' admin

@@ -429,11 +429,7 @@ impl<C: Clone + Ord> Replica<C> {
             self.respond(ts, false);
             return Ok(());
         } else if self.position(&ts).is_err() {
-            return Err(if self.tombstones.contains(&ts) {
-                ReplicaError::Finished
-            } else {
-                ReplicaError::NotHolder
-            });
+            return Err(if self.tombstones.contains(&ts) { ReplicaError::Finished } else { ReplicaError::NotHolder });
         }
         self.stats.yields += 1;
         if self.owner.as_ref().is_some_and(|o| o.ts != ts) {

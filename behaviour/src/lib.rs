@@ -2,7 +2,7 @@
 //! Zhang 2004) inside a libp2p Kademlia DHT.
 //!
 //! # Layout
-//! - [`proto`]: the sans-IO core (clients, replicas, the strawman baseline). No I/O,
+//! - [`proto`]: the sans-IO core (clients, replicas). No I/O,
 //!   no clock reads, no global randomness: the simulator and the tests drive it too.
 //! - [`wire`]: the `/sigma/1.0.0` request-response messages and their validation.
 //! - [`Behaviour`]: the libp2p `NetworkBehaviour` that places replicas in the DHT and

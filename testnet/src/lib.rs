@@ -1,5 +1,6 @@
 //! Local testnet and discrete-event simulator for sigma.
 
+pub mod baselines;
 pub mod bench;
 pub mod plot;
 pub mod sim;

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use sigma_behaviour::proto::{backoff::Backoff, Config};
+use sigma_behaviour::proto::Config;
+use sigma_testnet::baselines::backoff::Backoff;
 use sigma_testnet::sim::engine::{run, Report, SimConfig};
 use sigma_testnet::sim::latency::Latency;
 use sigma_testnet::sim::protocol::{Cmr, Obeidat};

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use sigma_behaviour::proto::{backoff::Backoff, client::Phase, Config, Event, Time, Timestamp, ToReplica};
+use sigma_behaviour::proto::{client::Phase, Config, Event, Time, Timestamp, ToReplica};
+use sigma_testnet::baselines::backoff::Backoff;
 use sigma_testnet::sim::analysis::saturated_handoff;
 use sigma_testnet::sim::engine::{run, Clock, Report, SimConfig};
 use sigma_testnet::sim::latency::Latency;

@@ -102,6 +102,10 @@ impl Config {
     pub fn max_queue(&self) -> usize {
         self.max_queue
     }
+    /// Most tombstones a replica keeps.
+    pub fn max_tombstones(&self) -> usize {
+        self.max_tombstones
+    }
     /// A waiter re-sends its REQUEST after `T_w · (1 + slack) + 2·srtt` (slack in percent).
     pub fn retry_slack_percent(&self) -> u32 {
         self.retry_slack_percent

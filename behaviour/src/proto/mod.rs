@@ -1,4 +1,4 @@
-//! The sans-IO core of Sigma (Lin, Lian, Chen, Zhang 2004) and its baselines.
+//! The sans-IO core of Sigma (Lin, Lian, Chen, Zhang 2004).
 //!
 //! Deterministic state machines: no networking, no clock reads, no global randomness.
 //! Time enters as `now: Time` (a `Duration` since an epoch of the driver's choosing)
@@ -23,22 +23,16 @@
 //! - [`message`]: REQUEST, RELEASE, YIELD and RESPONSE.
 //! - [`replica`]: Fig. 6 with §4's leases, informed backoff and tombstones.
 //! - [`client`]: Fig. 5's three outcomes, informed-backoff retries, renewals.
-//! - [`strawman`]: §3's ALOHA-like protocol, with a [`backoff`] policy parameter.
-//! - `rounds` (crate-private): the round bookkeeping that the [`strawman`] and [`cmr`]
-//!   clients share: ask all n, tally the answers against m, back off after a loss.
+//!
+//! The baselines the simulator compares it with (the paper's strawman, CMR, Obeidat,
+//! the classical algorithms) live beside the simulator, in `sigma-testnet`.
 
-pub mod backoff;
-pub mod classical;
 pub mod client;
 pub mod clock;
-pub mod cmr;
 pub mod config;
 pub mod error;
 pub mod message;
-pub mod obeidat;
 pub mod replica;
-mod rounds;
-pub mod strawman;
 
 pub use client::{Client, ClientStats, Event, LostReason, Phase};
 pub use clock::{LamportClock, Timestamp};

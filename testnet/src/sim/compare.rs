@@ -18,9 +18,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::baselines::backoff::Backoff;
+use crate::baselines::classical::{central, lamport, ricart_agrawala, token_ring, voting};
 use anyhow::{bail, Result};
-use sigma_behaviour::proto::backoff::Backoff;
-use sigma_behaviour::proto::classical::{central, lamport, ricart_agrawala, token_ring, voting};
 use sigma_behaviour::proto::Config;
 
 use super::engine::{self, Report, SimConfig};

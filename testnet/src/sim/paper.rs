@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::baselines::backoff::Backoff;
 use anyhow::Result;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use sigma_behaviour::proto::{backoff::Backoff, Config};
+use sigma_behaviour::proto::Config;
 
 use super::analysis::{binomial_interval, saturated_handoff, violation_probability};
 use super::engine::{self, Report, SimConfig};

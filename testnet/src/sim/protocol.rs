@@ -4,12 +4,11 @@
 
 use std::collections::VecDeque;
 
+use crate::baselines::backoff::Backoff;
+use crate::baselines::classical::Process;
+use crate::baselines::{cmr, obeidat, strawman};
 use rand::RngCore;
-use sigma_behaviour::proto::classical::Process;
-use sigma_behaviour::proto::{
-    self, backoff::Backoff, client::Phase, cmr, obeidat, strawman, Config, Event, Replica, Response, Time, Timestamp,
-    ToReplica,
-};
+use sigma_behaviour::proto::{self, client::Phase, Config, Event, Replica, Response, Time, Timestamp, ToReplica};
 
 /// Per-acquisition message counters a protocol reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -391,7 +390,7 @@ impl Protocol for Obeidat {
     delegate_uniform!();
 }
 
-/// A classical closed-system algorithm (`proto::classical`): the `n` replicas of the
+/// A classical closed-system algorithm (`crate::baselines::classical`): the `n` replicas of the
 /// engine are its processes, and each acquisition is an application on one of them
 /// ([`Protocol::LOCAL_CLIENTS`]). A process serves its applications one at a time, in
 /// arrival order; channels between processes are FIFO, as the algorithms assume.

@@ -18,12 +18,12 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::backoff::Backoff;
-use super::client::{Event, LostReason, Phase};
-use super::clock::Timestamp;
-use super::config::Config;
-use super::error::{ClientError, ReplicaError};
 use super::rounds::{Rounds, Tally};
-use super::Time;
+use sigma_behaviour::proto::client::{Event, LostReason, Phase};
+use sigma_behaviour::proto::clock::Timestamp;
+use sigma_behaviour::proto::config::Config;
+use sigma_behaviour::proto::error::{ClientError, ReplicaError};
+use sigma_behaviour::proto::Time;
 
 /// Client to replica.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,7 +77,7 @@ pub struct Replica<C> {
 impl<C: Clone + Ord> Replica<C> {
     /// A replica with empty memory.
     pub fn new(config: &Config) -> Self {
-        Replica { lease: config.lease, owner: None, outbox: VecDeque::new() }
+        Replica { lease: config.lease(), owner: None, outbox: VecDeque::new() }
     }
 
     /// Current owner and round.
@@ -158,7 +158,7 @@ pub struct Client<C> {
 impl<C: Clone + Ord> Client<C> {
     /// Starts an acquisition: round 1, REQUEST to all n.
     pub fn new(config: Config, backoff: Backoff, ts: Timestamp<C>, now: Time) -> Self {
-        let rounds = Rounds::new(config.n, config.m, backoff, false, now);
+        let rounds = Rounds::new(config.n(), config.m(), backoff, false, now);
         let mut c = Client {
             config,
             ts,
@@ -193,7 +193,7 @@ impl<C: Clone + Ord> Client<C> {
 
     fn start_round(&mut self, now: Time) {
         let request = |round| ToReplica::Request { ts: self.ts.clone(), round };
-        self.timer = Some(self.rounds.start(now, self.config.request_timeout, &mut self.outbox, request));
+        self.timer = Some(self.rounds.start(now, self.config.request_timeout(), &mut self.outbox, request));
     }
 
     /// Applies a reply from replica `from`.
@@ -224,8 +224,8 @@ impl<C: Clone + Ord> Client<C> {
             Phase::Waiting => match self.rounds.record(from, reply.granted) {
                 Tally::Won => {
                     self.phase = Phase::Holding;
-                    self.valid_until = self.rounds.sent_at() + self.config.lease;
-                    self.timer = Some(self.rounds.sent_at() + self.config.renew_interval);
+                    self.valid_until = self.rounds.sent_at() + self.config.lease();
+                    self.timer = Some(self.rounds.sent_at() + self.config.renew_interval());
                     let votes = self.rounds.grants();
                     self.events.push_back(Event::Acquired { token: 0, votes, valid_until: self.valid_until });
                 }
@@ -233,7 +233,7 @@ impl<C: Clone + Ord> Client<C> {
                 Tally::Open => {}
             },
             Phase::Holding if reply.granted => {
-                self.valid_until = self.valid_until.max(self.rounds.sent_at() + self.config.lease);
+                self.valid_until = self.valid_until.max(self.rounds.sent_at() + self.config.lease());
             }
             Phase::Holding => {
                 self.phase = Phase::Lost;
@@ -269,7 +269,7 @@ impl<C: Clone + Ord> Client<C> {
                     return;
                 }
                 self.rounds.restamp(now);
-                self.timer = Some(now + self.config.renew_interval);
+                self.timer = Some(now + self.config.renew_interval());
                 let round = self.rounds.round();
                 for i in self.rounds.granted() {
                     self.outbox.push_back((i, ToReplica::Request { ts: self.ts.clone(), round }));

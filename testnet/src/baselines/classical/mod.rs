@@ -32,7 +32,7 @@ use std::fmt::Debug;
 
 use thiserror::Error;
 
-use super::Time;
+use sigma_behaviour::proto::Time;
 
 pub mod central;
 pub mod lamport;
@@ -173,7 +173,7 @@ pub(crate) mod harness {
     use rand_chacha::ChaCha8Rng;
 
     use super::{Pid, Process, ProcessError, Time};
-    use crate::proto::clock::Timestamp;
+    use sigma_behaviour::proto::clock::Timestamp;
 
     /// The time for tests that drive processes by hand (none of them reads it).
     pub const T: Time = Time::ZERO;

@@ -35,8 +35,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{others, Outbox, Pid, Process, ProcessError};
-use crate::proto::clock::{LamportClock, Timestamp};
-use crate::proto::Time;
+use sigma_behaviour::proto::clock::{LamportClock, Timestamp};
+use sigma_behaviour::proto::Time;
 
 /// Parameters (none).
 #[derive(Clone, Debug, Default)]
@@ -200,7 +200,7 @@ impl Process for Lamport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::classical::harness::{self, deliver, drain, procs, ts, unexpected, T};
+    use crate::baselines::classical::harness::{self, deliver, drain, procs, ts, unexpected, T};
 
     #[test]
     fn exclusive_and_live_on_seeded_interleavings() {

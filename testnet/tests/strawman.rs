@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use sigma_behaviour::proto::backoff::Backoff;
-use sigma_behaviour::proto::strawman::{Client, Replica, Reply, ToReplica};
 use sigma_behaviour::proto::{ClientError, Config, Event, LostReason, Phase, ReplicaError, Time, Timestamp};
+use sigma_testnet::baselines::backoff::Backoff;
+use sigma_testnet::baselines::strawman::{Client, Replica, Reply, ToReplica};
 
 type Ts = Timestamp<u32>;
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Outbox, Pid, Process, ProcessError};
-use crate::proto::Time;
+use sigma_behaviour::proto::Time;
 
 /// Parameters.
 #[derive(Clone, Debug, Default)]
@@ -181,7 +181,7 @@ impl Process for TokenRing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::classical::harness::{self, procs, T};
+    use crate::baselines::classical::harness::{self, procs, T};
 
     #[test]
     fn exclusive_and_live_on_seeded_interleavings() {

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use sigma_behaviour::proto::obeidat::{Client, Replica, ToClient, ToReplica};
 use sigma_behaviour::proto::{Config, Event, Phase, Time, Timestamp};
+use sigma_testnet::baselines::obeidat::{Client, Replica, ToClient, ToReplica};
 
 const T0: Time = Duration::from_secs(1);
 const LEASE: Duration = Duration::from_secs(10);

@@ -106,8 +106,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Outbox, Pid, Process, ProcessError};
-use crate::proto::clock::{LamportClock, Timestamp};
-use crate::proto::Time;
+use sigma_behaviour::proto::clock::{LamportClock, Timestamp};
+use sigma_behaviour::proto::Time;
 
 /// The quorum system: whose votes a candidate asks for and how many it needs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -472,7 +472,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
-    use crate::proto::classical::harness::{self, drain, ts, T};
+    use crate::baselines::classical::harness::{self, drain, ts, T};
     const MAJORITY: Params = Params { quorums: Quorums::Majority };
     const GRID: Params = Params { quorums: Quorums::Grid };
 

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use sigma_behaviour::proto::backoff::Backoff;
-use sigma_behaviour::proto::cmr::{Client, Replica, Reply, ToReplica};
 use sigma_behaviour::proto::{Config, Event, LostReason, Phase, ReplicaError, Time, Timestamp};
+use sigma_testnet::baselines::backoff::Backoff;
+use sigma_testnet::baselines::cmr::{Client, Replica, Reply, ToReplica};
 
 const T0: Time = Duration::from_secs(1);
 const DELTA: Duration = Duration::from_secs(10);

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use super::{Outbox, Pid, Process, ProcessError};
-use crate::proto::Time;
+use sigma_behaviour::proto::Time;
 
 /// Parameters.
 #[derive(Clone, Debug, Default)]
@@ -142,7 +142,7 @@ impl Process for Central {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::classical::harness::{self, T};
+    use crate::baselines::classical::harness::{self, T};
 
     #[test]
     fn exclusive_and_live_on_seeded_interleavings() {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::backoff::Backoff;
-use super::Time;
+use sigma_behaviour::proto::Time;
 
 /// Where a round stands after an answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -42,11 +42,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::client::{Event, LostReason, Phase};
-use super::clock::Timestamp;
-use super::config::Config;
-use super::error::{ClientError, ReplicaError};
-use super::Time;
+use sigma_behaviour::proto::client::{Event, LostReason, Phase};
+use sigma_behaviour::proto::clock::Timestamp;
+use sigma_behaviour::proto::config::Config;
+use sigma_behaviour::proto::error::{ClientError, ReplicaError};
+use sigma_behaviour::proto::Time;
 
 /// A coordinator's identity: `(Lamport counter, replica index)`, compared in that order.
 pub type CoordStamp = (u64, usize);
@@ -189,10 +189,10 @@ impl<C: Clone + Ord> Replica<C> {
     pub fn new(config: &Config, index: usize, recovering: bool, now: Time) -> Self {
         let mut r = Replica {
             index,
-            n: config.n,
-            lease: config.lease,
-            retry: config.request_timeout,
-            max_tombstones: config.max_tombstones,
+            n: config.n(),
+            lease: config.lease(),
+            retry: config.request_timeout(),
+            max_tombstones: config.max_tombstones(),
             counter: 0,
             coordinator: (!recovering).then_some((0, 0)),
             recovering,
@@ -499,10 +499,10 @@ impl<C: Clone + Ord> Client<C> {
 
     fn request(&mut self, now: Time) {
         self.sent_at = now;
-        for i in 0..self.config.n {
+        for i in 0..self.config.n() {
             self.to_replicas.push_back((i, ToReplica::Request { ts: self.ts.clone() }));
         }
-        let wait = if self.snapshot.is_some() { self.config.lease } else { self.config.request_timeout };
+        let wait = if self.snapshot.is_some() { self.config.lease() } else { self.config.request_timeout() };
         self.timer = Some(now + wait);
     }
 
@@ -545,7 +545,7 @@ impl<C: Clone + Ord> Client<C> {
         let Some(snap) = &self.snapshot else { return };
         let ahead = snap.iter().filter(|e| e.ts != self.ts);
         if snap.iter().any(|e| e.ts == self.ts) && ahead.clone().all(|e| self.released.contains(&e.ts)) {
-            let until = self.last_release.min(now) + self.config.lease;
+            let until = self.last_release.min(now) + self.config.lease();
             if until > now {
                 self.enter(until);
             }
@@ -554,8 +554,8 @@ impl<C: Clone + Ord> Client<C> {
 
     /// A message from replica `from`.
     pub fn handle_replica(&mut self, now: Time, from: usize, msg: ToClient<C>) -> Result<(), ClientError> {
-        if from >= self.config.n {
-            return Err(ClientError::ReplicaOutOfRange { index: from, n: self.config.n });
+        if from >= self.config.n() {
+            return Err(ClientError::ReplicaOutOfRange { index: from, n: self.config.n() });
         }
         if msg.ts() != &self.ts {
             return Err(ClientError::WrongAcquisition);
@@ -570,11 +570,11 @@ impl<C: Clone + Ord> Client<C> {
                 }
                 self.granted_by = Some(from);
                 if self.snapshot.is_none() && self.phase == Phase::Waiting {
-                    self.timer = Some(self.sent_at + self.config.lease);
+                    self.timer = Some(self.sent_at + self.config.lease());
                 }
                 self.snapshot = Some(queue);
                 if granted {
-                    let until = until.min(self.sent_at + self.config.lease);
+                    let until = until.min(self.sent_at + self.config.lease());
                     if until > now {
                         self.enter(until);
                     }
@@ -648,7 +648,7 @@ impl<C: Clone + Ord> Client<C> {
         }
         self.phase = Phase::Released;
         self.timer = None;
-        for i in 0..self.config.n {
+        for i in 0..self.config.n() {
             self.to_replicas.push_back((i, ToReplica::Release { ts: self.ts.clone() }));
         }
         let mine = self.snapshot.as_ref().and_then(|s| s.iter().find(|e| e.ts == self.ts)).map(|e| e.pos);

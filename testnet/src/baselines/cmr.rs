@@ -39,12 +39,12 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::backoff::Backoff;
-use super::client::{Event, LostReason, Phase};
-use super::clock::Timestamp;
-use super::config::Config;
-use super::error::{ClientError, ReplicaError};
 use super::rounds::{Rounds, Tally};
-use super::Time;
+use sigma_behaviour::proto::client::{Event, LostReason, Phase};
+use sigma_behaviour::proto::clock::Timestamp;
+use sigma_behaviour::proto::config::Config;
+use sigma_behaviour::proto::error::{ClientError, ReplicaError};
+use sigma_behaviour::proto::Time;
 
 /// Client to replica.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,9 +101,9 @@ impl<C: Clone + Ord> Replica<C> {
     /// A server with empty memory; `delayed` enables the delayed reply list.
     pub fn new(config: &Config, delayed: bool) -> Self {
         Replica {
-            delta: config.lease,
+            delta: config.lease(),
             delayed,
-            max_delayed: config.max_queue,
+            max_delayed: config.max_queue(),
             holder: None,
             list: BTreeMap::new(),
             outbox: VecDeque::new(),
@@ -214,7 +214,7 @@ impl<C: Clone + Ord> Client<C> {
     /// Starts `contend`: round 1, `try` to all n. `delayed`: the replicas keep delayed
     /// reply lists (a failed or abandoned try is then withdrawn where unanswered).
     pub fn new(config: Config, backoff: Backoff, delayed: bool, ts: Timestamp<C>, now: Time) -> Self {
-        let rounds = Rounds::new(config.n, config.m, backoff, delayed, now);
+        let rounds = Rounds::new(config.n(), config.m(), backoff, delayed, now);
         let mut c = Client {
             config,
             ts,
@@ -257,7 +257,7 @@ impl<C: Clone + Ord> Client<C> {
 
     fn start_round(&mut self, now: Time) {
         let try_ = |round| ToReplica::Try { ts: self.ts.clone(), round };
-        self.timer = Some(self.rounds.start(now, self.config.request_timeout, &mut self.outbox, try_));
+        self.timer = Some(self.rounds.start(now, self.config.request_timeout(), &mut self.outbox, try_));
     }
 
     /// Applies a reply from replica `from`.
@@ -291,7 +291,7 @@ impl<C: Clone + Ord> Client<C> {
         }
         match self.rounds.record(from, reply.free) {
             Tally::Won => {
-                self.valid_until = self.rounds.sent_at() + self.config.lease;
+                self.valid_until = self.rounds.sent_at() + self.config.lease();
                 if self.valid_until <= now {
                     self.lose_round(now, rng);
                     return Ok(());

@@ -8,9 +8,12 @@
 //!
 //! Replica `i` of resource `R` is named `"R:i"` and hosted by the peer XOR-closest to
 //! the SHA-256 of that name (`kad::KBucketKey`). A peer serves a replica only while no
-//! *connected* peer is closer to its key; otherwise it answers with a redirect. A peer
-//! that becomes closest starts with empty state for the key — the paper's replica reset,
-//! arising from churn by itself — and informed backoff rebuilds the queue.
+//! *connected* peer is closer to its key (otherwise it answers with a redirect), and
+//! only after a Kademlia lookup of the key found no closer peer either, looked up again
+//! every [`DEFAULT_OWNERSHIP_TTL`] while it hosts the key: two peers that do not know
+//! each other do not both serve one key. A peer that becomes closest starts with empty
+//! state for the key — the paper's replica reset, arising from churn by itself — and
+//! informed backoff rebuilds the queue.
 //!
 //! Clients resolve a replica's host from their routing table (self included), cache
 //! it, and correct it on a redirect or, after a failed dial, with a Kademlia
@@ -73,6 +76,8 @@ pub struct Config {
     max_entries_per_peer: usize,
     peer_rate: (u32, u32),
     admin: Admin,
+    ownership_ttl: Duration,
+    ownership_timeout: Duration,
 }
 
 /// Which remote peers may revoke a lock held through this peer ([`wire::Request::Revoke`]).
@@ -146,6 +151,19 @@ impl std::fmt::Debug for BootClock {
 /// stream limit. (libp2p's default, 100, drops inbound requests by the thousand when a
 /// paused peer comes back to a backlog of retries.)
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: usize = 512;
+/// How often a hosted key's ownership is looked up again while its replica lives: a
+/// second host that neither knew of the other serves for at most this long.
+pub const DEFAULT_OWNERSHIP_TTL: Duration = Duration::from_secs(30);
+/// How long an ownership lookup may run before it is decided on what it has heard.
+pub const DEFAULT_OWNERSHIP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Ownership lookups running at once; past it a request for a key not yet checked is
+/// refused (`RateLimited`: retry later).
+pub const MAX_OWNERSHIP_CHECKS: usize = 1024;
+/// Requests that may wait for one key's ownership lookup.
+pub const MAX_PARKED_PER_KEY: usize = 64;
+/// Peers an ownership lookup looks for: enough that one unreachable neighbour of the
+/// key does not decide it.
+const OWNERSHIP_LOOKUP_PEERS: std::num::NonZeroUsize = std::num::NonZeroUsize::new(3).expect("non-zero");
 
 impl Default for Config {
     fn default() -> Self {
@@ -168,6 +186,8 @@ impl Default for Config {
             max_entries_per_peer: DEFAULT_MAX_ENTRIES_PER_PEER,
             peer_rate: (20_000, 40_000),
             admin: Admin::Nobody,
+            ownership_ttl: DEFAULT_OWNERSHIP_TTL,
+            ownership_timeout: DEFAULT_OWNERSHIP_TIMEOUT,
         }
     }
 }
@@ -251,6 +271,16 @@ impl Config {
     pub fn with_entry_limits(mut self, max_entries: usize, max_entries_per_peer: usize) -> Self {
         self.max_entries = max_entries;
         self.max_entries_per_peer = max_entries_per_peer;
+        self
+    }
+    /// Ownership checks (ARCHITECTURE.md, "One host per key"): a key this peer would
+    /// host is served only after a Kademlia lookup found no closer peer, and looked up
+    /// again every `ttl` while its replica lives here (default
+    /// [`DEFAULT_OWNERSHIP_TTL`]); a lookup still running after `timeout` (default
+    /// [`DEFAULT_OWNERSHIP_TIMEOUT`]) is decided on the peers it has heard from.
+    pub fn with_ownership(mut self, ttl: Duration, timeout: Duration) -> Self {
+        self.ownership_ttl = ttl.max(Duration::from_millis(10));
+        self.ownership_timeout = timeout.max(Duration::from_millis(10));
         self
     }
     /// How long a dead peer can go unnoticed: one ping interval plus its timeout.
@@ -465,6 +495,9 @@ pub struct StateSizes {
     /// replicas.
     #[serde(default)]
     pub entries: usize,
+    /// Keys with an ownership verdict or lookup (hosted replicas plus running checks).
+    #[serde(default)]
+    pub ownership: usize,
 }
 
 /// Counters exported as metrics.
@@ -487,6 +520,10 @@ pub struct Counters {
     pub redirects_followed: u64,
     /// Kademlia lookups started to find a replica's host.
     pub lookups: u64,
+    /// Ownership lookups started (a key about to be hosted, or hosted for a while).
+    pub ownership_checks: u64,
+    /// Ownership lookups that found a closer peer: the key's requests went there.
+    pub ownership_lost: u64,
     /// Replicas this peer started hosting with empty memory (resets seen from inside).
     pub replicas_created: u64,
     /// Replicas dropped because a closer peer became live (it hosts them now).
@@ -642,6 +679,24 @@ impl Clock {
     }
 }
 
+/// Whether this peer may serve a key it would host (see [`Config::with_ownership`]).
+enum Ownership {
+    /// A lookup runs; the key's requests wait for its answer.
+    Checking { query: kad::QueryId, parked: Vec<Parked> },
+    /// The last lookup found no closer peer; `recheck` runs while the replica is served.
+    Owned { recheck: Option<kad::QueryId> },
+}
+
+/// A client message waiting for its key's ownership lookup: a remote peer's (answered
+/// on `channel`) or a local acquisition's (`channel` none).
+struct Parked {
+    from: PeerId,
+    n: u16,
+    msg: ToReplica<PeerId>,
+    hops: u8,
+    channel: Option<ResponseChannel<Reply>>,
+}
+
 /// Keys filed under their next deadline, in time order, each at most once.
 #[derive(Debug)]
 struct DeadlineIndex<K> {
@@ -768,6 +823,13 @@ pub struct Behaviour {
     buckets: HashMap<PeerId, (f64, Time)>,
     pending: HashMap<OutboundRequestId, Pending>,
     lookups: HashMap<kad::QueryId, (String, u16)>,
+    /// Keys this peer would host, checked (or being checked) with a Kademlia lookup;
+    /// bounded by the hosted replicas plus [`MAX_OWNERSHIP_CHECKS`].
+    ownership: HashMap<(String, u16), Ownership>,
+    /// When each entry next needs work: a running lookup's deadline, a recheck.
+    ownership_due: DeadlineIndex<(String, u16)>,
+    /// The ownership lookups in flight.
+    checks: HashMap<kad::QueryId, (String, u16)>,
     probes: HashMap<ProbeId, Probe>,
     events: VecDeque<Event>,
     timer: Option<(Time, Pin<Box<Sleep>>)>,
@@ -840,6 +902,9 @@ impl Behaviour {
             buckets: HashMap::new(),
             pending: HashMap::new(),
             lookups: HashMap::new(),
+            ownership: HashMap::new(),
+            ownership_due: DeadlineIndex::default(),
+            checks: HashMap::new(),
             probes: HashMap::new(),
             events: VecDeque::new(),
             timer: None,
@@ -912,6 +977,7 @@ impl Behaviour {
             pending: self.pending.len(),
             lookups: self.lookups.len(),
             entries: self.entries_total,
+            ownership: self.ownership.len(),
         }
     }
 
@@ -1069,6 +1135,10 @@ impl Behaviour {
         if self.membership.tick(now) && !self.replicas.is_empty() {
             self.counters.replicas_dropped_not_serving += self.replicas.len() as u64;
             tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
+            let owned: Vec<(String, u16)> = self.replicas.keys().cloned().collect();
+            for key in &owned {
+                self.forget_ownership(key);
+            }
             self.replicas = HashMap::new();
             self.replica_due.clear();
             self.creators = HashMap::new();
@@ -1246,26 +1316,214 @@ impl Behaviour {
         }
         Counters::bump(&mut self.counters.messages_out, msg.kind());
         if host == self.local {
-            let local = self.local;
             // A local refusal (a duplicate RELEASE, say) needs no answer: the core retries
             // on its timers like for a lost message.
             if !self.membership.serving() {
                 return; // not serving: as if lost; the core retries
             }
-            match self.handle_replica(local, &resource, index, msg) {
-                Ok(responses) => responses.into_iter().for_each(|r| self.deliver(local, &resource, index, r)),
-                Err(r) => {
-                    // Counted like a remote peer's (a full replica table refuses this
-                    // peer's own clients too); the core retries on its timers.
-                    Counters::bump(&mut self.counters.rejected, r.as_str());
-                    tracing::debug!(%resource, index, reason = r.as_str(), "a local replica refused a local request");
-                }
+            if self.owns(&resource, index) {
+                self.serve_local(&resource, index, msg);
+            } else if self.room_to_check(self.local, &resource, index).is_ok() {
+                let parked = Parked { from: self.local, n, msg, hops, channel: None };
+                self.park(&resource, index, parked);
             }
             return;
         }
         let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
         let id = self.inner.rr.send_request(&host, request);
         self.pending.insert(id, Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops });
+    }
+
+    /// A local acquisition's message to a replica hosted here, its key's ownership
+    /// checked.
+    fn serve_local(&mut self, resource: &str, index: u16, msg: ToReplica<PeerId>) {
+        let local = self.local;
+        match self.handle_replica(local, resource, index, msg) {
+            Ok(responses) => responses.into_iter().for_each(|r| self.deliver(local, resource, index, r)),
+            Err(r) => {
+                // Counted like a remote peer's (a full replica table refuses this
+                // peer's own clients too); the core retries on its timers.
+                Counters::bump(&mut self.counters.rejected, r.as_str());
+                tracing::debug!(%resource, index, reason = r.as_str(), "a local replica refused a local request");
+            }
+        }
+    }
+
+    /// Whether this peer may serve the key now: its last ownership lookup found no
+    /// closer peer. A peer that knows no other sigma peer (a one-node swarm) owns every
+    /// key without asking.
+    fn owns(&mut self, resource: &str, index: u16) -> bool {
+        let key = (resource.to_owned(), index);
+        match self.ownership.get(&key) {
+            Some(Ownership::Owned { .. }) => true,
+            Some(Ownership::Checking { .. }) => false,
+            None if self.routable.is_empty() => {
+                let at = self.clock.now() + self.config.ownership_ttl;
+                self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
+                self.ownership_due.set(&key, Some(at));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a request from `from` may wait for the key's ownership lookup: the
+    /// lookups and the requests waiting are bounded, and a remote peer's request that
+    /// would create a replica past the caps is refused before any lookup.
+    fn room_to_check(&self, from: PeerId, resource: &str, index: u16) -> Result<(), Rejection> {
+        let key = (resource.to_owned(), index);
+        match self.ownership.get(&key) {
+            Some(Ownership::Checking { parked, .. }) if parked.len() >= MAX_PARKED_PER_KEY => {
+                return Err(Rejection::RateLimited)
+            }
+            Some(Ownership::Checking { .. }) => {}
+            _ if self.checks.len() >= MAX_OWNERSHIP_CHECKS => return Err(Rejection::RateLimited),
+            _ => {}
+        }
+        if from != self.local && !self.replicas.contains_key(&key) {
+            if self.replicas.len() >= self.config.max_replicas {
+                return Err(Rejection::TooManyReplicas);
+            }
+            if self.created_by.get(&from).is_some_and(|c| *c >= self.config.max_replicas_per_peer) {
+                return Err(Rejection::PeerQuota);
+            }
+        }
+        Ok(())
+    }
+
+    /// Holds a client message until the key's ownership lookup answers (starting one).
+    fn park(&mut self, resource: &str, index: u16, parked: Parked) {
+        let key = (resource.to_owned(), index);
+        if let Some(Ownership::Checking { parked: waiting, .. }) = self.ownership.get_mut(&key) {
+            waiting.push(parked);
+            return;
+        }
+        let query = self.check_ownership(&key);
+        self.ownership.insert(key, Ownership::Checking { query, parked: vec![parked] });
+    }
+
+    /// Starts an ownership lookup for `key`: the few peers closest to it.
+    fn check_ownership(&mut self, key: &(String, u16)) -> kad::QueryId {
+        let name = wire::replica_name(&key.0, key.1).into_bytes();
+        let query = self.inner.kad.get_n_closest_peers(name, OWNERSHIP_LOOKUP_PEERS);
+        self.counters.ownership_checks += 1;
+        self.checks.insert(query, key.clone());
+        let at = self.clock.now() + self.config.ownership_timeout;
+        self.ownership_due.set(key, Some(at));
+        query
+    }
+
+    /// An ownership lookup answered with `peers` (those it heard from): the key is this
+    /// peer's if none of them, nor any live peer it knows, is closer. Waiting requests
+    /// are served, or sent to the closer peer; a hosted replica goes to it.
+    fn ownership_checked(&mut self, key: (String, u16), peers: &[kad::PeerInfo]) {
+        let k = Self::key(&key.0, key.1);
+        let mine = self.local_key.distance(&k);
+        let closer = peers
+            .iter()
+            .map(|i| (KBucketKey::from(i.peer_id).distance(&k), i.peer_id))
+            .filter(|(d, p)| *d < mine && *p != self.local)
+            .min()
+            .map(|(_, p)| p)
+            .or_else(|| self.closer_live_peer(&key.0, key.1));
+        let now = self.clock.now();
+        let parked = match self.ownership.remove(&key) {
+            Some(Ownership::Checking { parked, .. }) => parked,
+            _ => Vec::new(),
+        };
+        match closer {
+            None => {
+                self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
+                self.ownership_due.set(&key, Some(now + self.config.ownership_ttl));
+                for p in parked {
+                    self.serve_parked(&key, p);
+                }
+            }
+            Some(peer) => {
+                self.counters.ownership_lost += 1;
+                self.ownership_due.set(&key, None);
+                shrink_if_sparse(&mut self.ownership);
+                if self.replicas.contains_key(&key) {
+                    self.drop_replica(&key);
+                    self.counters.replicas_handed_over += 1;
+                }
+                tracing::debug!(resource = %key.0, index = key.1, %peer, "ownership lookup: a closer peer hosts the key");
+                for p in parked {
+                    match p.channel {
+                        Some(channel) => {
+                            let reply = self.redirect(peer);
+                            let _ = self.inner.rr.send_response(channel, reply);
+                        }
+                        None => {
+                            self.cache_host(&key.0, key.1, peer);
+                            if p.hops < self.config.max_redirects {
+                                Counters::bump(&mut self.counters.messages_out, "redirected");
+                                self.send_to_replica(key.0.clone(), p.n, key.1, p.msg, p.hops + 1);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serves a message that waited for its key's ownership lookup, which found the
+    /// key this peer's.
+    fn serve_parked(&mut self, key: &(String, u16), p: Parked) {
+        let Some(channel) = p.channel else {
+            if self.membership.serving() {
+                self.serve_local(&key.0, key.1, p.msg);
+            }
+            return;
+        };
+        let reply = if !self.membership.serving() {
+            Reply::Rejected(Rejection::NotServing)
+        } else {
+            match self.handle_replica(p.from, &key.0, key.1, p.msg) {
+                Ok(responses) => Reply::Responses(responses),
+                Err(r) => Reply::Rejected(r),
+            }
+        };
+        if let Reply::Rejected(r) = &reply {
+            Counters::bump(&mut self.counters.rejected, r.as_str());
+        }
+        let _ = self.inner.rr.send_response(channel, reply);
+    }
+
+    /// An ownership entry is due: a lookup that ran too long is decided on what it has
+    /// heard (finished now, its answer comes as an event); a hosted key is looked up
+    /// again; an entry whose replica has gone is forgotten.
+    fn ownership_due(&mut self, key: (String, u16), now: Time) {
+        let running = match self.ownership.get(&key) {
+            Some(Ownership::Checking { query, .. }) | Some(Ownership::Owned { recheck: Some(query) }) => Some(*query),
+            Some(Ownership::Owned { recheck: None }) => None,
+            None => {
+                self.ownership_due.set(&key, None);
+                return;
+            }
+        };
+        if let Some(query) = running {
+            match self.inner.kad.query_mut(&query) {
+                Some(mut q) => {
+                    q.finish();
+                    self.ownership_due.set(&key, Some(now + self.config.ownership_timeout));
+                }
+                None => {
+                    // Already finished; its answer was lost: decide on nothing heard.
+                    self.checks.remove(&query);
+                    self.ownership_checked(key, &[]);
+                }
+            }
+        } else if self.replicas.contains_key(&key) && !self.routable.is_empty() {
+            let query = self.check_ownership(&key);
+            self.ownership.insert(key, Ownership::Owned { recheck: Some(query) });
+        } else if self.replicas.contains_key(&key) {
+            self.ownership_due.set(&key, Some(now + self.config.ownership_ttl));
+        } else {
+            self.ownership.remove(&key);
+            self.ownership_due.set(&key, None);
+            shrink_if_sparse(&mut self.ownership);
+        }
     }
 
     /// Measures the round trip to the host of every replica of `resource` (`n`
@@ -1665,6 +1923,7 @@ impl Behaviour {
 
     fn on_request(&mut self, peer: PeerId, request: Request, channel: ResponseChannel<Reply>) {
         Counters::bump(&mut self.counters.messages_in, request.kind());
+        let mut channel = Some(channel);
         let reply = match request.validate() {
             Err(r) => Reply::Rejected(r),
             Ok(()) => match request {
@@ -1676,10 +1935,18 @@ impl Behaviour {
                 }
                 Request::Replica { .. } if !self.membership.serving() => Reply::Rejected(Rejection::NotServing),
                 Request::Replica { .. } if !self.take_token(peer) => Reply::Rejected(Rejection::RateLimited),
-                Request::Replica { resource, index, msg, .. } => match self.closer_live_peer(&resource, index) {
+                Request::Replica { resource, index, msg, n } => match self.closer_live_peer(&resource, index) {
                     Some(closer) => self.redirect(closer),
-                    None => match self.handle_replica(peer, &resource, index, msg) {
+                    None if self.owns(&resource, index) => match self.handle_replica(peer, &resource, index, msg) {
                         Ok(responses) => Reply::Responses(responses),
+                        Err(r) => Reply::Rejected(r),
+                    },
+                    None => match self.room_to_check(peer, &resource, index) {
+                        Ok(()) => {
+                            let parked = Parked { from: peer, n, msg, hops: 0, channel: channel.take() };
+                            self.park(&resource, index, parked);
+                            return;
+                        }
                         Err(r) => Reply::Rejected(r),
                     },
                 },
@@ -1721,7 +1988,9 @@ impl Behaviour {
             Counters::bump(&mut self.counters.rejected, r.as_str());
             tracing::debug!(%peer, reason = r.as_str(), "rejected a sigma request");
         }
-        let _ = self.inner.rr.send_response(channel, reply);
+        if let Some(channel) = channel {
+            let _ = self.inner.rr.send_response(channel, reply);
+        }
     }
 
     /// A redirect to `closer`, with the addresses this peer knows for it.
@@ -1846,7 +2115,6 @@ impl Behaviour {
                 if !step.last {
                     return;
                 }
-                let Some((resource, index)) = self.lookups.remove(&id) else { return };
                 let peers = match result {
                     Ok(ok) => ok.peers,
                     Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
@@ -1856,6 +2124,12 @@ impl Behaviour {
                         self.add_address(&info.peer_id, a.clone());
                     }
                 }
+                if let Some(key) = self.checks.remove(&id) {
+                    shrink_if_sparse(&mut self.checks);
+                    self.ownership_checked(key, &peers);
+                    return;
+                }
+                let Some((resource, index)) = self.lookups.remove(&id) else { return };
                 let key = Self::key(&resource, index);
                 let best = peers
                     .iter()
@@ -1913,10 +2187,13 @@ impl Behaviour {
             }
             self.drain_acquisition(id);
         }
+        for key in self.ownership_due.due(now) {
+            self.ownership_due(key, now);
+        }
     }
 
     fn next_deadline(&self) -> Option<Time> {
-        self.replica_due.first().into_iter().chain(self.acquisition_due.first()).min()
+        [self.replica_due.first(), self.acquisition_due.first(), self.ownership_due.first()].into_iter().flatten().min()
     }
 
     /// Files a hosted replica under its next deadline, or drops it if it is disposable
@@ -1998,6 +2275,7 @@ impl Behaviour {
     /// Removes a hosted replica with its index entry and its creator's count.
     fn drop_replica(&mut self, key: &(String, u16)) {
         self.replicas.remove(key);
+        self.forget_ownership(key);
         self.recount_entries(key);
         shrink_if_sparse(&mut self.replicas);
         self.replica_due.set(key, None);
@@ -2009,6 +2287,19 @@ impl Behaviour {
                     self.created_by.remove(&peer);
                 }
             }
+        }
+    }
+
+    /// Forgets a key's ownership verdict (its replica has gone); a running check stays:
+    /// requests wait for it.
+    fn forget_ownership(&mut self, key: &(String, u16)) {
+        if let Some(Ownership::Owned { recheck }) = self.ownership.get(key) {
+            if let Some(q) = recheck {
+                self.checks.remove(q);
+            }
+            self.ownership.remove(key);
+            self.ownership_due.set(key, None);
+            shrink_if_sparse(&mut self.ownership);
         }
     }
 

@@ -15,7 +15,7 @@
 //! | `sigma_replicas_created_total` (replica resets seen from inside) | counter | |
 //! | `sigma_replicas_handed_over_total` (dropped for a closer live peer) | counter | |
 //! | `sigma_responses_refused_total` | counter | `reason` |
-//! | `sigma_redirects_sent_total`, `sigma_redirects_followed_total`, `sigma_lookups_total` | counter | |
+//! | `sigma_redirects_sent_total`, `sigma_redirects_followed_total`, `sigma_lookups_total`, `sigma_ownership_checks_total`, `sigma_ownership_lost_total` | counter | |
 //! | `sigma_messages_in_total`, `sigma_messages_out_total` | counter | `kind` |
 //! | `sigma_messages_rejected_total` | counter | `reason` |
 //! | `sigma_inbound_failures_total`, `sigma_outbound_failures_total` | counter | `kind` |
@@ -239,6 +239,13 @@ impl Collector for CounterCollector {
         counter(&mut e, "redirects_sent", "Redirects sent (not the closest live peer for a key)", c.redirects_sent)?;
         counter(&mut e, "redirects_followed", "Redirects followed", c.redirects_followed)?;
         counter(&mut e, "lookups", "Kademlia lookups started to find a replica's host", c.lookups)?;
+        counter(
+            &mut e,
+            "ownership_checks",
+            "Kademlia lookups started to check that no closer peer hosts a key",
+            c.ownership_checks,
+        )?;
+        counter(&mut e, "ownership_lost", "Ownership lookups that found a closer peer for a key", c.ownership_lost)?;
         labelled(&mut e, "messages_in", "Sigma requests received, by kind", "kind", &c.messages_in)?;
         labelled(&mut e, "messages_out", "Sigma requests sent, by kind", "kind", &c.messages_out)?;
         labelled(&mut e, "messages_rejected", "Inbound sigma requests rejected, by reason", "reason", &c.rejected)?;

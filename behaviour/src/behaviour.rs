@@ -78,6 +78,9 @@ pub struct Config {
     admin: Admin,
     ownership_ttl: Duration,
     ownership_timeout: Duration,
+    gossip_interval: Duration,
+    gossip_fanout: usize,
+    gossip_liveness: Duration,
 }
 
 /// Which remote peers may revoke a lock held through this peer ([`wire::Request::Revoke`]).
@@ -154,6 +157,13 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: usize = 512;
 /// How often a hosted key's ownership is looked up again while its replica lives: a
 /// second host that neither knew of the other serves for at most this long.
 pub const DEFAULT_OWNERSHIP_TTL: Duration = Duration::from_secs(30);
+/// How often a peer gossips its heartbeat table.
+pub const DEFAULT_GOSSIP_INTERVAL: Duration = Duration::from_millis(500);
+/// To how many random alive members per round.
+pub const DEFAULT_GOSSIP_FANOUT: usize = 2;
+/// How long a member heard of through gossip stays alive after its heartbeat last
+/// advanced: several gossip rounds, so that a swarm of hundreds does not flap.
+pub const DEFAULT_GOSSIP_LIVENESS: Duration = Duration::from_secs(5);
 /// How long an ownership lookup may run before it is decided on what it has heard.
 pub const DEFAULT_OWNERSHIP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Ownership lookups running at once; past it a request for a key not yet checked is
@@ -188,6 +198,9 @@ impl Default for Config {
             admin: Admin::Nobody,
             ownership_ttl: DEFAULT_OWNERSHIP_TTL,
             ownership_timeout: DEFAULT_OWNERSHIP_TIMEOUT,
+            gossip_interval: DEFAULT_GOSSIP_INTERVAL,
+            gossip_fanout: DEFAULT_GOSSIP_FANOUT,
+            gossip_liveness: DEFAULT_GOSSIP_LIVENESS,
         }
     }
 }
@@ -283,9 +296,21 @@ impl Config {
         self.ownership_timeout = timeout.max(Duration::from_millis(10));
         self
     }
-    /// How long a dead peer can go unnoticed: one ping interval plus its timeout.
+    /// Membership gossip (ARCHITECTURE.md, "Membership gossip"): every `interval` this
+    /// peer sends its heartbeat table to `fanout` random alive members; a member heard of
+    /// through gossip stays alive `liveness` after its heartbeat last advanced.
+    pub fn with_gossip(mut self, interval: Duration, fanout: usize, liveness: Duration) -> Self {
+        self.gossip_interval = interval.max(Duration::from_millis(10));
+        self.gossip_fanout = fanout.max(1);
+        self.gossip_liveness = liveness.max(self.gossip_interval);
+        self
+    }
+    /// How long a dead or cut-off peer can go unnoticed, and a cut-off peer can go on
+    /// believing it reaches a majority: one ping interval plus its timeout for a
+    /// connected member, the gossip liveness window plus one second of housekeeping for
+    /// one heard of through gossip; the longer of the two.
     pub fn liveness_timeout(&self) -> Duration {
-        self.ping_interval + self.ping_timeout
+        (self.ping_interval + self.ping_timeout).max(self.gossip_liveness + MAX_TIMER)
     }
     /// The takeover delay: a replica this peer starts while its previous host may have
     /// granted it grants nothing for this long. Default: the lease stretched by the
@@ -595,6 +620,8 @@ pub struct Inner {
     pub rr: request_response::Behaviour<wire::Codec>,
     /// Liveness: a connection whose ping fails is closed.
     pub ping: ping::Behaviour,
+    /// Membership gossip: heartbeats.
+    pub gossip: request_response::Behaviour<request_response::cbor::codec::Codec<wire::Gossip, wire::Gossip>>,
 }
 
 /// Events of [`Inner`].
@@ -606,6 +633,14 @@ pub enum InnerEvent {
     Rr(request_response::Event<Request, Reply>),
     /// From ping.
     Ping(ping::Event),
+    /// From the membership gossip.
+    Gossip(request_response::Event<wire::Gossip, wire::Gossip>),
+}
+
+impl From<request_response::Event<wire::Gossip, wire::Gossip>> for InnerEvent {
+    fn from(e: request_response::Event<wire::Gossip, wire::Gossip>) -> Self {
+        InnerEvent::Gossip(e)
+    }
 }
 
 impl From<ping::Event> for InnerEvent {
@@ -841,6 +876,10 @@ pub struct Behaviour {
     /// Departed members to dial again (a healed partition reconnects by itself).
     to_dial: VecDeque<PeerId>,
     next_redial: Time,
+    /// When the next gossip round is due.
+    next_gossip: Time,
+    /// Picks gossip targets (seeded from the peer id and the start time).
+    rng: rand_chacha::ChaCha8Rng,
     /// Acquisitions started while joining (their start is deferred) since last ready.
     deferred: usize,
     /// Frames the codec refused (shared with every connection's codec).
@@ -869,15 +908,22 @@ impl Behaviour {
         let ping = ping::Behaviour::new(
             ping::Config::new().with_interval(config.ping_interval).with_timeout(config.ping_timeout),
         );
-        let membership = Membership::new(
-            config.joining,
-            config.membership_window,
-            config.takeover_delay(),
-            config.liveness_timeout(),
+        let gossip = request_response::Behaviour::with_codec(
+            request_response::cbor::codec::Codec::default()
+                .set_request_size_maximum(wire::MAX_GOSSIP_BYTES)
+                .set_response_size_maximum(wire::MAX_GOSSIP_BYTES),
+            [(wire::GOSSIP_PROTOCOL, ProtocolSupport::Full)],
+            request_response::Config::default().with_request_timeout(config.gossip_liveness),
         );
+        // A stall is what other peers may take for death: the shorter of the two ways.
+        let stall = (config.ping_interval + config.ping_timeout).min(config.gossip_liveness);
+        // The incarnation: a restarted peer's heartbeats must rank above its old ones.
+        let incarnation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64).max(1);
+        let membership = Membership::new(config.joining, config.membership_window, config.takeover_delay(), stall)
+            .with_gossip(config.gossip_liveness, incarnation);
         let clock = Clock::new(config.boot_clock.clone());
         Behaviour {
-            inner: Inner { kad, rr, ping },
+            inner: Inner { kad, rr, ping, gossip },
             local,
             local_key: KBucketKey::from(local),
             config,
@@ -914,6 +960,15 @@ impl Behaviour {
             to_close: VecDeque::new(),
             to_dial: VecDeque::new(),
             next_redial: Duration::ZERO,
+            next_gossip: Duration::ZERO,
+            rng: {
+                use rand::SeedableRng;
+                let mut seed = [0u8; 32];
+                for (i, b) in local.to_bytes().iter().rev().chain(incarnation.to_le_bytes().iter()).enumerate() {
+                    seed[i % 32] ^= *b;
+                }
+                rand_chacha::ChaCha8Rng::from_seed(seed)
+            },
             deferred: 0,
             codec_stats,
             next_id: 0,
@@ -1224,18 +1279,11 @@ impl Behaviour {
     }
 
     /// The live sigma peer closest to the replica's key, if closer than this peer. Live:
-    /// connected; sigma: in the routing table (peers that merely connect, such as
-    /// light clients or other protocols' peers, host nothing).
+    /// an alive member (connected, or its heartbeat fresh through gossip); members are
+    /// sigma peers (one that merely connects, such as a light client or another
+    /// protocol's peer, hosts nothing).
     fn closer_live_peer(&self, resource: &str, index: u16) -> Option<PeerId> {
-        let key = Self::key(resource, index);
-        let mine = self.local_key.distance(&key);
-        self.connected
-            .keys()
-            .filter(|p| self.routable.contains(*p))
-            .map(|p| (KBucketKey::from(*p).distance(&key), *p))
-            .filter(|(d, _)| *d < mine)
-            .min()
-            .map(|(_, p)| p)
+        self.membership.closest_alive(&Self::key(resource, index), &self.local_key)
     }
 
     /// Drops the hosted replicas that `peer` is closer to, once it is a live sigma peer
@@ -1249,6 +1297,11 @@ impl Behaviour {
         }
         let now = self.clock.now();
         self.membership.connected(peer, now);
+        self.hand_over_to(peer);
+    }
+
+    /// Drops the hosted replicas whose key `peer`, alive now, is closer to.
+    fn hand_over_to(&mut self, peer: PeerId) {
         let theirs = KBucketKey::from(peer);
         let local_key = &self.local_key;
         let gone: Vec<(String, u16)> = self
@@ -2154,6 +2207,26 @@ impl Behaviour {
                 }
             }
             InnerEvent::Kad(_) => {}
+            InnerEvent::Gossip(request_response::Event::Message { peer, message, .. }) => match message {
+                request_response::Message::Request { request, channel, .. } => {
+                    if !self.take_token(peer) {
+                        Counters::bump(&mut self.counters.rejected, Rejection::RateLimited.as_str());
+                        return;
+                    }
+                    self.merge_gossip(peer, request);
+                    let now = self.clock.now();
+                    let table = self.gossip_table(now);
+                    let _ = self.inner.gossip.send_response(channel, table);
+                }
+                request_response::Message::Response { response, .. } => self.merge_gossip(peer, response),
+            },
+            InnerEvent::Gossip(request_response::Event::InboundFailure { .. }) => {
+                Counters::bump(&mut self.counters.inbound_failures, "gossip");
+            }
+            InnerEvent::Gossip(request_response::Event::OutboundFailure { .. }) => {
+                Counters::bump(&mut self.counters.outbound_failures, "gossip");
+            }
+            InnerEvent::Gossip(request_response::Event::ResponseSent { .. }) => {}
             // A peer that does not speak ping (a light client, a probe) is not judged.
             InnerEvent::Ping(ping::Event { result: Err(ping::Failure::Unsupported), .. }) => {}
             InnerEvent::Ping(ping::Event { peer, connection, result: Err(error) }) => {
@@ -2190,10 +2263,76 @@ impl Behaviour {
         for key in self.ownership_due.due(now) {
             self.ownership_due(key, now);
         }
+        if now >= self.next_gossip {
+            self.next_gossip = now + self.config.gossip_interval;
+            self.gossip_round(now);
+        }
+    }
+
+    /// One gossip round: this peer's heartbeat advances and its table goes to a few
+    /// random alive members.
+    fn gossip_round(&mut self, now: Time) {
+        use rand::seq::IteratorRandom;
+        self.membership.beat();
+        let targets = self.membership.alive().copied().choose_multiple(&mut self.rng, self.config.gossip_fanout);
+        if targets.is_empty() {
+            return;
+        }
+        let table = self.gossip_table(now);
+        for peer in targets {
+            self.inner.gossip.send_request(&peer, table.clone());
+        }
+    }
+
+    /// This peer's heartbeat and those of the members alive here.
+    fn gossip_table(&self, now: Time) -> wire::Gossip {
+        let own = self.membership.own_beat();
+        let beats = std::iter::once((self.local, own, Duration::ZERO))
+            .chain(self.membership.beats(now))
+            .take(wire::MAX_GOSSIP_BEATS)
+            .map(|(peer, (incarnation, counter), age)| wire::Beat {
+                peer,
+                incarnation,
+                counter,
+                age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
+            })
+            .collect();
+        wire::Gossip { beats }
+    }
+
+    /// Merges a gossip table from `peer`, a sigma peer (in the routing table, or an
+    /// alive member): members that became alive take over the keys they are closer to.
+    fn merge_gossip(&mut self, peer: PeerId, gossip: wire::Gossip) {
+        if !gossip.is_valid() {
+            Counters::bump(&mut self.counters.inbound_failures, "gossip_oversized");
+            return;
+        }
+        if !self.routable.contains(&peer) && !self.membership.is_alive(&peer) {
+            Counters::bump(&mut self.counters.inbound_failures, "gossip_not_member");
+            return;
+        }
+        let now = self.clock.now();
+        let mut woke = Vec::new();
+        for b in gossip.beats {
+            if b.peer == self.local {
+                continue;
+            }
+            let age = Duration::from_millis(u64::from(b.age_ms));
+            if self.membership.heard(b.peer, (b.incarnation, b.counter), age, now) {
+                woke.push(b.peer);
+            }
+        }
+        for p in woke {
+            self.hand_over_to(p);
+        }
+        self.housekeeping(now);
     }
 
     fn next_deadline(&self) -> Option<Time> {
-        [self.replica_due.first(), self.acquisition_due.first(), self.ownership_due.first()].into_iter().flatten().min()
+        [self.replica_due.first(), self.acquisition_due.first(), self.ownership_due.first(), Some(self.next_gossip)]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Files a hosted replica under its next deadline, or drops it if it is disposable

@@ -16,7 +16,7 @@ pub mod wire;
 
 pub use behaviour::{
     kad_protocol, AcquireError, AcquisitionId, AcquisitionInfo, Admin, Behaviour, BootClock, Config, Counters, Event,
-    Inner, InnerEvent, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals, StateSizes, DEFAULT_MAX_CONCURRENT_STREAMS,
-    DEFAULT_MAX_ENTRIES, DEFAULT_MAX_ENTRIES_PER_PEER, DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL,
-    DEFAULT_PING_TIMEOUT, KAD_PROTOCOL,
+    Inner, InnerEvent, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals, StateSizes, DEFAULT_GOSSIP_FANOUT,
+    DEFAULT_GOSSIP_INTERVAL, DEFAULT_GOSSIP_LIVENESS, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_ENTRIES_PER_PEER, DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_PROTOCOL,
 };

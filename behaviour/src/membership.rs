@@ -7,7 +7,11 @@
 //!   has completed while it was connected to at least one sigma peer. It hosts nothing
 //!   and lets no acquisition start before that. A peer started without bootstrap peers is
 //!   a one-node swarm and ready at once.
-//! - **Members.** Every sigma peer this peer was connected to, present or departed. A
+//! - **Members.** Every sigma peer that was *alive* here, present or departed. Alive:
+//!   connected (and answering liveness pings), or its heartbeat, relayed by the
+//!   membership gossip, advanced while this peer watched, within the gossip liveness
+//!   window and since its last connection here closed. So a peer connected to a few
+//!   others still sees the whole swarm alive, and a peer cut off sees nobody advance. A
 //!   departed member is forgotten after the membership window, but only while this peer
 //!   serves: on the minority side of a split nobody ages out, so the minority never
 //!   comes to believe it is the whole swarm.
@@ -25,6 +29,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
 use crate::proto::Time;
@@ -75,12 +80,48 @@ impl std::fmt::Display for Readiness {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+/// A member's heartbeat: (incarnation, counter), ordered; a restarted peer starts a
+/// higher incarnation.
+pub type Beat = (u64, u64);
+
+#[derive(Clone, Debug)]
 struct Member {
     /// Connected now.
     up: bool,
-    /// When it was last seen connected (for a departed member: when it left).
+    /// Alive as of the last count: connected, or heartbeat fresh.
+    alive: bool,
+    /// Was alive here at least once: counts toward the members (a peer only heard of
+    /// does not, or one stale table relayed to a newcomer would make it a majority).
+    counted: bool,
+    /// When it was last seen alive (for a departed member: when it left).
     left_at: Time,
+    /// Highest heartbeat heard, and when (on this peer's clock) it was first observed
+    /// anywhere along the gossip path (its age travels with it).
+    beat: Beat,
+    beat_at: Time,
+    /// Alive by gossip until then: its heartbeat advanced while this peer watched.
+    fresh_until: Option<Time>,
+    /// Its Kademlia key (placement compares distances on every request).
+    key: KBucketKey<PeerId>,
+}
+
+impl Member {
+    fn new(peer: PeerId, now: Time, beat: Beat) -> Self {
+        Member {
+            up: false,
+            alive: false,
+            counted: false,
+            left_at: now,
+            beat,
+            beat_at: now,
+            fresh_until: None,
+            key: KBucketKey::from(peer),
+        }
+    }
+
+    fn alive_at(&self, now: Time) -> bool {
+        self.up || self.fresh_until.is_some_and(|t| now < t)
+    }
 }
 
 /// The membership view of one peer (see the module doc).
@@ -91,8 +132,14 @@ pub struct Membership {
     delay: Duration,
     liveness: Duration,
     members: HashMap<PeerId, Member>,
-    /// Members connected now (kept as a count: readiness is asked on every event).
+    /// Members alive now (kept as a count: readiness is asked on every event).
     up: usize,
+    /// Members counted toward the majority.
+    counted: usize,
+    /// How long a heartbeat heard through gossip keeps its member alive.
+    gossip_liveness: Duration,
+    /// This peer's own heartbeat.
+    beat: Beat,
     /// When serving last began.
     serving_since: Option<Time>,
     /// Departures within the takeover delay: (peer, when).
@@ -118,6 +165,9 @@ impl Membership {
             liveness,
             members: HashMap::new(),
             up: 0,
+            counted: 0,
+            gossip_liveness: liveness,
+            beat: (0, 0),
             serving_since: None,
             departures: Vec::new(),
             overflow_until: None,
@@ -132,26 +182,88 @@ impl Membership {
         self.delay
     }
 
+    /// Members heard of only through gossip stay alive this long after their heartbeat
+    /// last advanced (default: the liveness timeout).
+    pub fn with_gossip(mut self, liveness: Duration, incarnation: u64) -> Self {
+        self.gossip_liveness = liveness;
+        self.beat = (incarnation, 0);
+        self
+    }
+
     /// `peer` is a live sigma peer: connected, and in the routing table. Idempotent.
     pub fn connected(&mut self, peer: PeerId, now: Time) {
         if !self.members.contains_key(&peer) && self.members.len() >= MAX_MEMBERS {
             self.forget_one(now);
         }
-        let m = self.members.entry(peer).or_insert(Member { up: false, left_at: now });
-        if !m.up {
-            self.up += 1;
-        }
+        let m = self.members.entry(peer).or_insert_with(|| Member::new(peer, now, (0, 0)));
         m.up = true;
         m.left_at = now;
+        self.recount(peer, now);
     }
 
-    /// The last connection to `peer` closed. Idempotent.
+    /// The last connection to `peer` closed: it is dead here until its heartbeat
+    /// advances again (a peer still alive elsewhere comes back through gossip; a killed
+    /// one does not). Idempotent.
     pub fn disconnected(&mut self, peer: PeerId, now: Time) {
         let Some(m) = self.members.get_mut(&peer) else { return };
-        if m.up {
-            m.up = false;
+        m.up = false;
+        m.fresh_until = None;
+        self.recount(peer, now);
+    }
+
+    /// A heartbeat of `peer` relayed by gossip, first observed `age` ago. A newer one
+    /// than known keeps (or makes) it alive until the gossip liveness window after that
+    /// first observation; the first one heard of a peer only records it (it is not
+    /// alive before it advances).
+    /// Answers whether `peer` became alive.
+    pub fn heard(&mut self, peer: PeerId, beat: Beat, age: Duration, now: Time) -> bool {
+        let at = now.saturating_sub(age);
+        match self.members.get_mut(&peer) {
+            Some(m) if beat > m.beat => {
+                let first = m.beat == (0, 0) && !m.up && !m.counted;
+                let was = m.alive;
+                m.beat = beat;
+                m.beat_at = at;
+                if !first {
+                    m.fresh_until = Some(at + self.gossip_liveness);
+                }
+                self.recount(peer, now);
+                !was && self.is_alive(&peer)
+            }
+            Some(_) => false,
+            None => {
+                if self.members.len() < MAX_MEMBERS {
+                    // Heard of only: not worth forgetting a member for when full.
+                    let mut m = Member::new(peer, now, beat);
+                    m.beat_at = at;
+                    self.members.insert(peer, m);
+                }
+                false
+            }
+        }
+    }
+
+    /// Brings `peer`'s alive flag and the counts up to date; a member that was alive
+    /// and is not any more departs now.
+    fn recount(&mut self, peer: PeerId, now: Time) {
+        let Some(m) = self.members.get_mut(&peer) else { return };
+        let alive = m.alive_at(now);
+        if alive == m.alive {
+            if alive {
+                m.left_at = now;
+            }
+            return;
+        }
+        m.alive = alive;
+        m.left_at = now;
+        if alive {
+            self.up += 1;
+            if !m.counted {
+                m.counted = true;
+                self.counted += 1;
+            }
+        } else {
             self.up -= 1;
-            m.left_at = now;
             if self.departures.len() >= MAX_MEMBERS {
                 // Too many to tell apart: every key counts as recently departed.
                 self.departures.clear();
@@ -161,14 +273,56 @@ impl Membership {
         }
     }
 
-    /// Every member, present or departed (this peer not included).
-    pub fn peers(&self) -> impl Iterator<Item = &PeerId> {
-        self.members.keys()
+    /// Advances this peer's heartbeat; answers its new value.
+    pub fn beat(&mut self) -> Beat {
+        self.beat.1 += 1;
+        self.beat
     }
 
-    /// Members not connected now (departed within the window, or frozen in a minority).
+    /// The heartbeats to gossip, with their ages: those of the members alive here
+    /// (this peer's own is [`Membership::own_beat`], age 0).
+    pub fn beats(&self, now: Time) -> impl Iterator<Item = (PeerId, Beat, Duration)> + '_ {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.alive && m.beat != (0, 0))
+            .map(move |(p, m)| (*p, m.beat, now.saturating_sub(m.beat_at)))
+    }
+
+    /// This peer's heartbeat.
+    pub fn own_beat(&self) -> Beat {
+        self.beat
+    }
+
+    /// Whether `peer` is alive here (connected, or its heartbeat fresh).
+    pub fn is_alive(&self, peer: &PeerId) -> bool {
+        self.members.get(peer).is_some_and(|m| m.alive)
+    }
+
+    /// The alive members.
+    pub fn alive(&self) -> impl Iterator<Item = &PeerId> {
+        self.members.iter().filter(|(_, m)| m.alive).map(|(p, _)| p)
+    }
+
+    /// The alive member closest to `key`, if it is closer than `than`.
+    pub fn closest_alive<T: Clone>(&self, key: &KBucketKey<T>, than: &KBucketKey<PeerId>) -> Option<PeerId> {
+        let mine = than.distance(key);
+        self.members
+            .iter()
+            .filter(|(_, m)| m.alive)
+            .map(|(p, m)| (m.key.distance(key), *p))
+            .filter(|(d, _)| *d < mine)
+            .min()
+            .map(|(_, p)| p)
+    }
+
+    /// Every member, present or departed (this peer not included).
+    pub fn peers(&self) -> impl Iterator<Item = &PeerId> {
+        self.members.iter().filter(|(_, m)| m.counted).map(|(p, _)| p)
+    }
+
+    /// Members not alive now (departed within the window, or frozen in a minority).
     pub fn departed(&self) -> impl Iterator<Item = &PeerId> {
-        self.members.iter().filter(|(_, m)| !m.up).map(|(p, _)| p)
+        self.members.iter().filter(|(_, m)| m.counted && !m.alive).map(|(p, _)| p)
     }
 
     /// A Kademlia bootstrap completed.
@@ -180,10 +334,10 @@ impl Membership {
 
     /// Members, this peer included.
     pub fn members(&self) -> usize {
-        self.members.len() + 1
+        self.counted + 1
     }
 
-    /// Reachable members (connected), this peer excluded.
+    /// Reachable members (alive: connected or heartbeat fresh), this peer excluded.
     pub fn reachable(&self) -> usize {
         self.up
     }
@@ -223,9 +377,19 @@ impl Membership {
         }
         if self.last_aged.is_none_or(|t| now.saturating_sub(t) >= Duration::from_secs(1)) {
             self.last_aged = Some(now);
+            // Heartbeats that went stale: their members depart.
+            let stale: Vec<PeerId> =
+                self.members.iter().filter(|(_, m)| m.alive && !m.alive_at(now)).map(|(p, _)| *p).collect();
+            for p in stale {
+                self.recount(p, now);
+            }
             if self.readiness() == Readiness::Serving {
                 let window = self.window;
-                self.members.retain(|_, m| m.up || now.saturating_sub(m.left_at) < window);
+                let before = self.members.len();
+                self.members.retain(|_, m| m.alive || now.saturating_sub(m.left_at) < window);
+                if self.members.len() != before {
+                    self.counted = self.members.values().filter(|m| m.counted).count();
+                }
             }
             let delay = self.delay;
             self.departures.retain(|(_, t)| now.saturating_sub(*t) < delay);
@@ -266,10 +430,12 @@ impl Membership {
     }
 
     fn forget_one(&mut self, now: Time) {
-        let oldest = self.members.iter().filter(|(_, m)| !m.up).min_by_key(|(_, m)| m.left_at);
+        let oldest = self.members.iter().filter(|(_, m)| !m.alive).min_by_key(|(_, m)| (m.counted, m.left_at));
         if let Some((&peer, _)) = oldest {
-            self.members.remove(&peer);
-            self.overflow_until = Some(now);
+            if self.members.remove(&peer).is_some_and(|m| m.counted) {
+                self.counted -= 1;
+                self.overflow_until = Some(now);
+            }
         }
     }
 }

@@ -245,6 +245,44 @@ pub fn validate_index(index: u16, n: u16) -> Result<(), Rejection> {
     }
 }
 
+/// The membership gossip protocol: heartbeats, so that a peer connected to a few
+/// others knows which members are alive (ARCHITECTURE.md, "Membership gossip").
+pub const GOSSIP_PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/members/1.0.0");
+
+/// Most heartbeats in one gossip message (the members bound, `MAX_MEMBERS`).
+pub const MAX_GOSSIP_BEATS: usize = 10_000;
+
+/// Largest gossip message accepted (a full table of [`MAX_GOSSIP_BEATS`] fits).
+pub const MAX_GOSSIP_BYTES: u64 = 2 * 1024 * 1024;
+
+/// One member's heartbeat as a peer relays it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Beat {
+    /// The member.
+    pub peer: PeerId,
+    /// Its incarnation (a restart starts a higher one).
+    pub incarnation: u64,
+    /// Its heartbeat counter within the incarnation.
+    pub counter: u64,
+    /// How long ago, in ms, the relaying peer (or one before it) first saw this beat.
+    pub age_ms: u32,
+}
+
+/// A gossip exchange: the sender's own heartbeat and those of the members alive to it;
+/// answered with the receiver's.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Gossip {
+    /// The heartbeats.
+    pub beats: Vec<Beat>,
+}
+
+impl Gossip {
+    /// Within the bounds (an oversized table is ignored and counted).
+    pub fn is_valid(&self) -> bool {
+        self.beats.len() <= MAX_GOSSIP_BEATS
+    }
+}
+
 /// The name of replica `index` of `resource` in the DHT keyspace (paper §2: "R:i").
 /// Replicas are numbered from 1 in the name, as in the paper.
 pub fn replica_name(resource: &str, index: u16) -> String {
@@ -408,5 +446,25 @@ mod tests {
     fn replica_names_follow_the_paper() {
         assert_eq!(replica_name("R", 0), "R:1");
         assert_eq!(replica_name("foo/bar", 31), "foo/bar:32");
+    }
+
+    /// A full gossip table (every heartbeat with the largest numbers) fits the frame limit.
+    #[test]
+    fn a_full_gossip_table_fits_the_frame_limit() {
+        use futures::executor::block_on;
+        use libp2p::request_response::Codec as _;
+        let beat = |_| Beat { peer: PeerId::random(), incarnation: u64::MAX, counter: u64::MAX, age_ms: u32::MAX };
+        let full = Gossip { beats: (0..MAX_GOSSIP_BEATS).map(beat).collect() };
+        assert!(full.is_valid());
+        let mut codec = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default()
+            .set_request_size_maximum(MAX_GOSSIP_BYTES);
+        let mut buf = futures::io::Cursor::new(Vec::new());
+        block_on(codec.write_request(&GOSSIP_PROTOCOL, &mut buf, full.clone())).unwrap();
+        let len = buf.get_ref().len() as u64;
+        assert!(len <= MAX_GOSSIP_BYTES, "{len} bytes");
+        buf.set_position(0);
+        assert_eq!(block_on(codec.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap(), full);
+        let over = Gossip { beats: (0..=MAX_GOSSIP_BEATS).map(beat).collect() };
+        assert!(!over.is_valid());
     }
 }

@@ -27,12 +27,14 @@ struct Peer {
 
 const LEASE: Duration = Duration::from_secs(2);
 
-/// n = 5, m = 3, 2 s leases, fast liveness pings; the default takeover delay
-/// (lease + drift + liveness + 1 s ≈ 3.7 s).
+/// n = 5, m = 3, 2 s leases, fast liveness pings and gossip (100 ms rounds, 1 s
+/// liveness); the default takeover delay (lease + drift + liveness (1 s + 1 s) + 1 s
+/// ≈ 5 s).
 fn config(joining: bool) -> Config {
     Config::default()
         .with_protocol(proto::Config::default().with_quorum(5, 3).with_lease(LEASE).with_request_timeout(LEASE / 4))
         .with_ping(Duration::from_millis(200), Duration::from_millis(500))
+        .with_gossip(Duration::from_millis(100), 2, Duration::from_secs(1))
         .with_joining(joining)
 }
 
@@ -242,4 +244,40 @@ async fn a_partition_serves_on_the_majority_side_only_and_heals() {
     net.mesh(&[0, 1, 2, 3, 4]).await;
     net.drive(Duration::from_secs(30), won(0, minority)).await;
     assert!(net.holders.get("p") == Some(&(0, minority)), "the minority's waiter is served after the heal");
+}
+
+/// Membership gossip: a peer that lost its connections to most members (closed as idle,
+/// or refused by a connection limit) still sees them alive through a peer that reaches
+/// them, and keeps serving; cut off from everyone, it sees their heartbeats go stale
+/// and stops within the gossip liveness window.
+#[tokio::test]
+async fn members_alive_through_gossip_count_and_a_cut_off_peer_still_stops() {
+    let mut net = Net::new(5, false).await;
+    net.mesh(&[0, 1, 2, 3, 4]).await;
+    let warm = net.acquire(1, "warm-up");
+    net.drive(Duration::from_secs(30), won(1, warm)).await;
+    net.release(1, warm);
+    // Peer 0 keeps only peer 1: it refuses 2, 3 and 4 (they still reach each other).
+    for j in [2, 3, 4] {
+        let p = net.peer(j);
+        net.swarms[0].behaviour_mut().block.block_peer(p);
+    }
+    let locked = net.acquire(1, "through-gossip");
+    net.drive(Duration::from_secs(30), won(1, locked)).await;
+    net.drive(Duration::from_secs(3), |_, _, _| false).await;
+    let r = net.swarms[0].behaviour().sigma.readiness();
+    assert_eq!(r, Readiness::Serving, "peer 0 sees 2, 3 and 4 alive through peer 1's gossip");
+    assert_eq!(net.swarms[0].behaviour().sigma.members(), (5, 5));
+    // Now cut 0 from 1 as well: 2, 3 and 4's heartbeats stop reaching it.
+    net.cut(&[0], &[1]);
+    let mut stopped = false;
+    for _ in 0..40 {
+        net.drive(Duration::from_millis(100), |_, _, _| false).await;
+        if net.swarms[0].behaviour().sigma.readiness() != Readiness::Serving {
+            stopped = true;
+            break;
+        }
+    }
+    assert!(stopped, "a cut-off peer stops serving within the gossip liveness window (+1 s)");
+    assert!(matches!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Minority { reachable: 1, members: 5 }));
 }

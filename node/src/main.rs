@@ -168,6 +168,17 @@ struct RunArgs {
     /// Liveness pings: a connection whose ping takes longer is closed as dead.
     #[arg(long, value_parser = parse_duration, default_value = "3s", env = "SIGMA_PING_TIMEOUT")]
     ping_timeout: Duration,
+    /// Membership gossip: how often this peer sends its heartbeat table to a few members,
+    /// so that peers connected to only some of the swarm know who is alive.
+    #[arg(long, value_parser = parse_duration, default_value = "500ms", env = "SIGMA_GOSSIP_INTERVAL")]
+    gossip_interval: Duration,
+    /// Membership gossip: to how many random alive members per round.
+    #[arg(long, value_name = "N", default_value_t = sigma_behaviour::DEFAULT_GOSSIP_FANOUT, env = "SIGMA_GOSSIP_FANOUT")]
+    gossip_fanout: usize,
+    /// Membership gossip: a member not connected here counts as alive for this long after
+    /// its heartbeat last advanced (a cut-off peer stops serving within it, plus 1s).
+    #[arg(long, value_parser = parse_duration, default_value = "5s", env = "SIGMA_GOSSIP_LIVENESS")]
+    gossip_liveness: Duration,
     /// Most replicas this peer hosts (all locks); past it a new one is refused.
     #[arg(long, value_name = "N", default_value_t = 100_000, env = "SIGMA_MAX_REPLICAS")]
     max_replicas: usize,
@@ -530,6 +541,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         .with_takeover_delay(args.takeover_delay)
         .with_membership_window(args.membership_window)
         .with_ping(args.ping_interval, args.ping_timeout)
+        .with_gossip(args.gossip_interval, args.gossip_fanout, args.gossip_liveness)
         .with_limits(args.max_replicas, args.max_replicas_per_peer, (args.peer_rate, args.peer_rate.saturating_mul(2)))
         .with_entry_limits(args.max_queue_entries, args.max_queue_entries_per_peer)
         .with_admin(admin_policy(&args.admin_peer)?);

@@ -29,10 +29,12 @@ pub fn config(n: usize, m: usize, lease: Duration) -> NodeConfig {
     let protocol = proto::Config::default().with_quorum(n, m).with_lease(lease).with_request_timeout(lease / 4);
     NodeConfig {
         listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-        // Fast liveness pings: the takeover delay (lease + liveness timeout + 1 s) stays short.
+        // Fast liveness pings and gossip: the takeover delay (lease + liveness timeout +
+        // 1 s) stays short.
         behaviour: Config::default()
             .with_protocol(protocol)
-            .with_ping(Duration::from_millis(200), Duration::from_millis(500)),
+            .with_ping(Duration::from_millis(200), Duration::from_millis(500))
+            .with_gossip(Duration::from_millis(100), 2, Duration::from_millis(500)),
         ..NodeConfig::default()
     }
 }

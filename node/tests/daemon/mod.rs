@@ -47,8 +47,8 @@ pub async fn daemon(dir: &Path, tag: &str, bootstrap: &[Multiaddr]) -> Daemon {
     daemon_with(dir, tag, bootstrap, &["--listen", "/ip4/127.0.0.1/tcp/0"]).await
 }
 
-/// [`daemon`] with more arguments (a `--listen` among them). 3 s leases and fast
-/// liveness pings keep the takeover delay near 5 s.
+/// [`daemon`] with more arguments (a `--listen` among them). 3 s leases, fast liveness
+/// pings and gossip keep the takeover delay near 5 s.
 pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: &[&str]) -> Daemon {
     let log = dir.join(format!("{tag}.log"));
     let mut cmd = Command::new(SIGMA);
@@ -61,6 +61,10 @@ pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: 
         "--ping-interval",
         "200ms",
         "--ping-timeout",
+        "500ms",
+        "--gossip-interval",
+        "100ms",
+        "--gossip-liveness",
         "500ms",
     ])
     .args(extra)

@@ -204,9 +204,11 @@ pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
     if let Some(ms) = spec.params.lease_ms {
         cmd.arg("--lease-ms").arg(ms.to_string());
     }
-    // Loopback: a dead peer is noticed within 1.25 s, which keeps the takeover delay
-    // (lease + liveness timeout + 1 s) short.
+    // Loopback: a dead peer is noticed within 1.25 s, and a peer cut off from the
+    // gossip within 1.5 s, which keeps the takeover delay (lease + liveness timeout +
+    // 1 s) short.
     cmd.args(["--ping-interval", "250ms", "--ping-timeout", "1s"]);
+    cmd.args(["--gossip-interval", "250ms", "--gossip-liveness", "1500ms"]);
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", NODE_LOG);
     }

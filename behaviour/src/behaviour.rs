@@ -2270,11 +2270,19 @@ impl Behaviour {
     }
 
     /// One gossip round: this peer's heartbeat advances and its table goes to a few
-    /// random alive members.
+    /// random alive members it can dial (connected, or in the routing table: Kademlia's
+    /// tables form a connected graph, and a member known only by gossip may have no
+    /// address here).
     fn gossip_round(&mut self, now: Time) {
         use rand::seq::IteratorRandom;
         self.membership.beat();
-        let targets = self.membership.alive().copied().choose_multiple(&mut self.rng, self.config.gossip_fanout);
+        let (connected, routable) = (&self.connected, &self.routable);
+        let targets = self
+            .membership
+            .alive()
+            .filter(|p| connected.contains_key(*p) || routable.contains(*p))
+            .copied()
+            .choose_multiple(&mut self.rng, self.config.gossip_fanout);
         if targets.is_empty() {
             return;
         }

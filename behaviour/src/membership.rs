@@ -201,13 +201,13 @@ impl Membership {
         self.recount(peer, now);
     }
 
-    /// The last connection to `peer` closed: it is dead here until its heartbeat
-    /// advances again (a peer still alive elsewhere comes back through gossip; a killed
-    /// one does not). Idempotent.
+    /// The last connection to `peer` closed. It stays alive while its heartbeat is fresh:
+    /// a connection closed as idle (or refused by a limit) looks, from this side, like
+    /// one whose peer died, and only the heartbeat tells them apart; a killed peer is
+    /// dead here once its last heartbeat is older than the gossip liveness. Idempotent.
     pub fn disconnected(&mut self, peer: PeerId, now: Time) {
         let Some(m) = self.members.get_mut(&peer) else { return };
         m.up = false;
-        m.fresh_until = None;
         self.recount(peer, now);
     }
 

@@ -26,6 +26,9 @@ struct Peer {
 }
 
 const LEASE: Duration = Duration::from_secs(2);
+/// The liveness timeout of [`config`]: gossip liveness 1 s + 1 s of housekeeping
+/// (pings notice within 0.7 s), and a little slack for the driver.
+const LIVENESS: Duration = Duration::from_millis(2500);
 
 /// n = 5, m = 3, 2 s leases, fast liveness pings and gossip (100 ms rounds, 1 s
 /// liveness); the default takeover delay (lease + drift + liveness (1 s + 1 s) + 1 s
@@ -88,6 +91,18 @@ impl Net {
     }
 
     /// Cuts all traffic between `a` and `b` (both ends block).
+    /// Drives until none of `peers` serves; false if one still does after `within`.
+    async fn stops_serving(&mut self, peers: &[usize], within: Duration) -> bool {
+        let step = Duration::from_millis(100);
+        for _ in 0..=within.as_millis() / step.as_millis() {
+            if peers.iter().all(|&i| self.swarms[i].behaviour().sigma.readiness() != Readiness::Serving) {
+                return true;
+            }
+            self.drive(step, |_, _, _| false).await;
+        }
+        false
+    }
+
     fn cut(&mut self, a: &[usize], b: &[usize]) {
         for &i in a {
             for &j in b {
@@ -235,6 +250,8 @@ async fn a_partition_serves_on_the_majority_side_only_and_heals() {
     let majority = net.acquire(3, "p");
     net.drive(Duration::from_secs(30), won(3, majority)).await;
     assert!(net.holders.get("p") == Some(&(3, majority)), "the majority side serves");
+    // The minority notices within the liveness timeout (its members' heartbeats stale).
+    assert!(net.stops_serving(&[0, 1], LIVENESS).await, "the minority still serves after {LIVENESS:?}");
     for i in [0, 1] {
         let r = net.swarms[i].behaviour().sigma.readiness();
         assert!(matches!(r, Readiness::Minority { reachable: 2, members: 5 }), "peer {i}: {r:?}");
@@ -270,14 +287,6 @@ async fn members_alive_through_gossip_count_and_a_cut_off_peer_still_stops() {
     assert_eq!(net.swarms[0].behaviour().sigma.members(), (5, 5));
     // Now cut 0 from 1 as well: 2, 3 and 4's heartbeats stop reaching it.
     net.cut(&[0], &[1]);
-    let mut stopped = false;
-    for _ in 0..40 {
-        net.drive(Duration::from_millis(100), |_, _, _| false).await;
-        if net.swarms[0].behaviour().sigma.readiness() != Readiness::Serving {
-            stopped = true;
-            break;
-        }
-    }
-    assert!(stopped, "a cut-off peer stops serving within the gossip liveness window (+1 s)");
+    assert!(net.stops_serving(&[0], LIVENESS).await, "a cut-off peer stops serving within the liveness timeout");
     assert!(matches!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Minority { reachable: 1, members: 5 }));
 }

@@ -95,6 +95,8 @@ pub struct Status {
     /// Peers with an open connection.
     #[schema(value_type = Vec<String>)]
     pub connected_peers: Vec<PeerId>,
+    /// Open connections (bounded: `--max-connections`).
+    pub connections: u32,
     /// Peers known to the Sigma behaviour's routing view.
     pub routable_peers: usize,
     /// Logical replicas hosted here (all locks).
@@ -118,7 +120,8 @@ pub struct Status {
     /// Known sigma peers (present, or departed within the membership window), this
     /// node included.
     pub members: usize,
-    /// Of which connected now, this node included.
+    /// Of which alive now (connected, or heartbeat fresh through the membership
+    /// gossip), this node included.
     pub reachable_members: usize,
     /// The takeover delay: a replica this node takes over grants nothing for this long.
     pub takeover_delay_ms: u64,

@@ -256,6 +256,7 @@ impl EventLoop {
             peer_id: *self.swarm.local_peer_id(),
             listen_addrs: self.swarm.listeners().cloned().collect(),
             connected_peers,
+            connections: self.swarm.network_info().connection_counters().num_established(),
             routable_peers: sigma.routable_peers(),
             replicas_hosted: sizes.replicas,
             state: sizes,

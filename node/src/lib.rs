@@ -41,8 +41,10 @@ mod swarm;
 
 pub use error::{IdentityError, LockError, NodeError, RevokeError};
 pub use guard::LockGuard;
-pub use node::{Libp2pMetrics, LockOptions, Node, NodeConfig, NodeHandle, Status, WaitingLock};
-pub use swarm::{NodeBehaviour, NodeBehaviourEvent, IDENTIFY_INTERVAL, IDENTIFY_PROTOCOL};
+pub use node::{
+    Libp2pMetrics, LockOptions, Node, NodeConfig, NodeHandle, Status, WaitingLock, DEFAULT_IDLE_CONNECTION_TIMEOUT,
+};
+pub use swarm::{ConnectionBounds, NodeBehaviour, NodeBehaviourEvent, IDENTIFY_INTERVAL, IDENTIFY_PROTOCOL};
 
 /// The crates this one is built on, for applications that embed [`NodeBehaviour`].
 pub use libp2p;

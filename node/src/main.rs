@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use sigma_node::client::{AcquireOptions, Client, ClientError};
 use sigma_node::http::{self, Acquired, Api, KeptAlive, DEFAULT_API};
 use sigma_node::metrics::Metrics;
-use sigma_node::{Node, NodeConfig};
+use sigma_node::{ConnectionBounds, Node, NodeConfig};
 use tokio::signal::unix::{signal, SignalKind};
 
 mod cli {
@@ -49,6 +49,8 @@ struct Cli {
     command: Cmd,
 }
 
+// Parsed once per process: the size of `run`'s arguments does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run a peer: join the swarm, host replicas, serve the local control API and
@@ -106,8 +108,9 @@ struct RunArgs {
     /// command line, then the environment (SIGMA_…), then the file.
     #[arg(long, value_name = "PATH", env = "SIGMA_CONFIG")]
     config: Option<PathBuf>,
-    /// Address to listen on for peers (repeatable, or comma-separated).
-    #[arg(long, value_name = "MULTIADDR", num_args = 1.., value_delimiter = ',', default_value = DEFAULT_LISTEN, env = "SIGMA_LISTEN")]
+    /// Address to listen on for peers (repeatable, or comma-separated) [default: TCP and
+    /// QUIC on port 7590].
+    #[arg(long, value_name = "MULTIADDR", num_args = 1.., value_delimiter = ',', default_values = DEFAULT_LISTEN, hide_default_value = true, env = "SIGMA_LISTEN")]
     listen: Vec<Multiaddr>,
     /// A peer to join through, ending with /p2p/PEER_ID (repeatable, or comma-separated).
     #[arg(long, value_name = "MULTIADDR", num_args = 1.., value_delimiter = ',', env = "SIGMA_BOOTSTRAP")]
@@ -179,6 +182,25 @@ struct RunArgs {
     /// its heartbeat last advanced (a cut-off peer stops serving within it, plus 1s).
     #[arg(long, value_parser = parse_duration, default_value = "5s", env = "SIGMA_GOSSIP_LIVENESS")]
     gossip_liveness: Duration,
+    /// Most established connections (both directions); past it a new one is refused.
+    #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().max_established, env = "SIGMA_MAX_CONNECTIONS")]
+    max_connections: u32,
+    /// Most established incoming connections (the rest is kept for this peer's dials).
+    #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().max_established_incoming, env = "SIGMA_MAX_INCOMING")]
+    max_incoming: u32,
+    /// Most connections to one peer.
+    #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().max_established_per_peer, env = "SIGMA_MAX_CONNECTIONS_PER_PEER")]
+    max_connections_per_peer: u32,
+    /// Most incoming connections in their handshake at once.
+    #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().max_pending_incoming, env = "SIGMA_MAX_PENDING_INCOMING")]
+    max_pending_incoming: u32,
+    /// No new connection while the daemon's resident memory is above this many MiB
+    /// [default: 80% of the machine's memory].
+    #[arg(long, value_name = "MIB", env = "SIGMA_MAX_MEMORY_MB")]
+    max_memory_mb: Option<usize>,
+    /// A connection no protocol has used for this long is closed.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", env = "SIGMA_IDLE_TIMEOUT")]
+    idle_timeout: Duration,
     /// Most replicas this peer hosts (all locks); past it a new one is refused.
     #[arg(long, value_name = "N", default_value_t = 100_000, env = "SIGMA_MAX_REPLICAS")]
     max_replicas: usize,
@@ -379,7 +401,9 @@ enum LogFormat {
 /// Default p2p listen address; the API's is 7591 (`http::DEFAULT_API`). Clear of the
 /// ports of services often run beside a peer: IPFS 4001, Meilisearch 7700, etcd
 /// 2379–2380, ZooKeeper 2181, Consul 8300–8600, Prometheus 9090, node exporter 9100.
-const DEFAULT_LISTEN: &str = "/ip4/0.0.0.0/tcp/7590";
+/// QUIC (UDP) beside TCP: a connection in one round trip, and no head-of-line blocking
+/// between a peer's streams.
+const DEFAULT_LISTEN: [&str; 2] = ["/ip4/0.0.0.0/tcp/7590", "/ip4/0.0.0.0/udp/7590/quic-v1"];
 
 /// The default key file: `key` in systemd's $STATE_DIRECTORY (`StateDirectory=sigma`),
 /// else in $XDG_STATE_HOME/sigma, else in ~/.local/state/sigma.
@@ -557,6 +581,15 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         key_file,
         behaviour,
         libp2p_metrics: Some(libp2p_metrics),
+        idle_connection_timeout: args.idle_timeout,
+        bounds: ConnectionBounds {
+            max_established: args.max_connections,
+            max_established_incoming: args.max_incoming.min(args.max_connections),
+            max_established_per_peer: args.max_connections_per_peer.max(1),
+            max_pending_incoming: args.max_pending_incoming,
+            max_pending_outgoing: ConnectionBounds::default().max_pending_outgoing,
+            max_memory_bytes: args.max_memory_mb.map(|mb| mb.saturating_mul(1024 * 1024)),
+        },
         ..NodeConfig::default()
     };
     let mut node = Node::start(config).await.context("cannot start the node")?;
@@ -1234,5 +1267,11 @@ mod tests {
         let cli =
             Cli::try_parse_from(["sigma", "run", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0"]).unwrap();
         assert!(matches!(cli.command, Cmd::Run(_)));
+        // SIGMA_LISTEN from the test's environment would change the defaults.
+        if std::env::var_os("SIGMA_LISTEN").is_none() {
+            let Cmd::Run(a) = Cli::try_parse_from(["sigma", "run"]).unwrap().command else { panic!("run") };
+            let listen: Vec<String> = a.listen.iter().map(|m| m.to_string()).collect();
+            assert_eq!(listen, DEFAULT_LISTEN, "TCP and QUIC by default");
+        }
     }
 }

@@ -22,6 +22,11 @@ use sigma_behaviour::wire::{Reply, Request};
 
 /// Capacity of the command queue between handles and the event loop.
 const COMMAND_QUEUE: usize = 1024;
+/// How long an unused connection stays open: with the gossip's 4 exchanges a second
+/// with random routing-table peers, a node keeps about 4 × this many connections in a
+/// large swarm (a few dozen), and every peer in a small one.
+pub const DEFAULT_IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long [`Node::start`] waits for its listeners to come up.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -41,10 +46,12 @@ pub struct NodeConfig {
     pub behaviour: sigma_behaviour::Config,
     /// How long [`NodeHandle::try_lock`] tries.
     pub try_lock_timeout: Duration,
-    /// A connection no protocol uses is closed after this long. Replica ownership is
-    /// decided among connected peers, so keep it above [`swarm::IDENTIFY_INTERVAL`]
-    /// (identify's periodic exchange then keeps connections to live peers open).
+    /// A connection no protocol uses is closed after this long (membership and
+    /// placement do not need connections: the membership gossip tells which peers are
+    /// alive).
     pub idle_connection_timeout: Duration,
+    /// Bounds on connections (counts, and memory).
+    pub bounds: swarm::ConnectionBounds,
     /// On [`Node::shutdown`], how long the node keeps running after releasing its
     /// locks so that the RELEASE messages reach the replicas.
     pub shutdown_grace: Duration,
@@ -74,7 +81,8 @@ impl Default for NodeConfig {
             key_file: None,
             behaviour: sigma_behaviour::Config::default(),
             try_lock_timeout: Duration::from_secs(1),
-            idle_connection_timeout: Duration::from_secs(600),
+            idle_connection_timeout: DEFAULT_IDLE_CONNECTION_TIMEOUT,
+            bounds: swarm::ConnectionBounds::default(),
             shutdown_grace: Duration::from_millis(500),
             libp2p_metrics: None,
         }
@@ -124,7 +132,7 @@ impl Node {
             tracing::info!("no bootstrap peers: a one-node swarm until others join");
         }
         let behaviour = config.behaviour.clone().with_joining(joining);
-        let mut swarm = swarm::build(keypair, behaviour, config.idle_connection_timeout)?;
+        let mut swarm = swarm::build(keypair, behaviour, &config.bounds, config.idle_connection_timeout)?;
 
         let mut listeners = HashMap::new();
         for addr in &config.listen {

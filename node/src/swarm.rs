@@ -5,15 +5,69 @@ use std::time::Duration;
 use libp2p::allow_block_list::{self, BlockedPeers};
 use libp2p::identity::Keypair;
 use libp2p::swarm::NetworkBehaviour;
-use libp2p::{identify, noise, tcp, yamux, Swarm, SwarmBuilder};
+use libp2p::{connection_limits, identify, memory_connection_limits, noise, tcp, yamux, Swarm, SwarmBuilder};
 
 use crate::error::NodeError;
 
 /// `protocol_version` announced by identify.
 pub const IDENTIFY_PROTOCOL: &str = "/sigma/id/1.0.0";
-/// How often identify re-asks a connected peer. Its exchange also keeps connections to
-/// live peers open (ownership of a replica is decided among *connected* peers).
+/// How often identify re-asks a connected peer (its exchange does not keep a
+/// connection open).
 pub const IDENTIFY_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Bounds on a node's connections (ARCHITECTURE.md, "Bounded connections"). A
+/// connection past a bound is refused (a dial of this node's own fails and is retried
+/// by whoever needed it); idle connections close after the node's idle timeout, so a
+/// node in a swarm of thousands keeps a few dozen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnectionBounds {
+    /// Established connections, both directions.
+    pub max_established: u32,
+    /// Established incoming connections (the rest is left for this node's own dials).
+    pub max_established_incoming: u32,
+    /// Established connections to one peer.
+    pub max_established_per_peer: u32,
+    /// Incoming connections still in their handshake.
+    pub max_pending_incoming: u32,
+    /// Outgoing dials in progress.
+    pub max_pending_outgoing: u32,
+    /// No new connection while the process's resident memory is above this many bytes;
+    /// `None`: 80% of the machine's memory.
+    pub max_memory_bytes: Option<usize>,
+}
+
+impl Default for ConnectionBounds {
+    fn default() -> Self {
+        ConnectionBounds {
+            max_established: 256,
+            max_established_incoming: 192,
+            max_established_per_peer: 2,
+            max_pending_incoming: 64,
+            max_pending_outgoing: 128,
+            max_memory_bytes: None,
+        }
+    }
+}
+
+impl ConnectionBounds {
+    fn limits(&self) -> connection_limits::Behaviour {
+        connection_limits::Behaviour::new(
+            connection_limits::ConnectionLimits::default()
+                .with_max_established(Some(self.max_established))
+                .with_max_established_incoming(Some(self.max_established_incoming))
+                .with_max_established_per_peer(Some(self.max_established_per_peer))
+                .with_max_pending_incoming(Some(self.max_pending_incoming))
+                .with_max_pending_outgoing(Some(self.max_pending_outgoing)),
+        )
+    }
+
+    fn memory(&self) -> memory_connection_limits::Behaviour {
+        match self.max_memory_bytes {
+            Some(bytes) => memory_connection_limits::Behaviour::with_max_bytes(bytes),
+            None => memory_connection_limits::Behaviour::with_max_percentage(0.8),
+        }
+    }
+}
 
 /// The behaviour of a sigma node: the Sigma protocol (Kademlia + the `/sigma/1.0.0`
 /// wire) and identify, which tells each peer the listen addresses of the others.
@@ -22,6 +76,11 @@ pub const IDENTIFY_INTERVAL: Duration = Duration::from_secs(60);
 /// as [`crate::Node`] does.
 #[derive(NetworkBehaviour)]
 pub struct NodeBehaviour {
+    /// Connection counts ([`ConnectionBounds`]). First with `memory` and `block`: a
+    /// refused connection must not reach the protocols.
+    pub limits: connection_limits::Behaviour,
+    /// No new connection while the process's memory is over its bound.
+    pub memory: memory_connection_limits::Behaviour,
     /// Peers this node refuses (the loopback-only admin control, `POST /v1/admin/block`):
     /// their connections are closed and new ones refused. The local testnet cuts
     /// traffic with it to make partitions. First, so that a denied connection never
@@ -35,8 +94,13 @@ pub struct NodeBehaviour {
 }
 
 impl NodeBehaviour {
-    /// The behaviour for `keypair`'s peer.
+    /// The behaviour for `keypair`'s peer, with the default [`ConnectionBounds`].
     pub fn new(keypair: &Keypair, config: sigma_behaviour::Config) -> Self {
+        Self::bounded(keypair, config, &ConnectionBounds::default())
+    }
+
+    /// The behaviour for `keypair`'s peer, with `bounds` on its connections.
+    pub fn bounded(keypair: &Keypair, config: sigma_behaviour::Config, bounds: &ConnectionBounds) -> Self {
         let local = keypair.public().to_peer_id();
         let identify = identify::Behaviour::new(
             identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), keypair.public())
@@ -44,6 +108,8 @@ impl NodeBehaviour {
                 .with_interval(IDENTIFY_INTERVAL),
         );
         NodeBehaviour {
+            limits: bounds.limits(),
+            memory: bounds.memory(),
             block: allow_block_list::Behaviour::default(),
             sigma: sigma_behaviour::Behaviour::new(local, config),
             identify,
@@ -55,6 +121,7 @@ impl NodeBehaviour {
 pub(crate) fn build(
     keypair: Keypair,
     config: sigma_behaviour::Config,
+    bounds: &ConnectionBounds,
     idle_connection_timeout: Duration,
 ) -> Result<Swarm<NodeBehaviour>, NodeError> {
     let swarm = SwarmBuilder::with_existing_identity(keypair)
@@ -62,7 +129,7 @@ pub(crate) fn build(
         .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
         .map_err(|e| NodeError::Transport(Box::new(e)))?
         .with_quic()
-        .with_behaviour(|keypair| NodeBehaviour::new(keypair, config))
+        .with_behaviour(|keypair| NodeBehaviour::bounded(keypair, config, bounds))
         .map_err(|e| NodeError::Transport(Box::new(e)))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(idle_connection_timeout))
         .build();

@@ -90,13 +90,13 @@ async fn start(opts: &BenchOptions) -> Result<Vec<Node>> {
     for k in 1..opts.nodes {
         nodes.push(Node::start(config(vec![addr.clone()])).await.with_context(|| format!("starting node {k}"))?);
     }
-    // Every node connected to every other (ownership is decided among connected peers).
+    // Every node serving and seeing every other alive (connected or through the gossip).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let mut ready = true;
         for n in &nodes {
             let s = n.handle().status().await?;
-            ready &= s.connected_peers.len() + 1 >= opts.nodes && s.routable_peers + 1 >= opts.nodes;
+            ready &= s.ready && s.reachable_members >= opts.nodes && s.routable_peers + 1 >= opts.nodes;
         }
         if ready {
             return Ok(nodes);

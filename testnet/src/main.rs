@@ -32,14 +32,17 @@ struct Cli {
 enum Command {
     /// Start a local testnet of `sigma run` processes on 127.0.0.1 and leave it running.
     ///
-    /// Node 0 starts first, the others bootstrap to it; `up` returns once every node is
-    /// connected to and routes to all the others, and writes DIR/manifest.json. Each
+    /// Node 0 starts first, then 15 nodes through it, then the rest in waves through
+    /// three nodes already up; `up` returns once every node serves and sees every node
+    /// alive (connected, or through the membership gossip: not a full mesh), and writes
+    /// DIR/manifest.json. Each
     /// node has its own key file (DIR/node-I.key), log (DIR/node-I.log, its stderr) and
     /// HTTP API. Ports: with --base-port P, node I listens on TCP P+I and serves its API
     /// on P+1000+I; without it, ephemeral ports (see the manifest or `status`).
     Up(UpArgs),
     /// One line per node of the testnet in DIR: process alive and API answering, peers,
-    /// replicas hosted, locks held and waited for. Exits 1 if a node that should run does not.
+    /// replicas hosted, locks held and waited for (past 24 nodes: figures over all nodes,
+    /// and rows for the nodes not serving). Exits 1 if a node that should run does not.
     Status(DirArgs),
     /// Stop the testnet in DIR: the processes listed in the manifest, by pid (SIGTERM,
     /// then SIGKILL after --grace), and nothing else. Keeps every file; marks the nodes
@@ -87,6 +90,10 @@ struct NetArgs {
     /// Seconds the swarm may take to form before giving up.
     #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
     form_timeout: f64,
+    /// Bound on each node's established connections (`sigma run --max-connections`;
+    /// incoming: three quarters of it).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    max_connections: u32,
 }
 
 #[derive(Args)]
@@ -378,7 +385,7 @@ fn up_options(nodes: usize, net: &NetArgs, lease_ms: Option<u64>) -> Result<UpOp
         nodes,
         base_port: net.base_port,
         dir: net.dir.clone(),
-        params: Params { n: net.n, m: net.m, lease_ms },
+        params: Params { n: net.n, m: net.m, lease_ms, max_connections: Some(net.max_connections), swarm_size: nodes },
         sigma_bin: locate_sigma(net.sigma_bin.as_deref())?,
         form_timeout: Duration::try_from_secs_f64(net.form_timeout)?,
     })

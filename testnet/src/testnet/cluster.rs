@@ -24,6 +24,11 @@ pub const MANIFEST: &str = "manifest.json";
 /// How long a node may take to print `SIGMA_READY`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Nodes started through node 0 alone; the rest start in waves of [`WAVE`], each
+/// through three nodes already up.
+const FIRST_WAVE: usize = 15;
+const WAVE: usize = 50;
+
 /// Options of `up` (and of the testnet under `run`).
 #[derive(Clone, Debug)]
 pub struct UpOptions {
@@ -276,11 +281,32 @@ impl Cluster {
         let first = start_member(&self.opts.sigma_bin, Cluster::spec(&self.opts, 0)?, false).await?;
         let boot = first.record.listen.first().cloned().context("node 0 has no listen address")?;
         self.members.push(first);
-        // The others in parallel, all through node 0.
+        // A first wave through node 0, then the rest, in waves, each node through three
+        // nodes already up: no node takes every newcomer's first connection (a bound
+        // refuses past it), and a newcomer learns the swarm from several places.
+        let nodes = self.opts.nodes;
+        let first_wave = (nodes - 1).min(FIRST_WAVE);
+        self.start_wave(1..1 + first_wave, |_| vec![boot.clone()]).await?;
+        let mut next = 1 + first_wave;
+        while next < nodes {
+            let up: Vec<String> = self.members.iter().filter_map(|m| m.record.listen.first().cloned()).collect();
+            let end = (next + WAVE).min(nodes);
+            self.start_wave(next..end, |i| (0..3).map(|k| up[(i * 7 + k * 13) % up.len()].clone()).collect()).await?;
+            next = end;
+        }
+        self.wait_formed().await
+    }
+
+    /// Starts nodes `range` in parallel, each bootstrapping through `bootstrap(i)`.
+    async fn start_wave(
+        &mut self,
+        range: std::ops::Range<usize>,
+        bootstrap: impl Fn(usize) -> Vec<String>,
+    ) -> Result<()> {
         let mut pending = Vec::new();
-        for i in 1..self.opts.nodes {
+        for i in range {
             let mut spec = Cluster::spec(&self.opts, i)?;
-            spec.bootstrap = vec![boot.clone()];
+            spec.bootstrap = bootstrap(i);
             pending.push(start_member(&self.opts.sigma_bin, spec, false));
         }
         let mut first_err = None;
@@ -291,15 +317,16 @@ impl Cluster {
             }
         }
         self.manifest().save()?;
-        if let Some(e) = first_err {
-            return Err(e);
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        self.wait_formed().await
     }
 
-    /// Waits until every running node has all the other running nodes as connected and
-    /// routable peers and serves (`ready`), then for the takeover delay a new swarm
-    /// holds its first grants for.
+    /// Waits until every running node serves (`ready`: its Kademlia bootstrap done, a
+    /// majority reached) and counts every running node as an alive member (connected,
+    /// or heard through the membership gossip: not a full mesh), then for the takeover
+    /// delay a new swarm holds its first grants for.
     pub async fn wait_formed(&mut self) -> Result<()> {
         let client = api::client()?;
         let deadline = Instant::now() + self.opts.form_timeout;
@@ -313,18 +340,20 @@ impl Cluster {
                     ));
                 }
             }
-            let want = self.members.len() - 1;
+            let want = self.members.len();
             let polls = self.members.iter().map(|m| api::status(&client, m.record.api, Duration::from_secs(2)));
             let statuses = futures::future::join_all(polls).await;
             let lagging: Vec<String> = statuses
                 .iter()
                 .zip(&self.members)
                 .filter_map(|(s, m)| match s {
-                    Ok(s) if s.connected_peers.len() >= want && s.routable_peers >= want && s.ready => None,
+                    Ok(s) if s.members >= want && s.reachable_members >= want && s.ready => None,
                     Ok(s) => Some(format!(
-                        "node {}: {} connected, {} routable, {}",
+                        "node {}: {} of {} members alive, {} connections, {} routable, {}",
                         m.record.index,
-                        s.connected_peers.len(),
+                        s.reachable_members,
+                        s.members,
+                        s.connections,
                         s.routable_peers,
                         if s.ready { "serving" } else { "not serving" }
                     )),
@@ -338,9 +367,12 @@ impl Cluster {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the swarm did not form within {:.0} s (every node needs {want} connected and routable peers): {}",
+                    "the swarm did not form within {:.0} s (every node must serve and see {want} members alive): \
+                     {} of {want} nodes not yet: {}{}",
                     self.opts.form_timeout.as_secs_f64(),
-                    lagging.join("; ")
+                    lagging.len(),
+                    lagging.iter().take(8).cloned().collect::<Vec<_>>().join("; "),
+                    if lagging.len() > 8 { "; …" } else { "" }
                 );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -476,6 +508,11 @@ pub async fn status(dir: &Path) -> Result<(String, bool, Vec<NodeStatus>)> {
     });
     let rows = futures::future::join_all(polls).await;
     let mut s = String::new();
+    let large = rows.len() > STATUS_ROWS;
+    if large {
+        let _ = writeln!(s, "{}", collapsed(&rows));
+        let _ = writeln!(s, "nodes not up and serving:");
+    }
     let _ = writeln!(
         s,
         "{:>4}  {:>8}  {:<8}  {:<21}  {:>5}  {:>8}  {:>8}  {:>4}  {:>7}  peer id",
@@ -491,6 +528,9 @@ pub async fn status(dir: &Path) -> Result<(String, bool, Vec<NodeStatus>)> {
         };
         if n.state != State::Stopped && !(row.process && row.answering) {
             healthy = false;
+        }
+        if large && row.status.as_ref().is_some_and(|st| st.ready) {
+            continue;
         }
         let (peers, routable, replicas, held, waiting) = match &row.status {
             Some(st) => (
@@ -509,6 +549,37 @@ pub async fn status(dir: &Path) -> Result<(String, bool, Vec<NodeStatus>)> {
         );
     }
     Ok((s, healthy, rows))
+}
+
+/// Past this many nodes `status` prints figures over all nodes, and rows only for
+/// the nodes that are not up and serving.
+const STATUS_ROWS: usize = 24;
+
+/// One paragraph of figures over every node: min / median / max.
+fn collapsed(rows: &[NodeStatus]) -> String {
+    let up: Vec<&api::Status> = rows.iter().filter_map(|r| r.status.as_ref()).collect();
+    let spread = |f: &dyn Fn(&api::Status) -> usize| -> String {
+        let mut v: Vec<usize> = up.iter().map(|s| f(s)).collect();
+        v.sort_unstable();
+        match v.as_slice() {
+            [] => "-".into(),
+            v => format!("{} / {} / {}", v[0], v[v.len() / 2], v[v.len() - 1]),
+        }
+    };
+    format!(
+        "{} nodes: {} answering, {} serving\n\
+         per node (min / median / max):  connections {}  alive members {}  routable {}  replicas {}\n\
+         locks held {}, waited for {}",
+        rows.len(),
+        up.len(),
+        up.iter().filter(|s| s.ready).count(),
+        spread(&|s| s.connections as usize),
+        spread(&|s| s.reachable_members),
+        spread(&|s| s.routable_peers),
+        spread(&|s| s.replicas_hosted),
+        up.iter().map(|s| s.locks_held.len()).sum::<usize>(),
+        up.iter().map(|s| s.locks_waiting.len()).sum::<usize>(),
+    )
 }
 
 /// `down`: stops the nodes of the manifest by pid (only processes that still are those

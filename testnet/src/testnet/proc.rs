@@ -80,7 +80,20 @@ pub struct Params {
     pub m: Option<usize>,
     /// Lease of a vote, ms.
     pub lease_ms: Option<u64>,
+    /// Bound on each node's established connections (`--max-connections`; incoming:
+    /// three quarters of it). None: the daemon's default.
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// Nodes the testnet starts with: past [`LARGE_SWARM`] the nodes ping and gossip
+    /// less often, so that two cores can host them all.
+    #[serde(default)]
+    pub swarm_size: usize,
 }
+
+/// Swarms larger than this run their nodes with the daemon's liveness pings (1 s, 3 s
+/// timeout) and a slower gossip (500 ms rounds, 3 s liveness) instead of the fast
+/// loopback settings.
+pub const LARGE_SWARM: usize = 32;
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -206,9 +219,18 @@ pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
     }
     // Loopback: a dead peer is noticed within 1.25 s, and a peer cut off from the
     // gossip within 1.5 s, which keeps the takeover delay (lease + liveness timeout +
-    // 1 s) short.
-    cmd.args(["--ping-interval", "250ms", "--ping-timeout", "1s"]);
-    cmd.args(["--gossip-interval", "250ms", "--gossip-liveness", "1500ms"]);
+    // 1 s) short. A large swarm on two cores cannot afford that many messages.
+    let ((ping, ping_timeout), (gossip, gossip_liveness)) = if spec.params.swarm_size > LARGE_SWARM {
+        (("1s", "3s"), ("500ms", "3s"))
+    } else {
+        (("250ms", "1s"), ("250ms", "1500ms"))
+    };
+    cmd.args(["--ping-interval", ping, "--ping-timeout", ping_timeout]);
+    cmd.args(["--gossip-interval", gossip, "--gossip-liveness", gossip_liveness]);
+    if let Some(max) = spec.params.max_connections {
+        cmd.arg("--max-connections").arg(max.to_string());
+        cmd.arg("--max-incoming").arg((max * 3 / 4).max(1).to_string());
+    }
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", NODE_LOG);
     }

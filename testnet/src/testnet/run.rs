@@ -169,6 +169,11 @@ pub struct RunReport {
     pub never_served: Vec<usize>,
     /// The first few of each finding.
     pub findings: Findings,
+    /// Connections per node: the largest count each node reported, sampled every 2 s
+    /// while the workload ran (by node index; 0 for a node never sampled).
+    pub connection_peaks: Vec<u32>,
+    /// The bound every node was started with (`--max-connections`).
+    pub connection_bound: u32,
     /// PASS/FAIL lines.
     pub targets: Vec<Target>,
     /// All targets hold.
@@ -250,6 +255,8 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     let http = api::client()?;
     let pb = view(opts.duration);
     let fired = Arc::new(AtomicU64::new(0));
+    let peaks = Arc::new(Mutex::new(Vec::new()));
+    let sampler = tokio::spawn(sample_connections(shared.clone(), http.clone(), peaks.clone()));
     let workload = Workload::start(&wopts, &shared, &http);
     let start = workload.start;
     let supervisor = Supervisor::new(cluster, shared.clone(), opts.chaos.clone(), start, pb.clone(), fired.clone())?;
@@ -298,6 +305,7 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     let (counters, records) = workload.stop(Duration::from_secs(2)).await;
     let elapsed = start.elapsed().min(opts.duration.max(Duration::from_millis(1)));
     view_task.abort();
+    sampler.abort();
     pb.finish_and_clear();
 
     // Counters of the live nodes, then down.
@@ -320,7 +328,7 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     cluster.manifest().save()?;
 
     let findings = check::check(&records.entries, opts.resources, opts.clients);
-    let report = build_report(
+    let mut report = build_report(
         opts,
         &cluster,
         formed_in,
@@ -334,6 +342,8 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
         outcome.crashes,
         findings,
     );
+    let peaks = std::mem::take(&mut *peaks.lock().expect("not poisoned"));
+    report.add_connections(peaks, opts.up.params.max_connections.unwrap_or(DAEMON_MAX_CONNECTIONS));
     let summary = render(&report);
     Ok((report, summary))
 }
@@ -485,9 +495,59 @@ fn build_report(
         token_regressions,
         never_served,
         findings,
+        connection_peaks: Vec::new(),
+        connection_bound: 0,
         targets,
         pass,
         records: all,
+    }
+}
+
+/// `sigma run`'s default `--max-connections`.
+const DAEMON_MAX_CONNECTIONS: u32 = 256;
+
+impl RunReport {
+    /// Records the connection peaks and checks them against the bound.
+    fn add_connections(&mut self, peaks: Vec<u32>, bound: u32) {
+        let max = peaks.iter().copied().max().unwrap_or(0);
+        let over: Vec<usize> = peaks.iter().enumerate().filter(|(_, c)| **c > bound).map(|(i, _)| i).collect();
+        self.targets.push(Target {
+            name: "every node at or under its connection bound".into(),
+            pass: over.is_empty() && !peaks.is_empty(),
+            detail: if peaks.is_empty() {
+                "never sampled".into()
+            } else if over.is_empty() {
+                format!("largest {max} ≤ {bound}")
+            } else {
+                format!("nodes {over:?} over {bound} (largest {max})")
+            },
+        });
+        self.pass = self.targets.iter().all(|t| t.pass);
+        self.connection_peaks = peaks;
+        self.connection_bound = bound;
+    }
+}
+
+/// Samples every running node's connection count every 2 s, keeping each node's peak.
+async fn sample_connections(shared: Arc<Mutex<World>>, http: reqwest::Client, peaks: Arc<Mutex<Vec<u32>>>) {
+    loop {
+        let apis: Vec<(usize, std::net::SocketAddr)> = {
+            let w = shared.lock().expect("not poisoned");
+            w.nodes.iter().enumerate().filter(|(_, s)| s.state == NodeState::Up).map(|(i, s)| (i, s.api)).collect()
+        };
+        let polls = apis.into_iter().map(|(i, a)| {
+            let http = http.clone();
+            async move { (i, api::status(&http, a, Duration::from_secs(2)).await) }
+        });
+        for (i, st) in futures::future::join_all(polls).await {
+            let Ok(st) = st else { continue };
+            let mut p = peaks.lock().expect("not poisoned");
+            if p.len() <= i {
+                p.resize(i + 1, 0);
+            }
+            p[i] = p[i].max(st.connections);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
@@ -606,6 +666,17 @@ pub fn render(r: &RunReport) -> String {
         r.faults_fired.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
     };
     let _ = writeln!(s, "faults fired:            {faults}");
+    if !r.connection_peaks.is_empty() {
+        let mut sorted = r.connection_peaks.clone();
+        sorted.sort_unstable();
+        let _ = writeln!(
+            s,
+            "connections per node:    peak median {}, max {} (bound {}; sampled every 2 s)",
+            sorted[sorted.len() / 2],
+            sorted[sorted.len() - 1],
+            r.connection_bound
+        );
+    }
     if !r.unavailability.is_empty() {
         let _ = writeln!(
             s,

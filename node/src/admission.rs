@@ -56,6 +56,11 @@ impl Admission {
         self.allowed_peers.is_some() || self.swarm_key.is_some()
     }
 
+    /// Whether `peer` may connect.
+    pub fn allows(&self, peer: &PeerId) -> bool {
+        self.allowed_peers.as_ref().is_none_or(|peers| peers.contains(peer))
+    }
+
     /// Why `addr` cannot be listened on under this policy: a swarm key protects TCP
     /// only, so a QUIC (or any UDP) address is refused rather than left open.
     pub fn check_listen(&self, addr: &Multiaddr) -> Result<(), String> {
@@ -312,5 +317,13 @@ mod tests {
         assert!(open.check_listen(&quic).is_ok());
         assert!(closed.check_listen(&tcp).is_ok());
         assert!(closed.check_listen(&quic).unwrap_err().contains("TCP only"));
+    }
+
+    #[test]
+    fn an_allow_list_allows_only_its_peers() {
+        let (a, b) = (peer(), peer());
+        assert!(Admission::default().allows(&a), "open");
+        let closed = Admission { allowed_peers: Some([a].into()), ..Admission::default() };
+        assert!(closed.allows(&a) && !closed.allows(&b));
     }
 }

@@ -189,6 +189,9 @@ impl Node {
                 tracing::debug!(%addr, "skipping a bootstrap address naming this node");
                 continue;
             }
+            if !config.admission.allows(&peer) {
+                tracing::warn!(%addr, "bootstrap peer is not on the allow-list: it will be refused");
+            }
             let mut plain = addr.clone();
             plain.pop();
             swarm.behaviour_mut().sigma.add_address(&peer, plain);

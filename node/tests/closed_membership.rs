@@ -36,6 +36,11 @@ async fn status(d: &Daemon) -> Value {
     get_json(&format!("http://{}/v1/status", d.api)).await
 }
 
+/// Whether the status `st` lists `d` among its connected peers.
+fn connected_to(st: &Value, d: &Daemon) -> bool {
+    st["connected_peers"].as_array().is_some_and(|peers| peers.contains(&Value::from(d.peer_id.to_string())))
+}
+
 /// Waits until `d` serves and counts `members` members (itself included).
 async fn serving_with(d: &Daemon, members: u64) {
     eventually(&format!("{} to serve with {members} members", d.peer_id), || async move {
@@ -102,20 +107,22 @@ async fn closed_membership_refuses_a_peer_outside_the_allow_list() {
         })
         .await;
     }
-    let log = std::fs::read_to_string(&a.log).unwrap();
-    assert!(log.contains("not on the allow-list"), "the refusal is logged");
+    // Logged right after it is counted.
+    eventually("the refusal to be logged", || async {
+        std::fs::read_to_string(&a.log).unwrap().contains("not on the allow-list")
+    })
+    .await;
 
     // It stays outside for as long as its lock attempt lasts (its bootstrap redials go on).
     assert_not_locked(&lock(&c, "shared", "2s").await, "the outsider");
     let st = status(&c).await;
     assert_eq!(st["readiness"], "joining", "{st}");
     assert_eq!(st["connected_peers"].as_array().map(Vec::len), Some(0), "{st}");
+    // (Members count departed ones too, so a ping timeout under load does not change it.)
     for d in [&a, &b] {
         let st = status(d).await;
         assert_eq!(st["members"], 2, "{st}");
-        assert_eq!(st["ready"], true, "{st}");
-        let connected = st["connected_peers"].as_array().unwrap();
-        assert!(!connected.contains(&Value::from(c.peer_id.to_string())), "{st}");
+        assert!(!connected_to(&st, &c), "{st}");
     }
 
     // The listed two serve each other (the default quorum diversity needs votes of both).
@@ -168,7 +175,7 @@ async fn a_swarm_key_admits_only_its_holders() {
     for member in [&a, &b] {
         let st = status(member).await;
         assert_eq!(st["members"], 2, "{st}");
-        assert_eq!(st["connected_peers"].as_array().map(Vec::len), Some(1), "{st}");
+        assert!(!connected_to(&st, &c) && !connected_to(&st, &d), "{st}");
     }
     assert_locked(&lock(&a, "private", "30s").await, "a");
 }

@@ -5,7 +5,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use futures::StreamExt;
-use libp2p::swarm::SwarmEvent;
+use libp2p::allow_block_list::NotAllowed;
+use libp2p::swarm::{ListenError, SwarmEvent};
 use libp2p::{identify, Swarm};
 use sigma_behaviour::wire::Reply;
 use sigma_behaviour::{AcquisitionId, Event};
@@ -304,6 +305,18 @@ impl EventLoop {
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 tracing::debug!(peer = ?peer_id, %error, "dial failed");
+            }
+            SwarmEvent::IncomingConnectionError { peer_id, send_back_addr, error, .. } => {
+                // Counted by libp2p's metrics (`libp2p_swarm_connections_incoming_error_total`).
+                let outcome = match &error {
+                    ListenError::Denied { cause } if cause.downcast_ref::<NotAllowed>().is_some() => {
+                        "not on the allow-list"
+                    }
+                    ListenError::Denied { .. } => "denied",
+                    // A peer without the swarm key ends here (its handshake is noise to us).
+                    _ => "failed",
+                };
+                tracing::debug!(peer = ?peer_id, addr = %send_back_addr, %error, outcome, "incoming connection not established");
             }
             SwarmEvent::NewListenAddr { address, .. } => tracing::info!(%address, "listening"),
             SwarmEvent::ExpiredListenAddr { address, .. } => tracing::info!(%address, "no longer listening"),

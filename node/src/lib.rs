@@ -27,6 +27,7 @@
 //! The lease of a held lock is renewed in the background; [`LockGuard::lost`] resolves
 //! when exclusion is no longer guaranteed.
 
+pub mod admission;
 pub mod client;
 mod command;
 mod error;
@@ -39,6 +40,7 @@ pub mod metrics;
 mod node;
 mod swarm;
 
+pub use admission::Admission;
 pub use error::{IdentityError, LockError, NodeError, RevokeError};
 pub use guard::LockGuard;
 pub use node::{

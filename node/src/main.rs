@@ -49,8 +49,6 @@ struct Cli {
     command: Cmd,
 }
 
-// Parsed once per process: the size of `run`'s arguments does not matter.
-#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run a peer: join the swarm, host replicas, serve the local control API and
@@ -59,7 +57,7 @@ enum Cmd {
     /// Prints parseable lines on stdout once up: `SIGMA_PEER_ID=…`, one
     /// `SIGMA_LISTEN=…/p2p/…` per address (usable as another peer's --bootstrap),
     /// `SIGMA_API=IP:PORT`, then `SIGMA_READY`. Logs go to stderr (RUST_LOG, default info).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Hold a lock while a command runs (the etcdctl/consul `lock` convention), or,
     /// without a command, until SIGINT/SIGTERM, printing SIGMA_LOCK_NAME=,
     /// SIGMA_FENCING_TOKEN= and SIGMA_LOCK_VALID_UNTIL_MS= lines.
@@ -99,6 +97,9 @@ enum Cmd {
     },
     /// Print the manual page (roff), e.g. `sigma man > /usr/local/share/man/man1/sigma.1`.
     Man,
+    /// Print a new random swarm key for `sigma run --swarm-key`, e.g. `(umask 077;
+    /// sigma swarm-key > /etc/sigma/swarm.key)`; give every peer of the swarm a copy.
+    SwarmKey,
 }
 
 #[derive(Args, Debug)]
@@ -123,6 +124,20 @@ struct RunArgs {
     /// A new identity each run, kept nowhere (instead of the key file).
     #[arg(long, conflicts_with = "key_file", env = "SIGMA_EPHEMERAL_KEY")]
     ephemeral_key: bool,
+    /// Closed membership: accept connections only from this peer (repeatable, or
+    /// comma-separated; with --allow-peers-file, the union). This peer itself is always
+    /// allowed. Given any allowed peer, every other peer is refused. Default: open.
+    #[arg(long, value_name = "PEER_ID", value_delimiter = ',', value_parser = sigma_node::admission::parse_peer_id, env = "SIGMA_ALLOW_PEERS")]
+    allow_peer: Vec<libp2p::PeerId>,
+    /// Closed membership: the allowed peers from a file, one peer id per line (`#`
+    /// comments, blank lines allowed); see --allow-peer.
+    #[arg(long, value_name = "PATH", env = "SIGMA_ALLOW_PEERS_FILE")]
+    allow_peers_file: Option<PathBuf>,
+    /// Private swarm: a pre-shared key file (`sigma swarm-key` makes one) that encrypts
+    /// every connection; peers without the same key cannot connect. TCP only: QUIC
+    /// listen addresses are refused.
+    #[arg(long, value_name = "PATH", env = "SIGMA_SWARM_KEY")]
+    swarm_key: Option<PathBuf>,
     /// Control API address, loopback only; port 0 picks a free port (see SIGMA_API=).
     #[arg(long, value_name = "IP:PORT", default_value = DEFAULT_API, env = "SIGMA_API")]
     api: String,
@@ -237,6 +252,32 @@ fn admin_policy(list: &[String]) -> anyhow::Result<sigma_behaviour::Admin> {
         .map(|p| p.parse::<libp2p::PeerId>().map_err(|e| fail(EXIT_USAGE, format!("--admin-peer {p}: {e}"))))
         .collect::<anyhow::Result<_>>()?;
     Ok(sigma_behaviour::Admin::Peers(peers))
+}
+
+/// The membership policy of `--allow-peer`, `--allow-peers-file` and `--swarm-key`, and
+/// whether the listen addresses fit it.
+fn membership_policy(args: &RunArgs) -> anyhow::Result<sigma_node::Admission> {
+    use sigma_node::admission;
+    let mut allowed: Option<std::collections::HashSet<libp2p::PeerId>> =
+        (!args.allow_peer.is_empty()).then(|| args.allow_peer.iter().copied().collect());
+    if let Some(path) = &args.allow_peers_file {
+        let peers =
+            admission::read_allow_list(path).map_err(|e| fail(EXIT_USAGE, format!("--allow-peers-file {e}")))?;
+        if peers.is_empty() {
+            // An empty list would refuse everyone: more likely a mistake than a wish.
+            return Err(fail(EXIT_USAGE, format!("--allow-peers-file {}: no peer ids in it", path.display())));
+        }
+        allowed.get_or_insert_with(Default::default).extend(peers);
+    }
+    let swarm_key = match &args.swarm_key {
+        Some(path) => Some(admission::read_swarm_key(path).map_err(|e| fail(EXIT_USAGE, format!("--swarm-key {e}")))?),
+        None => None,
+    };
+    let policy = sigma_node::Admission { allowed_peers: allowed, swarm_key };
+    for addr in &args.listen {
+        policy.check_listen(addr).map_err(|why| fail(EXIT_USAGE, format!("--listen {addr}: {why}")))?;
+    }
+    Ok(policy)
 }
 
 #[derive(Args, Debug)]
@@ -471,6 +512,18 @@ fn main() -> ExitCode {
             );
             return ExitCode::SUCCESS;
         }
+        Cmd::SwarmKey => {
+            return match sigma_node::admission::new_swarm_key() {
+                Ok(key) => {
+                    println!("{key}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("sigma: swarm-key: no randomness from the system: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Cmd::Man => {
             let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
             return match page.render(&mut std::io::stdout()) {
@@ -492,13 +545,13 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Cmd::Run(args) => run(args).await,
+            Cmd::Run(args) => run(*args).await,
             Cmd::Lock(args) => lock(args).await,
             Cmd::Status(args) => status(args).await,
             Cmd::Locks(args) => locks(args).await,
             Cmd::Inspect(args) => inspect(args).await,
             Cmd::Release(args) => release_cmd(args).await,
-            Cmd::Completions { .. } | Cmd::Man => Ok(0),
+            Cmd::Completions { .. } | Cmd::Man | Cmd::SwarmKey => Ok(0),
         }
     });
     // Do not wait for tasks still blocked (e.g. an HTTP request waiting for a lock).
@@ -523,6 +576,8 @@ fn main() -> ExitCode {
 
 async fn run(args: RunArgs) -> anyhow::Result<u8> {
     init_tracing_as(args.log_format, "info");
+    raise_open_file_limit();
+    let admission = membership_policy(&args)?;
     let api_addr = http::parse_loopback_addr(&args.api)?;
     // The identity: the key file (default in the state directory), locked for as long
     // as this daemon runs; or a throwaway one.
@@ -575,8 +630,14 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let mut registry = Registry::default();
     let libp2p_metrics = sigma_node::Libp2pMetrics(Arc::new(libp2p::metrics::Metrics::new(&mut registry)));
     let metrics = Metrics::register(&mut registry);
+    // pnet cannot wrap QUIC: with a swarm key the default listens on TCP only (a QUIC
+    // address given explicitly is refused by the node).
+    let mut listen = args.listen;
+    if admission.swarm_key.is_some() && listen.iter().map(|m| m.to_string()).eq(DEFAULT_LISTEN) {
+        listen.retain(|m| !m.iter().any(|p| matches!(p, Protocol::Udp(_))));
+    }
     let config = NodeConfig {
-        listen: args.listen,
+        listen,
         bootstrap: args.bootstrap,
         key_file,
         behaviour,
@@ -590,6 +651,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
             max_pending_outgoing: ConnectionBounds::default().max_pending_outgoing,
             max_memory_bytes: args.max_memory_mb.map(|mb| mb.saturating_mul(1024 * 1024)),
         },
+        admission,
         ..NodeConfig::default()
     };
     let mut node = Node::start(config).await.context("cannot start the node")?;
@@ -667,6 +729,27 @@ fn one_heap_arena() {
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, 1);
         }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit: every peer connection and API
+/// client is a file descriptor, and the usual soft limit (1,024) is a few hundred peers.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok(limits) => limits,
+        Err(e) => {
+            tracing::warn!(%e, "cannot read the open-file limit");
+            return;
+        }
+    };
+    if soft >= hard {
+        tracing::debug!(limit = soft, "open-file limit already at its hard limit");
+        return;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => tracing::info!(from = soft, to = hard, "raised the open-file limit"),
+        Err(e) => tracing::warn!(%e, from = soft, to = hard, "cannot raise the open-file limit"),
     }
 }
 

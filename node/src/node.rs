@@ -11,6 +11,7 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::admission::Admission;
 use crate::command::Command;
 pub use crate::command::{Status, WaitingLock};
 use crate::error::{LockError, NodeError, RevokeError};
@@ -58,6 +59,9 @@ pub struct NodeConfig {
     /// libp2p's metrics (connections, identify, …), recorded from the swarm's events
     /// into the registry they were created in; `None`: not recorded.
     pub libp2p_metrics: Option<Libp2pMetrics>,
+    /// Who may connect (an allow-list, a swarm key); default: anyone. With a swarm key,
+    /// `listen` must hold TCP addresses only (the default's QUIC one is refused).
+    pub admission: Admission,
 }
 
 /// libp2p's metrics, shared with the registry that serves them.
@@ -85,6 +89,7 @@ impl Default for NodeConfig {
             bounds: swarm::ConnectionBounds::default(),
             shutdown_grace: Duration::from_millis(500),
             libp2p_metrics: None,
+            admission: Admission::default(),
         }
     }
 }
@@ -132,7 +137,12 @@ impl Node {
             tracing::info!("no bootstrap peers: a one-node swarm until others join");
         }
         let behaviour = config.behaviour.clone().with_joining(joining);
-        let mut swarm = swarm::build(keypair, behaviour, &config.bounds, config.idle_connection_timeout)?;
+        let admission = &config.admission;
+        for addr in &config.listen {
+            admission.check_listen(addr).map_err(|reason| NodeError::Listen { addr: addr.clone(), reason })?;
+        }
+        admission.log();
+        let mut swarm = swarm::build(keypair, behaviour, &config.bounds, config.idle_connection_timeout, admission)?;
 
         let mut listeners = HashMap::new();
         for addr in &config.listen {
@@ -186,6 +196,9 @@ impl Node {
             if peer == local {
                 tracing::debug!(%addr, "skipping a bootstrap address naming this node");
                 continue;
+            }
+            if !config.admission.allows(&peer) {
+                tracing::warn!(%addr, "bootstrap peer is not on the allow-list: it will be refused");
             }
             let mut plain = addr.clone();
             plain.pop();

@@ -2,11 +2,13 @@
 
 use std::time::Duration;
 
-use libp2p::allow_block_list::{self, BlockedPeers};
+use libp2p::allow_block_list::{self, AllowedPeers, BlockedPeers};
 use libp2p::identity::Keypair;
+use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::NetworkBehaviour;
-use libp2p::{connection_limits, identify, memory_connection_limits, noise, tcp, yamux, Swarm, SwarmBuilder};
+use libp2p::{connection_limits, identify, memory_connection_limits, noise, tcp, yamux, PeerId, Swarm, SwarmBuilder};
 
+use crate::admission::{self, Admission};
 use crate::error::NodeError;
 
 /// `protocol_version` announced by identify.
@@ -87,6 +89,9 @@ pub struct NodeBehaviour {
     /// reaches the other behaviours (request-response asserts that every connection it
     /// saw established is reported closed).
     pub block: allow_block_list::Behaviour<BlockedPeers>,
+    /// Closed membership (`--allow-peer`): when on, only the listed peers may connect.
+    /// Before `sigma` for the reason `block` is.
+    pub allow: Toggle<allow_block_list::Behaviour<AllowedPeers>>,
     /// Locks and replicas.
     pub sigma: sigma_behaviour::Behaviour,
     /// Address exchange.
@@ -111,27 +116,59 @@ impl NodeBehaviour {
             limits: bounds.limits(),
             memory: bounds.memory(),
             block: allow_block_list::Behaviour::default(),
+            allow: Toggle::from(None),
             sigma: sigma_behaviour::Behaviour::new(local, config),
             identify,
         }
     }
+
+    /// Closed membership: connections only with `peers` and `local` (this node).
+    pub fn with_allowed_peers(mut self, local: PeerId, peers: impl IntoIterator<Item = PeerId>) -> Self {
+        let mut allow = allow_block_list::Behaviour::<AllowedPeers>::default();
+        for peer in peers.into_iter().chain([local]) {
+            allow.allow_peer(peer);
+        }
+        self.allow = Toggle::from(Some(allow));
+        self
+    }
 }
 
-/// TCP (noise, yamux) and QUIC, on tokio.
+/// TCP (noise, yamux) and QUIC, on tokio; with a swarm key, TCP only, each connection
+/// encrypted with the key below noise.
 pub(crate) fn build(
     keypair: Keypair,
     config: sigma_behaviour::Config,
     bounds: &ConnectionBounds,
     idle_connection_timeout: Duration,
+    admission: &Admission,
 ) -> Result<Swarm<NodeBehaviour>, NodeError> {
-    let swarm = SwarmBuilder::with_existing_identity(keypair)
-        .with_tokio()
-        .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
-        .map_err(|e| NodeError::Transport(Box::new(e)))?
-        .with_quic()
-        .with_behaviour(|keypair| NodeBehaviour::bounded(keypair, config, bounds))
-        .map_err(|e| NodeError::Transport(Box::new(e)))?
-        .with_swarm_config(|c| c.with_idle_connection_timeout(idle_connection_timeout))
-        .build();
+    let tcp_config = tcp::Config::default().nodelay(true);
+    let behaviour = |keypair: &Keypair| {
+        let behaviour = NodeBehaviour::bounded(keypair, config, bounds);
+        match &admission.allowed_peers {
+            Some(peers) => behaviour.with_allowed_peers(keypair.public().to_peer_id(), peers.iter().copied()),
+            None => behaviour,
+        }
+    };
+    let swarm_config = |c: libp2p::swarm::Config| c.with_idle_connection_timeout(idle_connection_timeout);
+    let swarm = match admission.swarm_key {
+        None => SwarmBuilder::with_existing_identity(keypair)
+            .with_tokio()
+            .with_tcp(tcp_config, noise::Config::new, yamux::Config::default)
+            .map_err(|e| NodeError::Transport(Box::new(e)))?
+            .with_quic()
+            .with_behaviour(behaviour)
+            .map_err(|e| NodeError::Transport(Box::new(e)))?
+            .with_swarm_config(swarm_config)
+            .build(),
+        Some(key) => SwarmBuilder::with_existing_identity(keypair)
+            .with_tokio()
+            .with_other_transport(|keypair| admission::private_tcp(keypair, key, tcp_config))
+            .map_err(|e| NodeError::Transport(Box::new(e)))?
+            .with_behaviour(behaviour)
+            .map_err(|e| NodeError::Transport(Box::new(e)))?
+            .with_swarm_config(swarm_config)
+            .build(),
+    };
     Ok(swarm)
 }

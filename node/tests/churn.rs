@@ -40,9 +40,11 @@ async fn progress(checker: &Checker, what: &str, handles: &[NodeHandle], name: &
     let from = checker.entries();
     let start = Instant::now();
     while checker.entries() < from + PROGRESS {
-        if start.elapsed() > Duration::from_secs(15) {
+        // A fault costs about one takeover delay (≈ 4.5 s here); the rest is slack for a
+        // loaded 2-core machine.
+        if start.elapsed() > Duration::from_secs(30) {
             dump(handles, name).await;
-            panic!("no progress within 15 s after: {what} ({})", checker.summary());
+            panic!("no progress within 30 s after: {what} ({})", checker.summary());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

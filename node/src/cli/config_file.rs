@@ -9,6 +9,7 @@
 //! api = "127.0.0.1:7591"
 //! metrics = "0.0.0.0:9590"
 //! log-format = "json"
+//! allow-peers-file = "/etc/sigma/peers"
 //! ```
 //!
 //! Every option of `sigma run` also reads an environment variable (`SIGMA_…`, see
@@ -112,7 +113,20 @@ mod tests {
     #[test]
     fn every_run_option_is_a_setting() {
         let known = settings();
-        for name in ["listen", "bootstrap", "key-file", "api", "metrics", "log-format", "n", "m", "admin-peer"] {
+        for name in [
+            "listen",
+            "bootstrap",
+            "key-file",
+            "api",
+            "metrics",
+            "log-format",
+            "n",
+            "m",
+            "admin-peer",
+            "allow-peer",
+            "allow-peers-file",
+            "swarm-key",
+        ] {
             assert!(known.iter().any(|(l, _)| l == name), "{name} has no environment variable");
         }
         let cmd = <crate::Cli as clap::CommandFactory>::command();

@@ -4,4 +4,5 @@ pub mod baselines;
 pub mod bench;
 pub mod plot;
 pub mod sim;
+pub mod swarm;
 pub mod testnet;

@@ -1,5 +1,5 @@
 //! `sigma-testnet`: the local multi-process testnet (`up`, `status`, `down`, `run`),
-//! the benchmark (`bench`) and the simulator (`sim`).
+//! the benchmark (`bench`), the simulator (`sim`) and the in-process swarm (`swarm`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -68,6 +68,11 @@ enum Command {
     /// Discrete-event simulator running the protocol core in virtual time.
     #[command(subcommand)]
     Sim(SimCommand),
+    /// A large swarm in one process: peers over the memory transport with the real
+    /// behaviour, churn and contending clients; prints lookup hops and time, host
+    /// agreement, keys with two hosts, acquire latency, messages per CS entry and
+    /// exclusion violations (exit 1 if any).
+    Swarm(sigma_testnet::swarm::cli::SwarmArgs),
 }
 
 #[derive(Args, Clone)]
@@ -511,6 +516,7 @@ fn real_main() -> Result<ExitCode> {
                 std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
             }
         }
+        Command::Swarm(a) => return sigma_testnet::swarm::cli::main(&a),
         Command::Sim(SimCommand::Paper(a)) => {
             let (quick, seed, threads) = (a.batch.quick, a.batch.seed, a.batch.threads());
             let opts = paper::PaperOptions { out: a.out, quick, seed, threads };

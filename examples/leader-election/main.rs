@@ -36,8 +36,9 @@ struct Args {
     #[arg(long, default_value_t = 500)]
     heartbeat_ms: u64,
     /// Fail if no new leader is in office this long after a kill, in ms (default: 3
-    /// leases plus the takeover delay: the replicas the dead leader's node hosted move to
-    /// other nodes, which grant them only after every vote it gave has run out).
+    /// leases plus the liveness timeout and the takeover delay: the dead leader's node
+    /// is noticed gone, the replicas it hosted move to other nodes, which grant them only
+    /// after every vote it gave has run out).
     #[arg(long)]
     takeover_bound_ms: Option<u64>,
 }
@@ -181,14 +182,13 @@ async fn campaign(
 /// Starts `k` nodes on 127.0.0.1, each joining through the ones started before it, and
 /// waits until every node is connected to all the others.
 async fn start_swarm(k: usize, lease: Duration) -> anyhow::Result<Vec<Node>> {
-    let protocol = sigma_node::sigma_behaviour::proto::Config::default().with_lease(lease);
     let mut nodes: Vec<Node> = Vec::new();
     let mut addrs: Vec<Multiaddr> = Vec::new();
     for _ in 0..k {
         let node = Node::start(NodeConfig {
             listen: vec!["/ip4/127.0.0.1/tcp/0".parse()?],
             bootstrap: addrs.clone(),
-            behaviour: sigma_node::sigma_behaviour::Config::default().with_protocol(protocol.clone()),
+            behaviour: behaviour_config(lease),
             ..NodeConfig::default()
         })
         .await?;
@@ -210,12 +210,22 @@ async fn start_swarm(k: usize, lease: Duration) -> anyhow::Result<Vec<Node>> {
     Ok(nodes)
 }
 
+/// The nodes' configuration. Loopback: a killed node is noticed within 1.5 s (pings,
+/// membership gossip), which keeps the takeover delay short.
+fn behaviour_config(lease: Duration) -> sigma_node::sigma_behaviour::Config {
+    sigma_node::sigma_behaviour::Config::default()
+        .with_protocol(sigma_node::sigma_behaviour::proto::Config::default().with_lease(lease))
+        .with_ping(Duration::from_millis(200), Duration::from_millis(500))
+        .with_gossip(Duration::from_millis(100), 2, Duration::from_millis(500))
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
     let lease = Duration::from_millis(args.lease_ms);
-    let delay = sigma_node::sigma_behaviour::Config::default()
-        .with_protocol(sigma_node::sigma_behaviour::proto::Config::default().with_lease(lease))
-        .takeover_delay();
-    let bound = args.takeover_bound_ms.map_or(3 * lease + delay, Duration::from_millis);
+    let config = behaviour_config(lease);
+    // Noticing the death, then the takeover delay, then the election itself.
+    let bound = args
+        .takeover_bound_ms
+        .map_or(3 * lease + config.liveness_timeout() + config.takeover_delay(), Duration::from_millis);
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
     let mut nodes: Vec<Option<Node>> = start_swarm(args.nodes, lease).await?.into_iter().map(Some).collect();
     let office = Arc::new(Office::new());

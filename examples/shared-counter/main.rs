@@ -116,7 +116,12 @@ fn node_config(lease: Duration, bootstrap: Vec<Multiaddr>) -> NodeConfig {
     NodeConfig {
         listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("valid multiaddr")],
         bootstrap,
-        behaviour: sigma_node::sigma_behaviour::Config::default().with_protocol(protocol),
+        // Loopback: a stopped node is noticed within 1.5 s (pings, membership gossip),
+        // which keeps the takeover delay short.
+        behaviour: sigma_node::sigma_behaviour::Config::default()
+            .with_protocol(protocol)
+            .with_ping(Duration::from_millis(200), Duration::from_millis(500))
+            .with_gossip(Duration::from_millis(100), 2, Duration::from_millis(500)),
         ..NodeConfig::default()
     }
 }

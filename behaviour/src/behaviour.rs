@@ -81,6 +81,7 @@ pub struct Config {
     gossip_interval: Duration,
     gossip_fanout: usize,
     gossip_liveness: Duration,
+    connection_watermarks: Option<(usize, usize)>,
 }
 
 /// Which remote peers may revoke a lock held through this peer ([`wire::Request::Revoke`]).
@@ -164,6 +165,13 @@ pub const DEFAULT_GOSSIP_FANOUT: usize = 2;
 /// How long a member heard of through gossip stays alive after its heartbeat last
 /// advanced: several gossip rounds, so that a swarm of hundreds does not flap.
 pub const DEFAULT_GOSSIP_LIVENESS: Duration = Duration::from_secs(5);
+/// Peers outside the routing table whose addresses are kept for dialling.
+pub const MAX_EXTRA_ADDRESSES: usize = 4096;
+/// Every this many gossip rounds, one target is a member that is not connected.
+const GOSSIP_MIXING: u64 = 4;
+/// A connection used (a request or gossip sent or received) this recently is never
+/// trimmed.
+pub const TRIM_GRACE: Duration = Duration::from_secs(2);
 /// How long an ownership lookup may run before it is decided on what it has heard.
 pub const DEFAULT_OWNERSHIP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Ownership lookups running at once; past it a request for a key not yet checked is
@@ -201,6 +209,7 @@ impl Default for Config {
             gossip_interval: DEFAULT_GOSSIP_INTERVAL,
             gossip_fanout: DEFAULT_GOSSIP_FANOUT,
             gossip_liveness: DEFAULT_GOSSIP_LIVENESS,
+            connection_watermarks: None,
         }
     }
 }
@@ -304,6 +313,20 @@ impl Config {
         self.gossip_fanout = fanout.max(1);
         self.gossip_liveness = liveness.max(self.gossip_interval);
         self
+    }
+    /// Connection trimming (ARCHITECTURE.md, "Connections"): past `high` connected
+    /// peers, the least recently used ones (none used within [`TRIM_GRACE`]) are closed
+    /// until `low` remain, so that the connection limit keeps room for the dials that
+    /// the protocol needs (a limit alone refuses new connections and never frees old
+    /// ones). Off by default; the node sets it from its connection limits.
+    pub fn with_connection_watermarks(mut self, high: usize, low: usize) -> Self {
+        let high = high.max(1);
+        self.connection_watermarks = Some((high, low.min(high)));
+        self
+    }
+    /// The connection-trimming watermarks, if set.
+    pub fn connection_watermarks(&self) -> Option<(usize, usize)> {
+        self.connection_watermarks
     }
     /// How long a dead or cut-off peer can go unnoticed, and a cut-off peer can go on
     /// believing it reaches a majority: one ping interval plus its timeout for a
@@ -561,6 +584,8 @@ pub struct Counters {
     pub replicas_evicted: u64,
     /// Connections closed because a liveness ping failed.
     pub ping_failures: u64,
+    /// Peers disconnected to stay under the connection watermarks (least recently used).
+    pub connections_trimmed: u64,
     /// Times the event loop was found stalled past the liveness timeout.
     pub stalls: u64,
     /// Gauge: serving now (joined, majority reachable).
@@ -788,10 +813,12 @@ fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
     }
 }
 
-/// How often departed members are dialled again, and how many at a time: a healed
-/// partition reconnects without waiting for traffic.
+/// How often departed members are dialled again, and how many at a time (picked at
+/// random): a healed partition reconnects without waiting for traffic, and a swarm
+/// under churn, where most departed members are dead for good, spends at most two
+/// dials a second on them.
 const REDIAL_INTERVAL: Duration = Duration::from_secs(2);
-const REDIAL_BATCH: usize = 16;
+const REDIAL_BATCH: usize = 4;
 
 /// Timers sleep on the monotonic clock, which stops during a suspend: the behaviour
 /// wakes at least this often, so a lease that ran out while the machine slept is noticed
@@ -830,6 +857,20 @@ pub struct Behaviour {
     connected: HashMap<PeerId, usize>,
     /// Peers Kademlia put in its routing table (client-side host estimates).
     routable: HashSet<PeerId>,
+    /// When each connected peer was last used by sigma (connection trimming).
+    last_used: HashMap<PeerId, Time>,
+    /// Peers whose connections are to be closed (trimmed), and those asked to close
+    /// and not yet disconnected (a subset of the connected peers).
+    to_trim: VecDeque<PeerId>,
+    trimming: HashSet<PeerId>,
+    /// Gossip rounds so far (every few, one target is a member not connected).
+    gossip_rounds: u64,
+    /// Addresses of peers left out of a full k-bucket, oldest first
+    /// ([`Behaviour::remember_address`]).
+    extra_addrs: HashMap<PeerId, Vec<Multiaddr>>,
+    extra_order: VecDeque<PeerId>,
+    /// The last bootstrap started through [`Behaviour::bootstrap`].
+    bootstrap_query: Option<kad::QueryId>,
     replicas: HashMap<(String, u16), Replica<PeerId>>,
     /// When each hosted replica next has work (a timer, or becoming disposable): an
     /// event costs O(log n), not a walk over every replica.
@@ -894,7 +935,15 @@ impl Behaviour {
     pub fn new(local: PeerId, config: Config) -> Self {
         // Our own Kademlia protocol: sigma peers form their own DHT and never join another
         // network's by accident.
-        let kad_config = kad::Config::new(kad_protocol(config.proto.n()));
+        let mut kad_config = kad::Config::new(kad_protocol(config.proto.n()));
+        // Peers enter the routing table through `add_address` only, and not when their
+        // bucket is full: Kademlia's own insertion then dials the bucket's least recently
+        // seen disconnected peer to test it, and with bounded connections most entries
+        // are disconnected, so every new connection set off another dial (a chain
+        // reaction of ~20 dials per peer per second in a 100-peer swarm at 64
+        // connections). A full bucket keeps its old peers, as in Kademlia; a dead one
+        // leaves it when a lookup fails to reach it.
+        kad_config.set_kbucket_inserts(kad::BucketInserts::Manual);
         let mut kad = kad::Behaviour::with_config(local, MemoryStore::new(local), kad_config);
         kad.set_mode(Some(kad::Mode::Server));
         let codec_stats = Arc::new(wire::CodecStats::default());
@@ -931,6 +980,13 @@ impl Behaviour {
             lamport: LamportClock::new(),
             connected: HashMap::new(),
             routable: HashSet::new(),
+            last_used: HashMap::new(),
+            to_trim: VecDeque::new(),
+            trimming: HashSet::new(),
+            gossip_rounds: 0,
+            bootstrap_query: None,
+            extra_addrs: HashMap::new(),
+            extra_order: VecDeque::new(),
             replicas: HashMap::new(),
             replica_due: DeadlineIndex::default(),
             acquisitions: HashMap::new(),
@@ -985,15 +1041,68 @@ impl Behaviour {
         &mut self.inner.kad
     }
 
-    /// Adds a known address of a peer (bootstrap, identify).
+    /// Adds a known address of a peer (bootstrap, identify, a connected Kademlia peer).
+    /// A peer new to a full k-bucket is left out: the bucket keeps its old peers.
     pub fn add_address(&mut self, peer: &PeerId, addr: Multiaddr) {
         if *peer == self.local {
+            return;
+        }
+        let full =
+            self.inner.kad.kbucket(*peer).is_some_and(|b| {
+                b.num_entries() >= kad::K_VALUE.get() && !b.iter().any(|e| e.node.key.preimage() == peer)
+            });
+        if full {
+            self.remember_address(*peer, addr);
             return;
         }
         if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) && self.routable.insert(*peer)
         {
             self.hand_over(*peer);
         }
+    }
+
+    /// Keeps an address of a peer that the routing table has no room for (a host found
+    /// by a lookup or named by a redirect), so that a dial to it can still be made.
+    /// Bounded: past [`MAX_EXTRA_ADDRESSES`] peers the longest-known is forgotten.
+    fn remember_address(&mut self, peer: PeerId, addr: Multiaddr) {
+        if let Some(addrs) = self.extra_addrs.get_mut(&peer) {
+            if !addrs.contains(&addr) {
+                if addrs.len() >= wire::MAX_REDIRECT_ADDRS {
+                    addrs.remove(0);
+                }
+                addrs.push(addr);
+            }
+            return;
+        }
+        if self.extra_addrs.len() >= MAX_EXTRA_ADDRESSES {
+            if let Some(old) = self.extra_order.pop_front() {
+                self.extra_addrs.remove(&old);
+            }
+        }
+        self.extra_addrs.insert(peer, vec![addr]);
+        self.extra_order.push_back(peer);
+    }
+
+    /// A Kademlia bootstrap, unless the last one started here is still running (then
+    /// its id): a peer that retries while joining does not pile bootstraps (each one a
+    /// lookup per bucket) onto a busy swarm.
+    pub fn bootstrap(&mut self) -> Result<kad::QueryId, kad::NoKnownPeers> {
+        if let Some(q) = self.bootstrap_query.filter(|q| self.inner.kad.query(q).is_some()) {
+            return Ok(q);
+        }
+        let q = self.inner.kad.bootstrap()?;
+        self.bootstrap_query = Some(q);
+        Ok(q)
+    }
+
+    /// A Kademlia lookup of this peer's own id: cheaper than a bootstrap (one query, not
+    /// one per bucket), and what makes peers that joined at about the same time learn
+    /// of each other. Fails only with an empty routing table.
+    pub fn lookup_self(&mut self) -> Result<kad::QueryId, kad::NoKnownPeers> {
+        if self.inner.kad.kbuckets().all(|b| b.num_entries() == 0) {
+            return Err(kad::NoKnownPeers());
+        }
+        Ok(self.inner.kad.get_closest_peers(self.local))
     }
 
     /// Peers in the routing table as seen by this behaviour.
@@ -1182,9 +1291,11 @@ impl Behaviour {
     /// Membership housekeeping (see [`Membership::tick`]): drops every hosted replica
     /// when serving stops or restarts, starts deferred acquisitions once ready.
     fn housekeeping(&mut self, now: Time) {
+        self.trim_connections(now);
         if now >= self.next_redial {
+            use rand::seq::IteratorRandom;
             self.next_redial = now + REDIAL_INTERVAL;
-            let departed: Vec<PeerId> = self.membership.departed().take(REDIAL_BATCH).copied().collect();
+            let departed = self.membership.departed().copied().choose_multiple(&mut self.rng, REDIAL_BATCH);
             self.to_dial.extend(departed);
         }
         if self.membership.tick(now) && !self.replicas.is_empty() {
@@ -1383,6 +1494,7 @@ impl Behaviour {
             return;
         }
         let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
+        self.used(host);
         let id = self.inner.rr.send_request(&host, request);
         self.pending.insert(id, Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops });
     }
@@ -1625,6 +1737,7 @@ impl Behaviour {
             self.events.push_back(Event::Answered { id, reply: Some(reply) });
         } else {
             self.probes.insert(id, Probe { started: Instant::now(), kind: ProbeKind::Ask, outstanding: 1 });
+            self.used(peer);
             let out = self.inner.rr.send_request(&peer, request);
             let pending =
                 Pending { peer, resource: String::new(), index: 0, n: 0, msg: None, probe: Some(id), hops: 0 };
@@ -1717,6 +1830,7 @@ impl Behaviour {
         } else {
             Request::Ping { resource: resource.clone(), index, n }
         };
+        self.used(host);
         let id = self.inner.rr.send_request(&host, request);
         self.pending.insert(id, Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops });
     }
@@ -1843,6 +1957,7 @@ impl Behaviour {
         }
         Counters::bump(&mut self.counters.messages_out, "notify");
         let request = Request::Notify { resource: resource.to_owned(), index, resp };
+        self.used(to);
         self.inner.rr.send_request(&to, request);
     }
 
@@ -2131,6 +2246,11 @@ impl Behaviour {
     }
 
     fn on_inner(&mut self, event: InnerEvent) {
+        match &event {
+            InnerEvent::Rr(request_response::Event::Message { peer, .. })
+            | InnerEvent::Gossip(request_response::Event::Message { peer, .. }) => self.used(*peer),
+            _ => {}
+        }
         match event {
             InnerEvent::Rr(request_response::Event::Message { peer, message, .. }) => match message {
                 request_response::Message::Request { request, channel, .. } => self.on_request(peer, request, channel),
@@ -2154,6 +2274,7 @@ impl Behaviour {
                 tracing::debug!(%peer, %error, "inbound sigma request failed");
             }
             InnerEvent::Rr(request_response::Event::ResponseSent { .. }) => {}
+            InnerEvent::Kad(kad::Event::RoutablePeer { peer, address }) => self.add_address(&peer, address),
             InnerEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
                 if self.routable.insert(peer) {
                     self.hand_over(peer);
@@ -2193,11 +2314,13 @@ impl Behaviour {
                     .map_or(self.local, |(_, p)| p);
                 self.cache_host(&resource, index, best);
             }
+            // The first step of a bootstrap to succeed (its self-lookup, usually) joins:
+            // this peer's neighbourhood knows it and it knows its neighbourhood. The
+            // refresh of farther buckets that follows is not waited for (it may take
+            // long in a busy swarm, and a step that times out fails the whole bootstrap).
             InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
-                result: kad::QueryResult::Bootstrap(Ok(_)),
-                step,
-                ..
-            }) if step.last => {
+                result: kad::QueryResult::Bootstrap(Ok(_)), ..
+            }) => {
                 let was_ready = self.membership.ready();
                 self.membership.bootstrapped();
                 if !was_ready && self.membership.ready() {
@@ -2270,25 +2393,71 @@ impl Behaviour {
     }
 
     /// One gossip round: this peer's heartbeat advances and its table goes to a few
-    /// random alive members it can dial (connected, or in the routing table: Kademlia's
-    /// tables form a connected graph, and a member known only by gossip may have no
-    /// address here).
+    /// random alive members, connected ones first (gossip opens no connection while
+    /// enough are open, and keeps busy those it uses); every [`GOSSIP_MIXING`] rounds
+    /// one target is an alive member in the routing table that is not connected, so
+    /// that the gossip graph is Kademlia's (connected) one and not only the set of
+    /// connections of the moment. (A member known only by gossip may have no address
+    /// here: it is never a target.)
     fn gossip_round(&mut self, now: Time) {
-        use rand::seq::IteratorRandom;
+        use rand::seq::{IteratorRandom, SliceRandom};
         self.membership.beat();
+        self.gossip_rounds += 1;
+        let fanout = self.config.gossip_fanout;
         let (connected, routable) = (&self.connected, &self.routable);
-        let targets = self
+        let (mut near, far): (Vec<PeerId>, Vec<PeerId>) = self
             .membership
             .alive()
             .filter(|p| connected.contains_key(*p) || routable.contains(*p))
             .copied()
-            .choose_multiple(&mut self.rng, self.config.gossip_fanout);
+            .partition(|p| connected.contains_key(p));
+        let mix = usize::from(self.gossip_rounds.is_multiple_of(GOSSIP_MIXING) || near.len() < fanout);
+        let mut targets = far.into_iter().choose_multiple(&mut self.rng, mix.max(fanout.saturating_sub(near.len())));
+        targets.truncate(fanout);
+        let rest = fanout - targets.len();
+        near.shuffle(&mut self.rng);
+        targets.extend(near.into_iter().take(rest));
         if targets.is_empty() {
             return;
         }
         let table = self.gossip_table(now);
         for peer in targets {
+            self.used(peer);
             self.inner.gossip.send_request(&peer, table.clone());
+        }
+    }
+
+    /// `peer`'s connection was just used (not trimmed for a while).
+    fn used(&mut self, peer: PeerId) {
+        if let Some(t) = self.last_used.get_mut(&peer) {
+            *t = self.clock.now();
+        }
+    }
+
+    /// Past the high watermark, the least recently used peers not used within
+    /// [`TRIM_GRACE`] are disconnected down to the low one (looked at on every event: a
+    /// few dozen connections cost little to sort, and a dial refused at the limit costs
+    /// a retry).
+    fn trim_connections(&mut self, now: Time) {
+        let Some((high, low)) = self.config.connection_watermarks else { return };
+        if self.connected.len().saturating_sub(self.trimming.len()) <= high {
+            return;
+        }
+        let mut idle: Vec<(Time, PeerId)> = self
+            .last_used
+            .iter()
+            .filter(|(p, t)| now.saturating_sub(**t) >= TRIM_GRACE && !self.trimming.contains(*p))
+            .map(|(p, t)| (*t, *p))
+            .collect();
+        idle.sort_unstable();
+        let excess = self.connected.len().saturating_sub(low + self.trimming.len());
+        for (_, peer) in idle.into_iter().take(excess) {
+            self.counters.connections_trimmed += 1;
+            self.trimming.insert(peer);
+            self.to_trim.push_back(peer);
+        }
+        if !self.to_trim.is_empty() {
+            self.wake();
         }
     }
 
@@ -2500,7 +2669,14 @@ impl NetworkBehaviour for Behaviour {
         addresses: &[Multiaddr],
         effective_role: Endpoint,
     ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
-        self.inner.handle_pending_outbound_connection(connection_id, maybe_peer, addresses, effective_role)
+        let mut addrs =
+            self.inner.handle_pending_outbound_connection(connection_id, maybe_peer, addresses, effective_role)?;
+        if let Some(extra) = maybe_peer.and_then(|p| self.extra_addrs.get(&p)) {
+            let new: Vec<Multiaddr> =
+                extra.iter().filter(|a| !addresses.contains(a) && !addrs.contains(a)).cloned().collect();
+            addrs.extend(new);
+        }
+        Ok(addrs)
     }
 
     fn handle_established_outbound_connection(
@@ -2518,6 +2694,7 @@ impl NetworkBehaviour for Behaviour {
         match &event {
             FromSwarm::ConnectionEstablished(e) => {
                 *self.connected.entry(e.peer_id).or_default() += 1;
+                self.last_used.insert(e.peer_id, self.clock.now());
                 self.hand_over(e.peer_id);
             }
             FromSwarm::ConnectionClosed(e) => {
@@ -2525,6 +2702,8 @@ impl NetworkBehaviour for Behaviour {
                     *c = c.saturating_sub(1);
                     if *c == 0 {
                         self.connected.remove(&e.peer_id);
+                        self.last_used.remove(&e.peer_id);
+                        self.trimming.remove(&e.peer_id);
                         self.buckets.remove(&e.peer_id);
                         let now = self.clock.now();
                         self.membership.disconnected(e.peer_id, now);
@@ -2555,6 +2734,9 @@ impl NetworkBehaviour for Behaviour {
             }
             if let Some((peer_id, id)) = self.to_close.pop_front() {
                 return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::One(id) });
+            }
+            if let Some(peer_id) = self.to_trim.pop_front() {
+                return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::All });
             }
             if let Some(peer) = self.to_dial.pop_front() {
                 let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)

@@ -23,10 +23,11 @@ use crate::swarm::{NodeBehaviour, NodeBehaviourEvent};
 const RELEASE_QUEUE: usize = 1024;
 /// Lock names whose last token this node remembers (to count regressions).
 const TOKEN_MEMORY: usize = 4096;
-/// First delay between the node's own Kademlia bootstraps; doubles up to
-/// [`BOOTSTRAP_MAX_INTERVAL`]. Peers that joined through the same bootstrap node at
-/// about the same time learn of each other at the next round (Kademlia's own automatic
-/// bootstrap only runs when its routing table gains a peer, and then every 5 minutes).
+/// First delay between the node's own Kademlia bootstraps (self-lookups once joined);
+/// doubles up to [`BOOTSTRAP_MAX_INTERVAL`]. Peers that joined through the same
+/// bootstrap node at about the same time learn of each other at the next round
+/// (Kademlia's own automatic bootstrap only runs while its routing table has fewer than
+/// 20 peers, and then every 5 minutes).
 const BOOTSTRAP_FIRST_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest delay between the node's own bootstraps.
 const BOOTSTRAP_MAX_INTERVAL: Duration = Duration::from_secs(300);
@@ -424,9 +425,13 @@ impl EventLoop {
                     }
                 }
             }
-            // Fails only with an empty routing table: nothing to do then.
-            if let Ok(query) = self.sigma().kad_mut().bootstrap() {
-                tracing::debug!(?query, next_in = ?self.bootstrap_interval, "Kademlia bootstrap");
+            // A bootstrap while joining (its success joins); once joined a lookup of
+            // this node's own id, one query instead of one per bucket (Kademlia's own
+            // periodic bootstrap refreshes the buckets every 5 minutes). Fails only
+            // with an empty routing table: nothing to do then.
+            let query = if joining { self.sigma().bootstrap() } else { self.sigma().lookup_self() };
+            if let Ok(query) = query {
+                tracing::debug!(?query, joining, next_in = ?self.bootstrap_interval, "Kademlia bootstrap or self-lookup");
             }
         }
         let sigma = &self.swarm.behaviour().sigma;

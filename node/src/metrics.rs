@@ -302,6 +302,12 @@ impl Collector for CounterCollector {
         counter(&mut e, "ping_failures", "Connections closed because a liveness ping failed", c.ping_failures)?;
         counter(
             &mut e,
+            "connections_trimmed",
+            "Peers disconnected to stay under the connection watermarks (least recently used first)",
+            c.connections_trimmed,
+        )?;
+        counter(
+            &mut e,
             "stalls",
             "Times the event loop was found stalled past the liveness timeout (replicas dropped and held)",
             c.stalls,

@@ -136,7 +136,11 @@ impl Node {
         if !joining {
             tracing::info!("no bootstrap peers: a one-node swarm until others join");
         }
-        let behaviour = config.behaviour.clone().with_joining(joining);
+        let mut behaviour = config.behaviour.clone().with_joining(joining);
+        if behaviour.connection_watermarks().is_none() {
+            let (high, low) = config.bounds.watermarks();
+            behaviour = behaviour.with_connection_watermarks(high, low);
+        }
         let admission = &config.admission;
         for addr in &config.listen {
             admission.check_listen(addr).map_err(|reason| NodeError::Listen { addr: addr.clone(), reason })?;
@@ -209,7 +213,7 @@ impl Node {
             }
         }
         if joined > 0 {
-            if let Err(e) = swarm.behaviour_mut().sigma.kad_mut().bootstrap() {
+            if let Err(e) = swarm.behaviour_mut().sigma.bootstrap() {
                 tracing::warn!(error = %e, "Kademlia bootstrap not started");
             }
         }

@@ -52,6 +52,15 @@ impl Default for ConnectionBounds {
 }
 
 impl ConnectionBounds {
+    /// The connection-trimming watermarks derived from the bound on established
+    /// connections (`sigma_behaviour::Config::with_connection_watermarks`): past three
+    /// quarters of it, the least recently used peers are disconnected down to half, so
+    /// that the dials the protocol needs find room.
+    pub fn watermarks(&self) -> (usize, usize) {
+        let max = self.max_established as usize;
+        (max * 3 / 4, max / 2)
+    }
+
     fn limits(&self) -> connection_limits::Behaviour {
         connection_limits::Behaviour::new(
             connection_limits::ConnectionLimits::default()

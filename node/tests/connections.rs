@@ -112,3 +112,75 @@ async fn a_dial_storm_stays_within_the_connection_bounds() {
     }
     node.shutdown().await.unwrap();
 }
+
+/// Connection trimming: a node bounded to 8 connections (watermarks 6 and 4) whose peers
+/// all connect and then stay idle (idle timeout a minute on both sides) closes the least
+/// recently used down to 4 within seconds, so a newcomer finds room; without trimming
+/// all 8 stay until the idle timeout and the newcomer is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_peers_past_the_high_watermark_are_trimmed_and_a_newcomer_finds_room() {
+    common::init_tracing();
+    let bounds = ConnectionBounds {
+        max_established: 8,
+        max_established_incoming: 8,
+        max_established_per_peer: 1,
+        ..ConnectionBounds::default()
+    };
+    assert_eq!(bounds.watermarks(), (6, 4));
+    let config = NodeConfig {
+        bounds,
+        idle_connection_timeout: Duration::from_secs(60),
+        ..common::config(5, 3, Duration::from_secs(2))
+    };
+    let node = Node::start(config).await.unwrap();
+    let h = node.handle();
+    let addr = common::dial_addr(&node);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let connect = |stop: Arc<AtomicBool>, connected: Arc<AtomicUsize>| {
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            let mut s = stormer();
+            s.dial(addr).expect("dial");
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(50), s.next()).await else { continue };
+                match event {
+                    SwarmEvent::ConnectionEstablished { .. } => {
+                        connected.fetch_add(1, Ordering::SeqCst);
+                    }
+                    SwarmEvent::ConnectionClosed { .. } => {
+                        connected.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    let first = Arc::new(AtomicUsize::new(0));
+    let mut tasks: Vec<_> = (0..8).map(|_| connect(stop.clone(), first.clone())).collect();
+    common::wait_for("8 peers connected", Duration::from_secs(20), || {
+        let first = first.clone();
+        async move { first.load(Ordering::SeqCst) == 8 }
+    })
+    .await;
+    let trimmed = common::wait_for("the node to trim down to the low watermark", Duration::from_secs(20), || {
+        let h = h.clone();
+        async move { h.status().await.unwrap().connections <= 4 }
+    })
+    .await;
+    eprintln!("8 idle peers: trimmed to ≤ 4 connections after {trimmed:?}");
+    assert!(first.load(Ordering::SeqCst) <= 4, "the peers still count {} connections", first.load(Ordering::SeqCst));
+
+    let newcomer = Arc::new(AtomicUsize::new(0));
+    tasks.push(connect(stop.clone(), newcomer.clone()));
+    common::wait_for("the newcomer to connect", Duration::from_secs(20), || {
+        let newcomer = newcomer.clone();
+        async move { newcomer.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    node.shutdown().await.unwrap();
+}

@@ -27,7 +27,7 @@ pub mod cli;
 pub mod measure;
 pub mod peer;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -331,6 +331,20 @@ impl Net {
     }
 }
 
+/// Sums counters by reason over the peers.
+fn by_reason(finals: &[Final], f: impl Fn(&Counters) -> &BTreeMap<&'static str, u64>) -> BTreeMap<String, u64> {
+    let mut all = BTreeMap::new();
+    for x in finals {
+        for (k, v) in f(&x.counters) {
+            *all.entry((*k).to_owned()).or_default() += v;
+        }
+    }
+    all
+}
+
+/// How often the formation's progress is printed (stderr).
+const FORM_PROGRESS: Duration = Duration::from_secs(10);
+
 /// Picks a random live peer that serves.
 fn pick(shared: &Shared, rng: &mut ChaCha8Rng) -> Option<LivePeer> {
     let live = shared.live.lock().expect("live");
@@ -485,9 +499,19 @@ pub struct Report {
     pub handed_over: u64,
     pub replicas_held: u64,
     pub gossip_failures: u64,
+    /// Requests refused by hosts, responses refused by clients, outbound request
+    /// failures: by reason, over all peers.
+    pub rejected: BTreeMap<String, u64>,
+    pub responses_refused: BTreeMap<String, u64>,
+    pub failures: BTreeMap<String, u64>,
+    /// Redirects followed and host lookups started by clients.
+    pub redirects: u64,
+    pub host_lookups: u64,
     /// Connections established, denied by the limits, other dial failures (all peers);
     /// most established at once on one peer: p50 and max over the peers.
     pub connections: u64,
+    /// Peers disconnected by the connection watermarks (all peers).
+    pub trimmed: u64,
     pub denied: u64,
     pub dial_errors: u64,
     pub max_established_p50: f64,
@@ -530,10 +554,15 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         tokio::time::sleep_until((begin + gap * (i as u32 + 1)).into()).await;
     }
     let form_deadline = begin + opts.form_timeout;
+    let mut next_progress = Instant::now() + FORM_PROGRESS;
     loop {
         let (serving, live) = net.serving();
         if serving == live || Instant::now() >= form_deadline {
             break;
+        }
+        if Instant::now() >= next_progress {
+            next_progress += FORM_PROGRESS;
+            eprintln!("  forming: {serving}/{live} peers serving after {:.0} s", begin.elapsed().as_secs_f64());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -718,12 +747,18 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         token_regressions: findings.token_regressions.len(),
         stalls: sum(&|c| c.stalls),
         ping_failures: sum(&|c| c.ping_failures),
+        trimmed: sum(&|c| c.connections_trimmed),
         dropped_not_serving: sum(&|c| c.replicas_dropped_not_serving),
         ownership_checks: sum(&|c| c.ownership_checks),
         ownership_lost: sum(&|c| c.ownership_lost),
         handed_over: sum(&|c| c.replicas_handed_over),
         replicas_held: sum(&|c| c.replicas_held),
         gossip_failures: sum(&|c| c.outbound_failures.get("gossip").copied().unwrap_or(0)),
+        rejected: by_reason(&finals, |c| &c.rejected),
+        responses_refused: by_reason(&finals, |c| &c.responses_refused),
+        failures: by_reason(&finals, |c| &c.outbound_failures),
+        redirects: sum(&|c| c.redirects_followed),
+        host_lookups: sum(&|c| c.lookups),
         connections: shared.connections.established.load(Ordering::Relaxed),
         denied: shared.connections.denied.load(Ordering::Relaxed),
         dial_errors: shared.connections.dial_errors.load(Ordering::Relaxed),
@@ -861,9 +896,22 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "  connections: {} established, {} denied by the limit ({} per peer), {} other dial failures; most at once \
-         per peer p50 {:.0}, max {:.0}",
-        r.connections, r.denied, r.max_connections, r.dial_errors, r.max_established_p50, r.max_established
+        "  requests: {} redirects followed, {} host lookups; refused by hosts {:?}; responses refused by clients {:?}; \
+         failed {:?}",
+        r.redirects, r.host_lookups, r.rejected, r.responses_refused, r.failures
+    );
+    let _ = writeln!(
+        s,
+        "  connections: {} established, {} denied by the limit ({} per peer), {} other dial failures, {} trimmed \
+         (least recently used, past {} per peer); most at once per peer p50 {:.0}, max {:.0}",
+        r.connections,
+        r.denied,
+        r.max_connections,
+        r.dial_errors,
+        r.trimmed,
+        r.max_connections * 3 / 4,
+        r.max_established_p50,
+        r.max_established
     );
     let _ = writeln!(s, "  wall time {:.0} s", r.wall_s);
     let mark = |ok: bool| if ok { "[PASS]" } else { "[FAIL]" };

@@ -39,6 +39,7 @@ pub const COMMAND_QUEUE: usize = 64;
 /// the start, the gap capped here.
 const BOOTSTRAP_FIRST: Duration = Duration::from_secs(1);
 const BOOTSTRAP_MAX: Duration = Duration::from_secs(300);
+const JOINING_RETRY: Duration = Duration::from_secs(4);
 /// Identify's `protocol_version` (the node's).
 const IDENTIFY_PROTOCOL: &str = "/sigma/id/1.0.0";
 
@@ -165,9 +166,12 @@ pub fn build(spec: &PeerSpec) -> anyhow::Result<Swarm<PeerBehaviour>> {
             .with_interval(Duration::from_secs(300))
             .with_cache_size(0),
     );
+    // The node's watermarks (`sigma_node::ConnectionBounds::watermarks`).
+    let max = spec.max_connections as usize;
+    let config = spec.config.clone().with_connection_watermarks(max * 3 / 4, max / 2);
     let behaviour = PeerBehaviour {
         limits: connection_limits::Behaviour::new(limits),
-        sigma: Behaviour::new(local, spec.config.clone()),
+        sigma: Behaviour::new(local, config),
         identify,
     };
     let config = libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(spec.idle_timeout);
@@ -191,7 +195,7 @@ pub async fn run(
         swarm.behaviour_mut().sigma.add_address(peer, addr.clone());
         let _ = swarm.dial(addr.clone());
     }
-    let _ = swarm.behaviour_mut().sigma.kad_mut().bootstrap();
+    let _ = swarm.behaviour_mut().sigma.bootstrap();
     let mut next_bootstrap = Instant::now() + BOOTSTRAP_FIRST;
     let mut bootstrap_gap = BOOTSTRAP_FIRST;
 
@@ -218,13 +222,18 @@ pub async fn run(
                 sample_hosted(sigma, &mut hosted, &shared, index);
                 expire(sigma, &mut held, now);
                 if now >= next_bootstrap {
-                    if sigma.readiness() == Readiness::Joining {
+                    let joining = sigma.readiness() == Readiness::Joining;
+                    if joining {
                         for (_, addr) in &spec.bootstrap {
                             let _ = swarm.dial(addr.clone());
                         }
                     }
-                    let _ = swarm.behaviour_mut().sigma.kad_mut().bootstrap();
-                    bootstrap_gap = (bootstrap_gap * 2).min(BOOTSTRAP_MAX);
+                    // As the node: a bootstrap while joining, a self-lookup after.
+                    let sigma = &mut swarm.behaviour_mut().sigma;
+                    let _ = if joining { sigma.bootstrap() } else { sigma.lookup_self() };
+                    // As the node: while joining, the bootstrap peers are tried again
+                    // at least every JOINING_RETRY.
+                    bootstrap_gap = (bootstrap_gap * 2).min(if joining { JOINING_RETRY } else { BOOTSTRAP_MAX });
                     next_bootstrap = now + bootstrap_gap;
                 }
             }

@@ -26,6 +26,33 @@ fn stormer() -> Swarm<dummy::Behaviour> {
         .build()
 }
 
+/// Drives a stormer until `stop`, counting its open connections in `connected`; the
+/// first outcome of its dials (a connection, a close or a failed dial) bumps `settled`.
+async fn drive(
+    mut s: Swarm<dummy::Behaviour>,
+    stop: Arc<AtomicBool>,
+    connected: Arc<AtomicUsize>,
+    settled: Option<Arc<AtomicUsize>>,
+) {
+    let mut first = true;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(50), s.next()).await else { continue };
+        match event {
+            SwarmEvent::ConnectionEstablished { .. } => {
+                connected.fetch_add(1, Ordering::SeqCst);
+            }
+            SwarmEvent::ConnectionClosed { .. } => {
+                connected.fetch_sub(1, Ordering::SeqCst);
+            }
+            SwarmEvent::OutgoingConnectionError { .. } => {}
+            _ => continue,
+        }
+        if let Some(settled) = settled.as_ref().filter(|_| std::mem::take(&mut first)) {
+            settled.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dial_storm_stays_within_the_connection_bounds() {
     common::init_tracing();
@@ -51,23 +78,7 @@ async fn a_dial_storm_stays_within_the_connection_bounds() {
             let mut s = stormer();
             s.dial(addr.clone()).expect("dial");
             s.dial(addr).expect("dial");
-            let mut first = true;
-            while !stop.load(Ordering::Relaxed) {
-                let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(50), s.next()).await else { continue };
-                match event {
-                    SwarmEvent::ConnectionEstablished { .. } => {
-                        connected.fetch_add(1, Ordering::SeqCst);
-                    }
-                    SwarmEvent::ConnectionClosed { .. } => {
-                        connected.fetch_sub(1, Ordering::SeqCst);
-                    }
-                    SwarmEvent::OutgoingConnectionError { .. } => {}
-                    _ => continue,
-                }
-                if std::mem::take(&mut first) {
-                    settled.fetch_add(1, Ordering::SeqCst);
-                }
-            }
+            drive(s, stop, connected, Some(settled)).await;
         }));
     }
     // The node's count, sampled throughout the storm.
@@ -142,18 +153,7 @@ async fn idle_peers_past_the_high_watermark_are_trimmed_and_a_newcomer_finds_roo
         tokio::spawn(async move {
             let mut s = stormer();
             s.dial(addr).expect("dial");
-            while !stop.load(Ordering::Relaxed) {
-                let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(50), s.next()).await else { continue };
-                match event {
-                    SwarmEvent::ConnectionEstablished { .. } => {
-                        connected.fetch_add(1, Ordering::SeqCst);
-                    }
-                    SwarmEvent::ConnectionClosed { .. } => {
-                        connected.fetch_sub(1, Ordering::SeqCst);
-                    }
-                    _ => {}
-                }
-            }
+            drive(s, stop, connected, None).await;
         })
     };
     let first = Arc::new(AtomicUsize::new(0));

@@ -693,6 +693,9 @@ struct Acquisition {
     /// Started while this peer was joining: nothing sent yet; started afresh (same
     /// timestamp) once it is ready.
     deferred: Option<proto::Config>,
+    /// D was the default (not named by the caller): lowered to 1 if the lock's keys come
+    /// to fall on one alive peer (see [`Behaviour::relax_diversity`]).
+    default_d: bool,
 }
 
 /// An outbound request, kept for redirects and failures.
@@ -819,6 +822,8 @@ fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
 /// dials a second on them.
 const REDIAL_INTERVAL: Duration = Duration::from_secs(2);
 const REDIAL_BATCH: usize = 4;
+/// How often waiters short of distinct voters are looked at ([`Behaviour::relax_diversity`]).
+const RELAX_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Timers sleep on the monotonic clock, which stops during a suspend: the behaviour
 /// wakes at least this often, so a lease that ran out while the machine slept is noticed
@@ -917,6 +922,7 @@ pub struct Behaviour {
     /// Departed members to dial again (a healed partition reconnects by itself).
     to_dial: VecDeque<PeerId>,
     next_redial: Time,
+    next_relax: Time,
     /// When the next gossip round is due.
     next_gossip: Time,
     /// Picks gossip targets (seeded from the peer id and the start time).
@@ -1016,6 +1022,7 @@ impl Behaviour {
             to_close: VecDeque::new(),
             to_dial: VecDeque::new(),
             next_redial: Duration::ZERO,
+            next_relax: Duration::ZERO,
             next_gossip: Duration::ZERO,
             rng: {
                 use rand::SeedableRng;
@@ -1205,7 +1212,8 @@ impl Behaviour {
             config = config.with_quorum(n, m);
         }
         let m = config.m();
-        let d = match min_peers.or(self.config.min_voters) {
+        let explicit = min_peers.or(self.config.min_voters);
+        let d = match explicit {
             Some(d) if d == 0 || d > m => return Err(AcquireError::MinPeers { d, m }),
             Some(d) => d,
             None => self.default_min_voters(resource, config.n()).min(m),
@@ -1226,7 +1234,8 @@ impl Behaviour {
         }
         self.by_ts.insert(ts, id);
         *self.live_locks.entry(resource.to_owned()).or_default() += 1;
-        self.acquisitions.insert(id, Acquisition { resource: resource.to_owned(), n, client, deferred });
+        let acquisition = Acquisition { resource: resource.to_owned(), n, client, deferred, default_d: explicit.is_none() };
+        self.acquisitions.insert(id, acquisition);
         self.drain_acquisition(id);
         self.wake();
         Ok(id)
@@ -1238,23 +1247,57 @@ impl Behaviour {
     /// where 2 could never be met. An island still needs 2: its departed members host
     /// some of the keys.
     fn default_min_voters(&self, resource: &str, n: usize) -> usize {
+        if Self::one_host(resource, n, self.membership.peers().chain(std::iter::once(&self.local))) {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Whether all `n` keys of `resource` fall on one of `peers` (the closest to each).
+    fn one_host<'a>(resource: &str, n: usize, peers: impl Iterator<Item = &'a PeerId> + Clone) -> bool {
         let mut first: Option<PeerId> = None;
         for index in 0..n {
             let key = Self::key(resource, u16::try_from(index).unwrap_or(u16::MAX));
-            let host = self
-                .membership
-                .peers()
-                .chain(std::iter::once(&self.local))
-                .map(|p| (KBucketKey::from(*p).distance(&key), *p))
-                .min()
-                .map(|(_, p)| p);
+            let host = peers.clone().map(|p| (KBucketKey::from(*p).distance(&key), *p)).min().map(|(_, p)| p);
             match (first, host) {
                 (None, h) => first = h,
-                (Some(a), Some(b)) if a != b => return 2,
+                (Some(a), Some(b)) if a != b => return false,
                 _ => {}
             }
         }
-        1
+        true
+    }
+
+    /// A default D = 2 set while the lock's keys fell on several peers must not outlive
+    /// them: once members departed and every key falls on one *alive* peer (this one
+    /// included), a waiter holding m live votes from that one peer could never win until
+    /// a departed member returned (up to the membership window). While this peer serves
+    /// (it reaches a majority of its members, so it is no island), such a waiter's D is
+    /// lowered to 1; the majority rule and the takeover delay still stand. Only waiters
+    /// that are short of voters alone are looked at, once a second.
+    fn relax_diversity(&mut self, now: Time) {
+        if now < self.next_relax || !self.membership.serving() {
+            return;
+        }
+        self.next_relax = now + RELAX_INTERVAL;
+        let short: Vec<AcquisitionId> = self
+            .acquisitions
+            .iter()
+            .filter(|(_, a)| a.default_d && a.deferred.is_none() && a.client.short_of_voters(now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in short {
+            let Some(a) = self.acquisitions.get(&id) else { continue };
+            let alive = self.membership.alive().chain(std::iter::once(&self.local));
+            if Self::one_host(&a.resource, usize::from(a.n), alive) {
+                tracing::info!(resource = %a.resource, "every key on one alive peer: quorum diversity lowered to 1");
+                if let Some(a) = self.acquisitions.get_mut(&id) {
+                    a.client.lower_min_voters(now, 1);
+                }
+                self.drain_acquisition(id);
+            }
+        }
     }
 
     /// Whether this peer serves replicas, and why not.
@@ -1292,6 +1335,7 @@ impl Behaviour {
     /// when serving stops or restarts, starts deferred acquisitions once ready.
     fn housekeeping(&mut self, now: Time) {
         self.trim_connections(now);
+        self.relax_diversity(now);
         if now >= self.next_redial {
             use rand::seq::IteratorRandom;
             self.next_redial = now + REDIAL_INTERVAL;

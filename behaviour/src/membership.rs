@@ -299,7 +299,7 @@ impl Membership {
     }
 
     /// The alive members.
-    pub fn alive(&self) -> impl Iterator<Item = &PeerId> {
+    pub fn alive(&self) -> impl Iterator<Item = &PeerId> + Clone {
         self.members.iter().filter(|(_, m)| m.alive).map(|(p, _)| p)
     }
 
@@ -316,7 +316,7 @@ impl Membership {
     }
 
     /// Every member, present or departed (this peer not included).
-    pub fn peers(&self) -> impl Iterator<Item = &PeerId> {
+    pub fn peers(&self) -> impl Iterator<Item = &PeerId> + Clone {
         self.members.iter().filter(|(_, m)| m.counted).map(|(p, _)| p)
     }
 

@@ -605,6 +605,32 @@ fn a_win_needs_votes_from_d_distinct_voters() {
     assert!(matches!(events(&mut c).as_slice(), [Event::Acquired { votes: 5, .. }]));
 }
 
+// The driver lowers D when the lock's keys came to fall on one peer: a waiter short of
+// voters only wins at once; a lower D never raises, and a waiter short of votes waits.
+#[test]
+fn lowering_diversity_wins_with_the_votes_held() {
+    let mut c = client(config().with_min_voters(2));
+    let now = T0 + RTT;
+    c.handle_response_from(now, 0, 7, answer(ME, 10, T0)).unwrap();
+    c.handle_response_from(now, 1, 7, answer(ME, 11, T0)).unwrap();
+    assert!(!c.short_of_voters(now), "two votes of m = 3 are short of votes, not of voters");
+    c.lower_min_voters(now, 1);
+    assert_eq!((c.phase(), c.min_voters()), (Phase::Waiting, 1));
+    c.lower_min_voters(now, 2);
+    assert_eq!(c.min_voters(), 1, "never raised");
+    let mut c = client(config().with_min_voters(2));
+    for i in 0..3 {
+        c.handle_response_from(now, i, 7, answer(ME, 10 + i as u64, T0)).unwrap();
+    }
+    assert!(c.short_of_voters(now));
+    assert_eq!(c.phase(), Phase::Waiting);
+    c.lower_min_voters(now, 0);
+    assert_eq!(c.phase(), Phase::Waiting, "D = 0 is ignored");
+    c.lower_min_voters(now, 1);
+    assert_eq!(c.phase(), Phase::Holding);
+    assert!(matches!(events(&mut c).as_slice(), [Event::Acquired { votes: 3, .. }]));
+}
+
 // Without named voters (the simulator, the model checker) every replica is its own.
 #[test]
 fn unnamed_voters_count_one_per_replica() {

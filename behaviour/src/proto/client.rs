@@ -323,6 +323,29 @@ impl<C: Clone + Ord> Client<C> {
         Ok(())
     }
 
+    /// The quorum diversity D this client wins with (see [`Config::min_voters`]).
+    pub fn min_voters(&self) -> usize {
+        self.config.min_voters
+    }
+
+    /// Whether this waiting client holds m live votes from fewer than D distinct voters:
+    /// only diversity stands between it and the win.
+    pub fn short_of_voters(&self, now: Time) -> bool {
+        self.phase == Phase::Waiting
+            && self.live_votes(now) >= self.config.m
+            && self.live_voters(now) < self.config.min_voters
+    }
+
+    /// Lowers D while waiting, to no less than 1 (the driver found that the lock's keys
+    /// have come to fall on fewer distinct hosts than D, e.g. after members departed);
+    /// wins at once if the votes held now suffice. Ignored unless lower.
+    pub fn lower_min_voters(&mut self, now: Time, d: usize) {
+        if self.phase == Phase::Waiting && d >= 1 && d < self.config.min_voters {
+            self.config.min_voters = d;
+            self.evaluate(now, false);
+        }
+    }
+
     /// Timers: informed-backoff retries, retransmissions, renewals, the gated YIELD,
     /// the lease deadline. Spurious calls are harmless.
     pub fn handle_timeout(&mut self, now: Time) {

@@ -754,6 +754,8 @@ enum Ownership {
 /// on `channel`) or a local acquisition's (`channel` none).
 struct Parked {
     from: PeerId,
+    /// When the message reached this peer: the replica's grant delay counts from then.
+    heard: Time,
     n: u16,
     msg: ToReplica<PeerId>,
     hops: u8,
@@ -1530,9 +1532,10 @@ impl Behaviour {
                 return; // not serving: as if lost; the core retries
             }
             if self.owns(&resource, index) {
-                self.serve_local(&resource, index, msg);
+                let now = self.clock.now();
+                self.serve_local(&resource, index, msg, now);
             } else if self.room_to_check(self.local, &resource, index).is_ok() {
-                let parked = Parked { from: self.local, n, msg, hops, channel: None };
+                let parked = Parked { from: self.local, heard: self.clock.now(), n, msg, hops, channel: None };
                 self.park(&resource, index, parked);
             }
             return;
@@ -1545,9 +1548,9 @@ impl Behaviour {
 
     /// A local acquisition's message to a replica hosted here, its key's ownership
     /// checked.
-    fn serve_local(&mut self, resource: &str, index: u16, msg: ToReplica<PeerId>) {
+    fn serve_local(&mut self, resource: &str, index: u16, msg: ToReplica<PeerId>, heard: Time) {
         let local = self.local;
-        match self.handle_replica(local, resource, index, msg) {
+        match self.handle_replica(local, resource, index, msg, heard) {
             Ok(responses) => responses.into_iter().for_each(|r| self.deliver(local, resource, index, r)),
             Err(r) => {
                 // Counted like a remote peer's (a full replica table refuses this
@@ -1681,14 +1684,14 @@ impl Behaviour {
     fn serve_parked(&mut self, key: &(String, u16), p: Parked) {
         let Some(channel) = p.channel else {
             if self.membership.serving() {
-                self.serve_local(&key.0, key.1, p.msg);
+                self.serve_local(&key.0, key.1, p.msg, p.heard);
             }
             return;
         };
         let reply = if !self.membership.serving() {
             Reply::Rejected(Rejection::NotServing)
         } else {
-            match self.handle_replica(p.from, &key.0, key.1, p.msg) {
+            match self.handle_replica(p.from, &key.0, key.1, p.msg, p.heard) {
                 Ok(responses) => Reply::Responses(responses),
                 Err(r) => Reply::Rejected(r),
             }
@@ -1926,6 +1929,7 @@ impl Behaviour {
         resource: &str,
         index: u16,
         msg: ToReplica<PeerId>,
+        heard: Time,
     ) -> Result<Vec<Response<PeerId>>, Rejection> {
         let now = self.clock.now();
         let key = (resource.to_owned(), index);
@@ -1967,7 +1971,7 @@ impl Behaviour {
                 e.insert(replica)
             }
         };
-        let result = replica.handle(now, &from, msg);
+        let result = replica.handle_heard(now, heard, &from, msg);
         let mut outputs = Vec::new();
         while let Some(out) = replica.poll_transmit() {
             outputs.push(out);
@@ -2135,6 +2139,7 @@ impl Behaviour {
 
     fn on_request(&mut self, peer: PeerId, request: Request, channel: ResponseChannel<Reply>) {
         Counters::bump(&mut self.counters.messages_in, request.kind());
+        let now = self.clock.now();
         let mut channel = Some(channel);
         let reply = match request.validate() {
             Err(r) => Reply::Rejected(r),
@@ -2149,13 +2154,13 @@ impl Behaviour {
                 Request::Replica { .. } if !self.take_token(peer) => Reply::Rejected(Rejection::RateLimited),
                 Request::Replica { resource, index, msg, n } => match self.closer_live_peer(&resource, index) {
                     Some(closer) => self.redirect(closer),
-                    None if self.owns(&resource, index) => match self.handle_replica(peer, &resource, index, msg) {
+                    None if self.owns(&resource, index) => match self.handle_replica(peer, &resource, index, msg, now) {
                         Ok(responses) => Reply::Responses(responses),
                         Err(r) => Reply::Rejected(r),
                     },
                     None => match self.room_to_check(peer, &resource, index) {
                         Ok(()) => {
-                            let parked = Parked { from: peer, n, msg, hops: 0, channel: channel.take() };
+                            let parked = Parked { from: peer, heard: now, n, msg, hops: 0, channel: channel.take() };
                             self.park(&resource, index, parked);
                             return;
                         }

@@ -489,15 +489,26 @@ fn a_yield_left_unanswered_is_sent_again_with_the_retry() {
     assert_eq!(requests(&out), vec![0]);
 }
 
-// Reference: client code comment: a vote held while still waiting is renewed by YIELD
-// (the replica re-decides by timestamp); the YIELD names the grant it renews.
+// Reference: client code comment: a vote held while still waiting, with an earlier
+// acquisition owning another replica, is renewed by YIELD (the replica re-decides by
+// timestamp); the YIELD names the grant it renews. With no earlier one in sight it is
+// renewed by REQUEST and kept.
 #[test]
-fn a_vote_held_while_waiting_is_renewed_by_yield() {
+fn a_vote_held_while_waiting_is_renewed_by_yield_when_an_earlier_one_is_in_sight() {
     let mut c = client(config().with_request_timeout(Duration::from_secs(60)));
     c.handle_response(T0, 2, answer(ME, 42, T0)).unwrap();
+    let late: Ts = Timestamp { counter: 1_100, client: 4 };
+    c.handle_response(T0, 3, answer(late, 43, T0)).unwrap();
     assert_eq!(c.views()[2].next_contact, Some(T0 + RENEW));
     c.handle_timeout(T0 + RENEW);
-    assert_eq!(yields(&drain(&mut c)), vec![(2, 42)]);
+    let out = drain(&mut c);
+    assert_eq!((yields(&out), requests(&out)), (vec![], vec![2]), "only a later one in sight: renewed, not yielded");
+    assert_eq!((c.votes(), c.views()[2].owner), (1, Some(ME)));
+    c.handle_response(T0 + RENEW, 4, answer(B, 44, T0)).unwrap();
+    c.handle_response(T0 + RENEW + ms(10), 2, answer(ME, 45, T0 + RENEW)).unwrap();
+    c.handle_timeout(T0 + RENEW * 2 + ms(10));
+    let out = drain(&mut c);
+    assert_eq!(yields(&out), vec![(2, 45)], "B is earlier than ME: yielded");
     assert_eq!((c.votes(), c.views()[2].owner), (0, None));
 }
 

@@ -711,6 +711,29 @@ fn a_promotion_reports_how_long_the_waiter_was_queued() {
     assert_eq!(drain(&mut r)[0].1.grant_delay, Duration::ZERO);
 }
 
+// A REQUEST the driver held before handing it over (an ownership check) counts from when
+// it reached the host: the grant delay includes the time held, for a first grant, a
+// renewal and a later promotion alike; a `heard` after `now` counts as `now`.
+#[test]
+fn a_request_held_by_the_driver_counts_from_its_arrival() {
+    let mut r = replica();
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    let sent = micros(T0);
+    r.handle_heard(T0 + ms(300), T0 + ms(100), &1, ToReplica::Request { ts: a, sent, floor: 0 }).unwrap();
+    let grant = only(&mut r);
+    assert_eq!((grant.owner, grant.echo, grant.grant_delay), (a, sent, ms(200)));
+    r.handle_heard(T0 + ms(900), T0 + ms(500), &1, ToReplica::Request { ts: a, sent, floor: 0 }).unwrap();
+    assert_eq!(only(&mut r).grant_delay, ms(400), "a renewal held 400 ms");
+    r.handle_heard(T0 + ms(1_000), T0 + ms(950), &2, ToReplica::Request { ts: b, sent, floor: 0 }).unwrap();
+    drain(&mut r);
+    release(&mut r, T0 + ms(1_200), a, 0).unwrap();
+    let out = drain(&mut r);
+    let notice = &out.iter().find(|(to, _)| *to == 2).expect("B is told").1;
+    assert_eq!(notice.grant_delay, ms(250), "queued from its arrival at 950 ms");
+    r.handle_heard(T0 + ms(1_300), T0 + ms(9_000), &2, ToReplica::Request { ts: b, sent, floor: 0 }).unwrap();
+    assert_eq!(only(&mut r).grant_delay, Duration::ZERO, "heard later than now counts as now");
+}
+
 // The takeover delay: a replica taken over from a host that may have granted it queues
 // requests by timestamp and grants nothing until the delay ends; then the earliest
 // waiter, not the first to arrive, gets the vote.

@@ -357,10 +357,18 @@ impl<C: Clone + Ord> Client<C> {
                 continue;
             }
             match (self.owns(&self.views[i]), self.phase) {
-                // A vote held while still waiting is renewed by YIELD: the replica
+                // A vote held while still waiting, with an earlier acquisition in
+                // sight (owning another replica), is renewed by YIELD: the replica
                 // re-decides by timestamp, so a vote grabbed by a late client right
-                // after a replica reset goes back to the earliest waiter.
-                (true, Phase::Waiting) => self.yield_vote(now, i),
+                // after a replica reset goes back to the earliest waiter. With none in
+                // sight it is renewed like a holder's: a yielded vote is away for a
+                // round trip, and at round trips near the renewal interval the votes
+                // of a lone waiter were seldom all in hand at once.
+                (true, Phase::Waiting) if self.earlier_in_sight() => self.yield_vote(now, i),
+                (true, Phase::Waiting) => {
+                    self.stats.renewals += 1;
+                    self.send_request(now, i);
+                }
                 (true, _) => {
                     self.stats.renewals += 1;
                     self.send_request(now, i);
@@ -524,6 +532,11 @@ impl<C: Clone + Ord> Client<C> {
                 self.yield_vote(now, i);
             }
         }
+    }
+
+    /// Whether some replica's vote is owned by an acquisition earlier than this one.
+    fn earlier_in_sight(&self) -> bool {
+        self.views.iter().any(|v| v.owner.as_ref().is_some_and(|o| *o < self.ts))
     }
 
     /// YIELD the vote of replica `i` and forget its response (`Clear(resp[i])`).

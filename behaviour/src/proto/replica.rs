@@ -309,6 +309,16 @@ impl<C: Clone + Ord> Replica<C> {
     ///
     /// On error nothing changed and nothing is sent.
     pub fn handle(&mut self, now: Time, from: &C, msg: ToReplica<C>) -> Result<(), ReplicaError> {
+        self.handle_heard(now, now, from, msg)
+    }
+
+    /// [`Replica::handle`] for a message that reached this host at `heard` (≤ `now`)
+    /// and was held by the driver until `now` (e.g. while it checked that it hosts the
+    /// key): a REQUEST's `Response::grant_delay` counts from `heard`, so the client's
+    /// lease bound, which starts at its send time, does not lose the time held. Safe:
+    /// the lease the client counts still ends before the one this replica runs.
+    pub fn handle_heard(&mut self, now: Time, heard: Time, from: &C, msg: ToReplica<C>) -> Result<(), ReplicaError> {
+        let heard = heard.min(now);
         self.forget_tombstones(now);
         let result = if &msg.ts().client != from {
             Err(ReplicaError::ForeignAcquisition)
@@ -316,7 +326,7 @@ impl<C: Clone + Ord> Replica<C> {
             Err(ReplicaError::Ahead { value })
         } else {
             match msg {
-                ToReplica::Request { ts, sent, floor } => self.on_request(now, ts, sent, floor),
+                ToReplica::Request { ts, sent, floor } => self.on_request(now, heard, ts, sent, floor),
                 ToReplica::Release { ts, token } => self.on_release(now, ts, token),
                 ToReplica::Yield { ts, stamp } => self.on_yield(now, ts, stamp),
             }
@@ -340,7 +350,7 @@ impl<C: Clone + Ord> Replica<C> {
     }
 
     /// Fig. 6 `OnRequest`, plus renewal by the owner and refresh of a waiter.
-    fn on_request(&mut self, now: Time, ts: Timestamp<C>, sent: u64, floor: u64) -> Result<(), ReplicaError> {
+    fn on_request(&mut self, now: Time, heard: Time, ts: Timestamp<C>, sent: u64, floor: u64) -> Result<(), ReplicaError> {
         if self.tombstones.contains(&ts) {
             return Err(ReplicaError::Finished);
         }
@@ -355,7 +365,7 @@ impl<C: Clone + Ord> Replica<C> {
         if let Some(owner) = self.owner.as_mut().filter(|o| o.ts == ts) {
             owner.lease_until = now + self.config.lease;
             owner.echo = sent;
-            owner.heard_at = now;
+            owner.heard_at = heard;
             // A holder's renewal carries its fencing token: the next grant goes above it
             // even if the holder never sends its RELEASE.
             self.last_stamp = self.last_stamp.max(floor);
@@ -366,17 +376,17 @@ impl<C: Clone + Ord> Replica<C> {
             self.expiries.remove(&(w.expires, ts.clone()));
             w.expires = expires;
             w.echo = sent;
-            w.heard_at = now;
+            w.heard_at = heard;
             self.expiries.insert((expires, ts.clone()));
         } else if self.owner.is_none() && self.hold_until.is_none() {
             self.last_stamp = self.last_stamp.max(floor);
-            self.grant(now, ts.clone(), sent, now);
+            self.grant(now, ts.clone(), sent, heard);
         } else {
             if self.queue.len() >= self.config.max_queue {
                 return Err(ReplicaError::QueueFull(self.queue.len()));
             }
             self.last_stamp = self.last_stamp.max(floor);
-            self.enqueue(now, ts.clone(), sent, now);
+            self.enqueue(now, ts.clone(), sent, heard);
         }
         self.respond(ts, false);
         Ok(())

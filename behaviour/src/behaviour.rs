@@ -870,6 +870,9 @@ pub struct Behaviour {
     /// and not yet disconnected (a subset of the connected peers).
     to_trim: VecDeque<PeerId>,
     trimming: HashSet<PeerId>,
+    /// Past the high watermark: trimming goes on until the low one is reached, even
+    /// when a pass found fewer idle peers than it needed.
+    trim_active: bool,
     /// Gossip rounds so far (every few, one target is a member not connected).
     gossip_rounds: u64,
     /// Addresses of peers left out of a full k-bucket, oldest first
@@ -991,6 +994,7 @@ impl Behaviour {
             last_used: HashMap::new(),
             to_trim: VecDeque::new(),
             trimming: HashSet::new(),
+            trim_active: false,
             gossip_rounds: 0,
             bootstrap_query: None,
             extra_addrs: HashMap::new(),
@@ -2489,7 +2493,9 @@ impl Behaviour {
     /// a retry).
     fn trim_connections(&mut self, now: Time) {
         let Some((high, low)) = self.config.connection_watermarks else { return };
-        if self.connected.len().saturating_sub(self.trimming.len()) <= high {
+        let open = self.connected.len().saturating_sub(self.trimming.len());
+        self.trim_active = (self.trim_active || open > high) && open > low;
+        if !self.trim_active {
             return;
         }
         let mut idle: Vec<(Time, PeerId)> = self

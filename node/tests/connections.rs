@@ -127,7 +127,8 @@ async fn a_dial_storm_stays_within_the_connection_bounds() {
 /// Connection trimming: a node bounded to 8 connections (watermarks 6 and 4) whose peers
 /// all connect and then stay idle (idle timeout a minute on both sides) closes the least
 /// recently used down to 4 within seconds, so a newcomer finds room; without trimming
-/// all 8 stay until the idle timeout and the newcomer is refused.
+/// all 8 stay until the idle timeout and the newcomer is refused, and with trimming that
+/// stops at the high watermark 6 stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_peers_past_the_high_watermark_are_trimmed_and_a_newcomer_finds_room() {
     common::init_tracing();
@@ -156,8 +157,18 @@ async fn idle_peers_past_the_high_watermark_are_trimmed_and_a_newcomer_finds_roo
             drive(s, stop, connected, None).await;
         })
     };
+    // Two peers first and six a second later: the first pass past the high watermark
+    // finds only the two idle for its grace, and trimming must go on to the low one as
+    // the others go idle (it once stopped at the high watermark).
     let first = Arc::new(AtomicUsize::new(0));
-    let mut tasks: Vec<_> = (0..8).map(|_| connect(stop.clone(), first.clone())).collect();
+    let mut tasks: Vec<_> = (0..2).map(|_| connect(stop.clone(), first.clone())).collect();
+    common::wait_for("2 peers connected", Duration::from_secs(20), || {
+        let first = first.clone();
+        async move { first.load(Ordering::SeqCst) == 2 }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tasks.extend((0..6).map(|_| connect(stop.clone(), first.clone())));
     common::wait_for("8 peers connected", Duration::from_secs(20), || {
         let first = first.clone();
         async move { first.load(Ordering::SeqCst) == 8 }

@@ -77,6 +77,7 @@ pub struct Config {
     peer_rate: (u32, u32),
     admin: Admin,
     ownership_ttl: Duration,
+    idle_hosts_ttl: Duration,
     ownership_timeout: Duration,
     gossip_interval: Duration,
     gossip_fanout: usize,
@@ -167,6 +168,11 @@ pub const DEFAULT_GOSSIP_FANOUT: usize = 2;
 pub const DEFAULT_GOSSIP_LIVENESS: Duration = Duration::from_secs(5);
 /// Peers outside the routing table whose addresses are kept for dialling.
 pub const MAX_EXTRA_ADDRESSES: usize = 4096;
+/// How long the hosts of a lock stay cached after its last local acquisition ended (the
+/// next acquisition of a busy lock goes straight to them instead of a redirect per
+/// replica), and how many such idle entries are kept at most (the oldest go first).
+pub const DEFAULT_IDLE_HOSTS_TTL: Duration = Duration::from_secs(30);
+const MAX_IDLE_HOSTS: usize = 8192;
 /// Every this many gossip rounds, one target is a member that is not connected.
 const GOSSIP_MIXING: u64 = 4;
 /// A connection used (a request or gossip sent or received) this recently is never
@@ -205,6 +211,7 @@ impl Default for Config {
             peer_rate: (20_000, 40_000),
             admin: Admin::Nobody,
             ownership_ttl: DEFAULT_OWNERSHIP_TTL,
+            idle_hosts_ttl: DEFAULT_IDLE_HOSTS_TTL,
             ownership_timeout: DEFAULT_OWNERSHIP_TIMEOUT,
             gossip_interval: DEFAULT_GOSSIP_INTERVAL,
             gossip_fanout: DEFAULT_GOSSIP_FANOUT,
@@ -293,6 +300,12 @@ impl Config {
     pub fn with_entry_limits(mut self, max_entries: usize, max_entries_per_peer: usize) -> Self {
         self.max_entries = max_entries;
         self.max_entries_per_peer = max_entries_per_peer;
+        self
+    }
+    /// How long the hosts of a lock stay cached after its last local acquisition ended
+    /// ([`DEFAULT_IDLE_HOSTS_TTL`]; at most 8,192 such entries, the oldest go first).
+    pub fn with_idle_hosts_ttl(mut self, ttl: Duration) -> Self {
+        self.idle_hosts_ttl = ttl;
         self
     }
     /// Ownership checks (ARCHITECTURE.md, "One host per key"): a key this peer would
@@ -893,8 +906,12 @@ pub struct Behaviour {
     /// to one of them is handed back with a RELEASE.
     finished: HashMap<Timestamp<PeerId>, (String, u16)>,
     finished_order: VecDeque<Timestamp<PeerId>>,
-    /// Host of each replica as last known, for locks with a live local acquisition.
+    /// Host of each replica as last known, for locks with a live local acquisition, and
+    /// for a while after ([`Config::with_idle_hosts_ttl`], at most [`MAX_IDLE_HOSTS`] idle
+    /// entries).
     hosts: HashMap<(String, u16), PeerId>,
+    /// Expiry of the cached hosts of locks without a live local acquisition.
+    idle_hosts: DeadlineIndex<(String, u16)>,
     /// Live local acquisitions per lock name.
     live_locks: HashMap<String, usize>,
     /// Which remote peer's request created each hosted replica, and how many each has.
@@ -1007,6 +1024,7 @@ impl Behaviour {
             finished: HashMap::new(),
             finished_order: VecDeque::new(),
             hosts: HashMap::new(),
+            idle_hosts: DeadlineIndex::default(),
             live_locks: HashMap::new(),
             creators: HashMap::new(),
             created_by: HashMap::new(),
@@ -1239,6 +1257,11 @@ impl Behaviour {
             while client.poll_transmit().is_some() {}
         }
         self.by_ts.insert(ts, id);
+        if !self.live_locks.contains_key(resource) && !self.idle_hosts.at.is_empty() {
+            for index in 0..n {
+                self.idle_hosts.set(&(resource.to_owned(), index), None);
+            }
+        }
         *self.live_locks.entry(resource.to_owned()).or_default() += 1;
         let acquisition = Acquisition { resource: resource.to_owned(), n, client, deferred, default_d: explicit.is_none() };
         self.acquisitions.insert(id, acquisition);
@@ -2109,8 +2132,8 @@ impl Behaviour {
                 let ts = *a.client.ts();
                 let (resource, n) = (a.resource.clone(), a.n);
                 self.acquisitions.remove(&id);
-                // The lock's host cache goes with its last local acquisition (a late
-                // grant re-resolves the host).
+                // The lock's host cache expires a while after its last local
+                // acquisition: the next one of a busy lock needs no redirects.
                 let last = match self.live_locks.get_mut(&resource) {
                     Some(c) if *c > 1 => {
                         *c -= 1;
@@ -2120,8 +2143,17 @@ impl Behaviour {
                 };
                 if last {
                     self.live_locks.remove(&resource);
+                    let until = self.clock.now() + self.config.idle_hosts_ttl;
                     for index in 0..n {
-                        self.hosts.remove(&(resource.clone(), index));
+                        let key = (resource.clone(), index);
+                        if self.hosts.contains_key(&key) {
+                            self.idle_hosts.set(&key, Some(until));
+                        }
+                    }
+                    while self.idle_hosts.at.len() > MAX_IDLE_HOSTS {
+                        let Some((_, key)) = self.idle_hosts.by_time.first().cloned() else { break };
+                        self.idle_hosts.set(&key, None);
+                        self.hosts.remove(&key);
                     }
                 }
                 self.by_ts.remove(&ts);
@@ -2292,7 +2324,9 @@ impl Behaviour {
         // and every handler is idempotent. A host that cannot be reached is looked up
         // (a question to one peer, `ask`, names no replica).
         if matches!(error, F::DialFailure | F::UnsupportedProtocols) && !p.resource.is_empty() {
-            self.hosts.remove(&(p.resource.clone(), p.index));
+            let key = (p.resource.clone(), p.index);
+            self.idle_hosts.set(&key, None);
+            self.hosts.remove(&key);
             self.routable.remove(&p.peer);
             self.lookup(&p.resource, p.index);
         }
@@ -2439,6 +2473,10 @@ impl Behaviour {
         for key in self.ownership_due.due(now) {
             self.ownership_due(key, now);
         }
+        for key in self.idle_hosts.due(now) {
+            self.idle_hosts.set(&key, None);
+            self.hosts.remove(&key);
+        }
         if now >= self.next_gossip {
             self.next_gossip = now + self.config.gossip_interval;
             self.gossip_round(now);
@@ -2561,7 +2599,13 @@ impl Behaviour {
     }
 
     fn next_deadline(&self) -> Option<Time> {
-        [self.replica_due.first(), self.acquisition_due.first(), self.ownership_due.first(), Some(self.next_gossip)]
+        [
+            self.replica_due.first(),
+            self.acquisition_due.first(),
+            self.ownership_due.first(),
+            self.idle_hosts.first(),
+            Some(self.next_gossip),
+        ]
             .into_iter()
             .flatten()
             .min()

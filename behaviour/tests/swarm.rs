@@ -344,14 +344,15 @@ async fn a_holder_whose_clock_jumps_past_its_lease_is_lost_at_once() {
 }
 
 /// A stream of distinct lock names leaves nothing behind: every replica is dropped once
-/// idle with its tombstones expired (not a reset: nothing it knew is lost), the host
-/// cache and the acquisitions go with the last local acquisition of their lock, and a
-/// name used again is served by a new replica.
+/// idle with its tombstones expired (not a reset: nothing it knew is lost), the
+/// acquisitions go with the last local acquisition of their lock and the host cache a
+/// while after (its idle TTL), and a name used again is served by a new replica.
 #[tokio::test]
 async fn a_stream_of_lock_names_leaves_no_state_behind() {
     let ttl = Duration::from_millis(300);
     let proto = proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5)).with_tombstone_ttl(ttl);
-    let config = Config::default().with_protocol(proto).with_takeover_delay(Some(Duration::ZERO));
+    let config =
+        Config::default().with_protocol(proto).with_takeover_delay(Some(Duration::ZERO)).with_idle_hosts_ttl(ttl);
     let mut s = swarms_with(2, config).await;
     let names: Vec<String> = (0..100).map(|k| format!("orders/{k}")).collect();
     lock_and_release(&mut s, &names).await;
@@ -375,6 +376,29 @@ async fn a_stream_of_lock_names_leaves_no_state_behind() {
     }
 }
 
+/// The hosts of a lock stay cached after its last local acquisition (the next one goes
+/// straight to them), until the idle TTL.
+#[tokio::test]
+async fn the_hosts_of_a_released_lock_stay_cached_until_the_idle_ttl() {
+    let proto = proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5));
+    let config = Config::default()
+        .with_protocol(proto)
+        .with_takeover_delay(Some(Duration::ZERO))
+        .with_idle_hosts_ttl(Duration::from_millis(500));
+    let mut s = swarms_with(2, config).await;
+    let names = ["orders/1".to_owned()];
+    lock_and_release(&mut s, &names).await;
+    let who = names[0].len() % 2;
+    assert_eq!(s[who].behaviour().state_sizes().hosts, 5, "cached after the release");
+    with_timeout(async {
+        while s[who].behaviour().state_sizes().hosts > 0 {
+            let futs = s.iter_mut().map(|x| Box::pin(x.select_next_some()));
+            let _ = tokio::time::timeout(Duration::from_millis(100), select_all(futs)).await;
+        }
+    })
+    .await;
+}
+
 async fn lock_and_release(s: &mut [Swarm<Behaviour>], names: &[String]) {
     for name in names {
         let who = name.len() % 2;
@@ -388,7 +412,7 @@ async fn lock_and_release(s: &mut [Swarm<Behaviour>], names: &[String]) {
 /// Idle replicas go on the behaviours' own timers: poll until they have.
 async fn wait_until_no_replicas(s: &mut [Swarm<Behaviour>]) {
     with_timeout(async {
-        while !s.iter().all(|x| x.behaviour().state_sizes().replicas == 0) {
+        while !s.iter().all(|x| x.behaviour().state_sizes().replicas == 0 && x.behaviour().state_sizes().hosts == 0) {
             let futs = s.iter_mut().map(|x| Box::pin(x.select_next_some()));
             let _ = tokio::time::timeout(Duration::from_millis(100), select_all(futs)).await;
         }

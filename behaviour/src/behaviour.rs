@@ -1263,7 +1263,8 @@ impl Behaviour {
             }
         }
         *self.live_locks.entry(resource.to_owned()).or_default() += 1;
-        let acquisition = Acquisition { resource: resource.to_owned(), n, client, deferred, default_d: explicit.is_none() };
+        let acquisition =
+            Acquisition { resource: resource.to_owned(), n, client, deferred, default_d: explicit.is_none() };
         self.acquisitions.insert(id, acquisition);
         self.drain_acquisition(id);
         self.wake();
@@ -2190,10 +2191,12 @@ impl Behaviour {
                 Request::Replica { .. } if !self.take_token(peer) => Reply::Rejected(Rejection::RateLimited),
                 Request::Replica { resource, index, msg, n } => match self.closer_live_peer(&resource, index) {
                     Some(closer) => self.redirect(closer),
-                    None if self.owns(&resource, index) => match self.handle_replica(peer, &resource, index, msg, now) {
-                        Ok(responses) => Reply::Responses(responses),
-                        Err(r) => Reply::Rejected(r),
-                    },
+                    None if self.owns(&resource, index) => {
+                        match self.handle_replica(peer, &resource, index, msg, now) {
+                            Ok(responses) => Reply::Responses(responses),
+                            Err(r) => Reply::Rejected(r),
+                        }
+                    }
                     None => match self.room_to_check(peer, &resource, index) {
                         Ok(()) => {
                             let parked = Parked { from: peer, heard: now, n, msg, hops: 0, channel: channel.take() };
@@ -2606,9 +2609,9 @@ impl Behaviour {
             self.idle_hosts.first(),
             Some(self.next_gossip),
         ]
-            .into_iter()
-            .flatten()
-            .min()
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Files a hosted replica under its next deadline, or drops it if it is disposable

@@ -12,10 +12,10 @@ use std::time::Duration;
 use futures::future::select_all;
 use futures::StreamExt;
 use libp2p::allow_block_list::{self, BlockedPeers};
+use libp2p::kad::KBucketKey;
 use libp2p::swarm::{NetworkBehaviour, Swarm, SwarmEvent};
 use libp2p::{Multiaddr, PeerId};
 use libp2p_swarm_test::SwarmExt;
-use libp2p::kad::KBucketKey;
 use sigma_behaviour::proto::{self, LostReason};
 use sigma_behaviour::wire;
 use sigma_behaviour::{AcquisitionId, Behaviour, Config, Event, Readiness};
@@ -69,12 +69,18 @@ impl Net {
     }
 
     fn dump(&self, name: &str, acqs: &[(usize, AcquisitionId)]) {
-        for i in 0..self.swarms.len() { eprintln!("peer {i} = {}", self.peer(i)); }
-        for (i, a) in acqs { eprintln!("acq {i} {a:?}: {:?}", self.swarms[*i].behaviour().sigma.acquisition(*a)); }
+        for i in 0..self.swarms.len() {
+            eprintln!("peer {i} = {}", self.peer(i));
+        }
+        for (i, a) in acqs {
+            eprintln!("acq {i} {a:?}: {:?}", self.swarms[*i].behaviour().sigma.acquisition(*a));
+        }
         for i in 0..self.swarms.len() {
             let b = &self.swarms[i].behaviour().sigma;
             eprintln!("peer {i}: {:?} members {:?} acqs {:?}", b.readiness(), b.members(), b.acquisitions());
-            for r in b.replicas(Some(name)) { eprintln!("   {r:?}"); }
+            for r in b.replicas(Some(name)) {
+                eprintln!("   {r:?}");
+            }
             eprintln!("   counters {:?}", b.counters());
         }
     }
@@ -232,7 +238,9 @@ async fn an_isolated_peer_cannot_win_and_its_holder_is_lost_before_the_next_gran
     // Peer 1 wins "orders" only after peer 0 has counted itself Lost (the driver panics
     // on two holders); "solo" is never won by the island.
     let seen = net.drive(Duration::from_secs(30), won(1, next)).await;
-    if net.holders.get("orders") != Some(&(1, next)) { net.dump("orders", &[(0, held), (1, next)]); }
+    if net.holders.get("orders") != Some(&(1, next)) {
+        net.dump("orders", &[(0, held), (1, next)]);
+    }
     assert!(net.holders.get("orders") == Some(&(1, next)), "the swarm serves the lock again: {seen:?}");
     assert!(
         seen.iter()

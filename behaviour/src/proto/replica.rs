@@ -350,7 +350,14 @@ impl<C: Clone + Ord> Replica<C> {
     }
 
     /// Fig. 6 `OnRequest`, plus renewal by the owner and refresh of a waiter.
-    fn on_request(&mut self, now: Time, heard: Time, ts: Timestamp<C>, sent: u64, floor: u64) -> Result<(), ReplicaError> {
+    fn on_request(
+        &mut self,
+        now: Time,
+        heard: Time,
+        ts: Timestamp<C>,
+        sent: u64,
+        floor: u64,
+    ) -> Result<(), ReplicaError> {
         if self.tombstones.contains(&ts) {
             return Err(ReplicaError::Finished);
         }

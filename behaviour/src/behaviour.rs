@@ -813,6 +813,16 @@ impl<K: Clone + Ord + std::hash::Hash> DeadlineIndex<K> {
         self.by_time.first().map(|(t, _)| *t)
     }
 
+    /// The key filed under the earliest deadline.
+    fn first_key(&self) -> Option<K> {
+        self.by_time.first().map(|(_, k)| k.clone())
+    }
+
+    /// Keys filed.
+    fn len(&self) -> usize {
+        self.at.len()
+    }
+
     fn clear(&mut self) {
         *self = DeadlineIndex::default();
     }
@@ -1257,7 +1267,7 @@ impl Behaviour {
             while client.poll_transmit().is_some() {}
         }
         self.by_ts.insert(ts, id);
-        if !self.live_locks.contains_key(resource) && !self.idle_hosts.at.is_empty() {
+        if !self.live_locks.contains_key(resource) && self.idle_hosts.len() > 0 {
             for index in 0..n {
                 self.idle_hosts.set(&(resource.to_owned(), index), None);
             }
@@ -2151,8 +2161,8 @@ impl Behaviour {
                             self.idle_hosts.set(&key, Some(until));
                         }
                     }
-                    while self.idle_hosts.at.len() > MAX_IDLE_HOSTS {
-                        let Some((_, key)) = self.idle_hosts.by_time.first().cloned() else { break };
+                    while self.idle_hosts.len() > MAX_IDLE_HOSTS {
+                        let Some(key) = self.idle_hosts.first_key() else { break };
                         self.idle_hosts.set(&key, None);
                         self.hosts.remove(&key);
                     }

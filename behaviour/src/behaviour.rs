@@ -39,6 +39,7 @@ use libp2p::swarm::{
 use libp2p::{Multiaddr, PeerId};
 use tokio::time::Sleep;
 
+use crate::addr::Scope;
 use crate::membership::{Membership, Readiness};
 use crate::proto::{
     self, client::Phase, Client, LamportClock, Replica, ReplicaError, Response, Time, Timestamp, ToReplica,
@@ -65,6 +66,7 @@ pub struct Config {
     max_concurrent_streams: usize,
     boot_clock: BootClock,
     joining: bool,
+    external_address_required: bool,
     min_voters: Option<usize>,
     membership_window: Duration,
     takeover_delay: Option<Duration>,
@@ -159,6 +161,11 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: usize = 512;
 /// How often a hosted key's ownership is looked up again while its replica lives: a
 /// second host that neither knew of the other serves for at most this long.
 pub const DEFAULT_OWNERSHIP_TTL: Duration = Duration::from_secs(30);
+/// Confirmed external addresses tracked at most.
+const MAX_EXTERNALS: usize = 32;
+/// How often Kademlia refreshes every bucket (its periodic bootstrap; kad's default is
+/// 5 minutes).
+pub const KAD_REFRESH: Duration = Duration::from_secs(30 * 60);
 /// How often a peer gossips its heartbeat table.
 pub const DEFAULT_GOSSIP_INTERVAL: Duration = Duration::from_millis(500);
 /// To how many random alive members per round.
@@ -199,6 +206,7 @@ impl Default for Config {
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             boot_clock: BootClock::default(),
             joining: false,
+            external_address_required: false,
             min_voters: None,
             membership_window: DEFAULT_MEMBERSHIP_WINDOW,
             takeover_delay: None,
@@ -249,6 +257,18 @@ impl Config {
     /// this, the peer is a one-node swarm until others join it.
     pub fn with_joining(mut self, joining: bool) -> Self {
         self.joining = joining;
+        self
+    }
+    /// Host replicas only while the swarm has a confirmed external address (one that
+    /// other peers can dial: `Swarm::add_external_address`, or confirmed by AutoNAT).
+    /// Without one the peer is [`Readiness::Unreachable`](crate::Readiness): Kademlia in
+    /// client mode (no peer puts it in its routing table), no gossip, no replica, and
+    /// never its own host; its acquisitions go to the others. Default: off (every peer
+    /// hosts, Kademlia in server mode), for swarms where every listen address is
+    /// dialable (loopback, one LAN). Whatever this says, the addresses a peer keeps of
+    /// others are those at least as wide as its own external ones ([`crate::addr`]).
+    pub fn with_external_address_required(mut self, required: bool) -> Self {
+        self.external_address_required = required;
         self
     }
     /// Quorum diversity D: a win needs votes hosted by at least D distinct peers
@@ -595,6 +615,9 @@ pub struct Counters {
     pub replicas_held: u64,
     /// Idle replicas dropped (nothing left to remember; not a reset).
     pub replicas_evicted: u64,
+    /// Addresses of other peers not kept: narrower than this peer's own reach, or not
+    /// dialable ([`crate::addr`]).
+    pub addresses_ignored: u64,
     /// Connections closed because a liveness ping failed.
     pub ping_failures: u64,
     /// Peers disconnected to stay under the connection watermarks (least recently used).
@@ -887,6 +910,8 @@ pub struct Behaviour {
     connected: HashMap<PeerId, usize>,
     /// Peers Kademlia put in its routing table (client-side host estimates).
     routable: HashSet<PeerId>,
+    /// The swarm's confirmed external addresses (at most [`MAX_EXTERNALS`]).
+    externals: Vec<Multiaddr>,
     /// When each connected peer was last used by sigma (connection trimming).
     last_used: HashMap<PeerId, Time>,
     /// Peers whose connections are to be closed (trimmed), and those asked to close
@@ -982,8 +1007,17 @@ impl Behaviour {
         // connections). A full bucket keeps its old peers, as in Kademlia; a dead one
         // leaves it when a lookup fails to reach it.
         kad_config.set_kbucket_inserts(kad::BucketInserts::Manual);
+        // Kademlia's own bucket refresh (a bootstrap: one lookup per bucket, ~370
+        // requests in a 300-peer swarm) every 30 minutes instead of 5: the drivers' own
+        // self-lookups (every 5 minutes once joined) keep the neighbourhood fresh, and the
+        // lookups of placement fill the far buckets. Every 5 minutes it was most of a
+        // large swarm's traffic (ARCHITECTURE.md, "Bounded connections").
+        kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH));
         let mut kad = kad::Behaviour::with_config(local, MemoryStore::new(local), kad_config);
-        kad.set_mode(Some(kad::Mode::Server));
+        // With an external address required, Kademlia's own rule: server mode while the
+        // swarm has a confirmed external address, client mode (not in other peers'
+        // routing tables) without.
+        kad.set_mode((!config.external_address_required).then_some(kad::Mode::Server));
         let codec_stats = Arc::new(wire::CodecStats::default());
         let rr = request_response::Behaviour::with_codec(
             wire::Codec::new(codec_stats.clone()),
@@ -1006,8 +1040,9 @@ impl Behaviour {
         let stall = (config.ping_interval + config.ping_timeout).min(config.gossip_liveness);
         // The incarnation: a restarted peer's heartbeats must rank above its old ones.
         let incarnation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64).max(1);
-        let membership = Membership::new(config.joining, config.membership_window, config.takeover_delay(), stall)
+        let mut membership = Membership::new(config.joining, config.membership_window, config.takeover_delay(), stall)
             .with_gossip(config.gossip_liveness, incarnation);
+        membership.set_dialable(!config.external_address_required);
         let clock = Clock::new(config.boot_clock.clone());
         Behaviour {
             inner: Inner { kad, rr, ping, gossip },
@@ -1018,6 +1053,7 @@ impl Behaviour {
             lamport: LamportClock::new(),
             connected: HashMap::new(),
             routable: HashSet::new(),
+            externals: Vec::new(),
             last_used: HashMap::new(),
             to_trim: VecDeque::new(),
             trimming: HashSet::new(),
@@ -1084,8 +1120,15 @@ impl Behaviour {
 
     /// Adds a known address of a peer (bootstrap, identify, a connected Kademlia peer).
     /// A peer new to a full k-bucket is left out: the bucket keeps its old peers.
+    /// Only addresses at least as wide as this peer's own external ones are kept
+    /// ([`crate::addr`]): a public peer forgets the loopback and LAN addresses others
+    /// report, and never hands them on.
     pub fn add_address(&mut self, peer: &PeerId, addr: Multiaddr) {
         if *peer == self.local {
+            return;
+        }
+        if !Scope::keeps(self.reach(), &addr) {
+            self.counters.addresses_ignored += 1;
             return;
         }
         let full =
@@ -1099,6 +1142,26 @@ impl Behaviour {
         if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) && self.routable.insert(*peer)
         {
             self.hand_over(*peer);
+        }
+    }
+
+    /// What identify told of `peer`: the protocols it speaks and its addresses. A sigma
+    /// peer whose Kademlia serves (it has an external address) is a host candidate: its
+    /// addresses go to the routing table. One that speaks sigma without serving
+    /// Kademlia is a client only (no peer can dial it): it leaves the routing table,
+    /// and so the membership, if it was there.
+    pub fn identified(&mut self, peer: &PeerId, protocols: &[libp2p::StreamProtocol], addrs: Vec<Multiaddr>) {
+        if !protocols.contains(&wire::PROTOCOL) {
+            return;
+        }
+        let kad = kad_protocol(self.config.proto.n());
+        if protocols.contains(&kad) {
+            for addr in addrs {
+                self.add_address(peer, addr);
+            }
+        } else if self.routable.remove(peer) {
+            self.inner.kad.remove_peer(peer);
+            tracing::debug!(%peer, "a sigma peer without an external address: not a host");
         }
     }
 
@@ -1144,6 +1207,23 @@ impl Behaviour {
             return Err(kad::NoKnownPeers());
         }
         Ok(self.inner.kad.get_closest_peers(self.local))
+    }
+
+    /// The widest scope of this peer's confirmed external addresses (`None`: none yet).
+    pub fn reach(&self) -> Option<Scope> {
+        Scope::widest(&self.externals)
+    }
+
+    /// The swarm's confirmed external addresses, as this behaviour was told of them.
+    pub fn external_addresses(&self) -> &[Multiaddr] {
+        &self.externals
+    }
+
+    /// Whether other peers can dial this one: an external address is confirmed, or none
+    /// is required ([`Config::with_external_address_required`]). A peer that cannot
+    /// hosts nothing and never counts itself as a host.
+    fn dialable(&self) -> bool {
+        !self.config.external_address_required || !self.externals.is_empty()
     }
 
     /// Peers in the routing table as seen by this behaviour.
@@ -1527,7 +1607,7 @@ impl Behaviour {
         let best = self
             .routable
             .iter()
-            .chain(std::iter::once(&self.local))
+            .chain(self.dialable().then_some(&self.local))
             .map(|p| (KBucketKey::from(*p).distance(&key), *p))
             .min()
             .map_or(self.local, |(_, p)| p);
@@ -2408,7 +2488,7 @@ impl Behaviour {
                 let best = peers
                     .iter()
                     .map(|i| i.peer_id)
-                    .chain(std::iter::once(self.local))
+                    .chain(self.dialable().then_some(self.local))
                     .map(|p| (KBucketKey::from(p).distance(&key), p))
                     .min()
                     .map_or(self.local, |(_, p)| p);
@@ -2505,6 +2585,9 @@ impl Behaviour {
     /// here: it is never a target.)
     fn gossip_round(&mut self, now: Time) {
         use rand::seq::{IteratorRandom, SliceRandom};
+        if !self.dialable() {
+            return; // not a member anywhere: no peer would take its table
+        }
         self.membership.beat();
         self.gossip_rounds += 1;
         let fanout = self.config.gossip_fanout;
@@ -2529,6 +2612,18 @@ impl Behaviour {
             self.used(peer);
             self.inner.gossip.send_request(&peer, table.clone());
         }
+    }
+
+    /// An external address was confirmed or expired: serving follows (a peer that
+    /// became dialable serves under the takeover delay, one that no longer is drops its
+    /// replicas).
+    fn reachability_changed(&mut self) {
+        let dialable = self.dialable();
+        self.membership.set_dialable(dialable);
+        tracing::info!(dialable, externals = ?self.externals, "external addresses changed");
+        let now = self.clock.now();
+        self.housekeeping(now);
+        self.wake();
     }
 
     /// `peer`'s connection was just used (not trimmed for a while).
@@ -2808,6 +2903,18 @@ impl NetworkBehaviour for Behaviour {
                 *self.connected.entry(e.peer_id).or_default() += 1;
                 self.last_used.insert(e.peer_id, self.clock.now());
                 self.hand_over(e.peer_id);
+            }
+            FromSwarm::ExternalAddrConfirmed(e) => {
+                if !self.externals.contains(e.addr) && self.externals.len() < MAX_EXTERNALS {
+                    self.externals.push(e.addr.clone());
+                    self.reachability_changed();
+                }
+            }
+            FromSwarm::ExternalAddrExpired(e) => {
+                if let Some(i) = self.externals.iter().position(|a| a == e.addr) {
+                    self.externals.remove(i);
+                    self.reachability_changed();
+                }
             }
             FromSwarm::ConnectionClosed(e) => {
                 if let Some(c) = self.connected.get_mut(&e.peer_id) {

@@ -4,10 +4,13 @@
 //! # Layout
 //! - [`proto`]: the sans-IO core (clients, replicas). No I/O,
 //!   no clock reads, no global randomness: the simulator and the tests drive it too.
+//! - [`addr`]: address scopes (loopback, private, global): which addresses of other
+//!   peers are kept and handed on.
 //! - [`wire`]: the `/sigma/1.0.0` request-response messages and their validation.
 //! - [`Behaviour`]: the libp2p `NetworkBehaviour` that places replicas in the DHT and
 //!   drives the core.
 
+pub mod addr;
 mod behaviour;
 pub mod membership;
 pub use membership::Readiness;

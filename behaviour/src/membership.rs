@@ -45,6 +45,10 @@ pub enum Readiness {
     Serving,
     /// Given bootstrap peers and not yet joined to them.
     Joining,
+    /// No address that other peers can dial is known for this peer (no confirmed
+    /// external address, where one is required): it hosts nothing, and no peer counts
+    /// it as a host; its own acquisitions go to the hosts the others agree on.
+    Unreachable,
     /// Reaches `reachable` of `members` members (itself included in both): not a strict
     /// majority, e.g. the minority side of a network partition, or an isolated peer.
     Minority {
@@ -61,6 +65,7 @@ impl Readiness {
         match self {
             Readiness::Serving => "serving",
             Readiness::Joining => "joining",
+            Readiness::Unreachable => "unreachable",
             Readiness::Minority { .. } => "minority",
         }
     }
@@ -72,6 +77,9 @@ impl std::fmt::Display for Readiness {
             Readiness::Serving => f.write_str("serving"),
             Readiness::Joining => {
                 f.write_str("joining the swarm (no Kademlia bootstrap completed with a sigma peer yet)")
+            }
+            Readiness::Unreachable => {
+                f.write_str("unreachable (no external address that other peers can dial: hosts no replica)")
             }
             Readiness::Minority { reachable, members } => {
                 write!(f, "reaches {reachable} of {members} known peers (itself included): no strict majority")
@@ -142,6 +150,8 @@ pub struct Membership {
     beat: Beat,
     /// When serving last began.
     serving_since: Option<Time>,
+    /// Whether other peers can dial this one (see [`Readiness::Unreachable`]).
+    dialable: bool,
     /// Departures within the takeover delay: (peer, when).
     departures: Vec<(PeerId, Time)>,
     /// A forgotten member counts as a departure of unknown place until then.
@@ -169,6 +179,7 @@ impl Membership {
             gossip_liveness: liveness,
             beat: (0, 0),
             serving_since: None,
+            dialable: true,
             departures: Vec::new(),
             overflow_until: None,
             last_tick: None,
@@ -347,12 +358,21 @@ impl Membership {
         if self.joining {
             return Readiness::Joining;
         }
+        if !self.dialable {
+            return Readiness::Unreachable;
+        }
         let (reachable, members) = (self.reachable() + 1, self.members());
         if 2 * reachable > members {
             Readiness::Serving
         } else {
             Readiness::Minority { reachable, members }
         }
+    }
+
+    /// Whether other peers can dial this one: a peer that cannot serves nothing (and
+    /// starts serving again, under the takeover delay, once it can).
+    pub fn set_dialable(&mut self, dialable: bool) {
+        self.dialable = dialable;
     }
 
     /// Not joining any more (acquisitions may start).
@@ -456,6 +476,22 @@ mod tests {
         assert!(!m.tick(Duration::ZERO));
         assert_eq!(m.readiness(), Readiness::Serving);
         assert_eq!(m.hold_until(Duration::ZERO, |_| false), Some(10 * S));
+    }
+
+    #[test]
+    fn a_peer_no_one_can_dial_serves_only_once_it_can_and_then_holds_one_delay() {
+        let mut m = view(false);
+        m.set_dialable(false);
+        assert!(!m.tick(Duration::ZERO));
+        assert_eq!(m.readiness(), Readiness::Unreachable);
+        assert!(!m.serving());
+        m.set_dialable(true);
+        assert!(!m.tick(5 * S));
+        assert!(m.serving());
+        assert_eq!(m.hold_until(5 * S, |_| false), Some(15 * S), "one delay from when it became dialable");
+        m.set_dialable(false);
+        assert!(m.tick(6 * S), "serving stopped: the owner drops its replicas");
+        assert_eq!(m.readiness(), Readiness::Unreachable);
     }
 
     #[test]

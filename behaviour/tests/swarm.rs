@@ -358,18 +358,23 @@ async fn a_stream_of_lock_names_leaves_no_state_behind() {
     lock_and_release(&mut s, &names).await;
     let created = |s: &[Swarm<Behaviour>]| s.iter().map(|x| x.behaviour().counters().replicas_created).sum::<u64>();
     let evicted = |s: &[Swarm<Behaviour>]| s.iter().map(|x| x.behaviour().counters().replicas_evicted).sum::<u64>();
-    assert_eq!(created(&s), 500, "every name made its 5 replicas");
-    assert!(evicted(&s) < 500, "not before the tombstones expire");
+    // Each name makes its 5 replicas, but the last REQUESTs of the last name may still be
+    // in flight when it wins with 3 (seen once in CI under load: 498 here).
+    let made = created(&s);
+    assert!((498..=500).contains(&made), "{made} replicas made for 100 names");
+    assert!(evicted(&s) < made, "not before the tombstones expire");
     wait_until_no_replicas(&mut s).await;
+    let made = created(&s);
+    assert_eq!(made, 500, "every name made its 5 replicas");
     for x in &s {
         let sizes = x.behaviour().state_sizes();
         assert_eq!((sizes.replicas, sizes.acquisitions, sizes.hosts, sizes.pending), (0, 0, 0, 0), "{sizes:?}");
     }
-    assert_eq!(evicted(&s), 500, "every replica created was evicted");
+    assert_eq!(evicted(&s), made, "every replica created was evicted");
     // A name used again gets new replicas, and they go again.
     lock_and_release(&mut s, &names[..1]).await;
-    assert_eq!(created(&s), 505);
     wait_until_no_replicas(&mut s).await;
+    assert_eq!(created(&s), 505);
     assert_eq!(evicted(&s), 505);
     for x in &s {
         x.behaviour().audit_entries().unwrap();
@@ -556,4 +561,55 @@ async fn ask(
         }
     })
     .await
+}
+
+// Reference: the DHT issue's "peers on real networks": a peer that no other peer can
+// dial (no external address, where one is required) neither hosts replicas nor counts
+// itself as a host, and its own locks are still served, by the others. Once an address
+// of it is confirmed it serves like any peer.
+#[tokio::test]
+async fn a_peer_without_an_external_address_hosts_nothing_and_still_takes_locks() {
+    let mut s = swarms(3).await;
+    let mut u = Swarm::new_ephemeral_tokio(|kp| {
+        Behaviour::new(kp.public().to_peer_id(), config().with_external_address_required(true))
+    });
+    let (u_addr, _) = u.listen().await;
+    assert_eq!(u.external_addresses().count(), 0);
+    for x in s.iter_mut() {
+        u.connect(x).await;
+    }
+    let addrs: Vec<(PeerId, libp2p::Multiaddr)> =
+        s.iter().map(|x| (*x.local_peer_id(), x.external_addresses().next().cloned().expect("external"))).collect();
+    for (p, a) in &addrs {
+        u.behaviour_mut().add_address(p, a.clone());
+    }
+    let uid = *u.local_peer_id();
+    let all: Vec<PeerId> = addrs.iter().map(|(p, _)| *p).chain([uid]).collect();
+    // A lock with 3 of its 5 replicas closest to U: were U its own host for them, its
+    // acquisition could never win (m = 3, two votes elsewhere).
+    let closest_is_u = |name: &str, i: u16| {
+        let key = KBucketKey::new(wire::replica_name(name, i).into_bytes());
+        all.iter().min_by_key(|p| KBucketKey::from(**p).distance(&key)) == Some(&uid)
+    };
+    let name = (0..).map(|k| format!("unreachable-{k}")).find(|n| (0..5).filter(|&i| closest_is_u(n, i)).count() >= 3);
+    let name = name.expect("some name has three replicas closest to U");
+    assert_eq!(u.behaviour().readiness(), sigma_behaviour::Readiness::Unreachable);
+
+    let mut all_swarms: Vec<Swarm<Behaviour>> = std::iter::once(u).chain(s).collect();
+    let id = all_swarms[0].behaviour_mut().acquire(&name, None).expect("valid");
+    let (who, event) = with_timeout(next_event(&mut all_swarms)).await;
+    assert!(who == 0 && matches!(event, Event::Acquired { id: got, .. } if got == id), "{who}: {event:?}");
+    assert!(all_swarms[0].behaviour().replicas(None).is_empty(), "U hosts nothing");
+    let hosted: usize = all_swarms[1..].iter().map(|x| x.behaviour().replicas(Some(&name)).len()).sum();
+    assert!(hosted >= 3, "the others host the votes U won: {hosted}");
+    for x in &all_swarms[1..] {
+        assert_eq!(x.behaviour().members().1, 3, "U is nobody's member");
+    }
+    all_swarms[0].behaviour_mut().release(id);
+
+    // An address of U is confirmed: it becomes a host like the others.
+    all_swarms[0].add_external_address(u_addr.clone());
+    let serving = |x: &[Swarm<Behaviour>]| x[0].behaviour().readiness() == sigma_behaviour::Readiness::Serving;
+    with_timeout(drive_until(&mut all_swarms, serving)).await;
+    assert_eq!(all_swarms[0].behaviour().external_addresses(), &[u_addr]);
 }

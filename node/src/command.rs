@@ -92,6 +92,10 @@ pub struct Status {
     /// Addresses it listens on.
     #[schema(value_type = Vec<String>)]
     pub listen_addrs: Vec<Multiaddr>,
+    /// Addresses other peers can dial it at (given, listen addresses as wide as the
+    /// bootstrap peers', or confirmed by AutoNAT); none: it hosts no replica.
+    #[schema(value_type = Vec<String>)]
+    pub external_addrs: Vec<Multiaddr>,
     /// Peers with an open connection.
     #[schema(value_type = Vec<String>)]
     pub connected_peers: Vec<PeerId>,
@@ -113,7 +117,8 @@ pub struct Status {
     /// True while the node serves: it has joined its swarm and reaches a strict
     /// majority of the peers it knows. Locks are won only through serving nodes.
     pub ready: bool,
-    /// `serving`, `joining` or `minority`.
+    /// `serving`, `joining`, `unreachable` (no external address: hosts no replica, its
+    /// locks are served by the others) or `minority`.
     pub readiness: String,
     /// Why, in words.
     pub readiness_detail: String,

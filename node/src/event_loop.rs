@@ -74,6 +74,8 @@ pub(crate) struct EventLoop {
     bootstrap_interval: Duration,
     /// The peers given to join through: redialled while the node is still joining.
     pub(crate) bootstrap_peers: Vec<(libp2p::PeerId, libp2p::Multiaddr)>,
+    /// Listen addresses at least this wide count as external ([`crate::NodeConfig::external_addresses`]).
+    pub(crate) listen_floor: Option<sigma_behaviour::addr::Scope>,
 }
 
 impl EventLoop {
@@ -102,6 +104,7 @@ impl EventLoop {
             next_bootstrap: Instant::now() + BOOTSTRAP_FIRST_INTERVAL,
             bootstrap_interval: BOOTSTRAP_FIRST_INTERVAL,
             bootstrap_peers: Vec::new(),
+            listen_floor: None,
             metrics: None,
         }
     }
@@ -266,6 +269,7 @@ impl EventLoop {
             locks_waiting,
             waiting,
             token_regressions: self.token_regressions,
+            external_addrs: self.swarm.external_addresses().cloned().collect(),
             ready: readiness == sigma_behaviour::Readiness::Serving,
             readiness: readiness.as_str().to_owned(),
             readiness_detail: readiness.to_string(),
@@ -290,9 +294,7 @@ impl EventLoop {
             })) => {
                 if info.protocols.contains(&sigma_behaviour::wire::PROTOCOL) {
                     tracing::debug!(peer = %peer_id, addrs = ?info.listen_addrs, "identified a sigma peer");
-                    for addr in info.listen_addrs {
-                        self.sigma().add_address(&peer_id, addr);
-                    }
+                    self.sigma().identified(&peer_id, &info.protocols, info.listen_addrs);
                 } else {
                     tracing::debug!(peer = %peer_id, agent = %info.agent_version, "peer does not speak sigma");
                 }
@@ -319,8 +321,16 @@ impl EventLoop {
                 };
                 tracing::debug!(peer = ?peer_id, addr = %send_back_addr, %error, outcome, "incoming connection not established");
             }
-            SwarmEvent::NewListenAddr { address, .. } => tracing::info!(%address, "listening"),
-            SwarmEvent::ExpiredListenAddr { address, .. } => tracing::info!(%address, "no longer listening"),
+            SwarmEvent::NewListenAddr { address, .. } => {
+                tracing::info!(%address, "listening");
+                crate::swarm::listen_address_up(&mut self.swarm, &address, self.listen_floor);
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                tracing::info!(%address, "no longer listening");
+                self.swarm.remove_external_address(&address);
+            }
+            SwarmEvent::ExternalAddrConfirmed { address } => tracing::info!(%address, "external address confirmed"),
+            SwarmEvent::ExternalAddrExpired { address } => tracing::info!(%address, "external address expired"),
             SwarmEvent::ListenerError { error, .. } => tracing::warn!(%error, "listener error"),
             _ => {}
         }
@@ -465,7 +475,9 @@ impl EventLoop {
                 // A node that does not serve says why rather than "timed out".
                 let readiness = self.sigma().readiness();
                 let error = match readiness {
-                    sigma_behaviour::Readiness::Serving => LockError::Timeout,
+                    // A node no peer can dial serves no replica by design: its locks are
+                    // the others' to serve, and a wait that ends is a timeout.
+                    sigma_behaviour::Readiness::Serving | sigma_behaviour::Readiness::Unreachable => LockError::Timeout,
                     r => LockError::NotReady(r.to_string()),
                 };
                 let _ = w.reply.send(Err(error));

@@ -116,6 +116,12 @@ struct RunArgs {
     /// A peer to join through, ending with /p2p/PEER_ID (repeatable, or comma-separated).
     #[arg(long, value_name = "MULTIADDR", num_args = 1.., value_delimiter = ',', env = "SIGMA_BOOTSTRAP")]
     bootstrap: Vec<Multiaddr>,
+    /// An address other peers can dial this node at: a public IP, a port a NAT forwards,
+    /// a DNS name (repeatable, or comma-separated). Listen addresses as wide as the
+    /// bootstrap peers' (loopback, LAN) count as external without it, and AutoNAT
+    /// confirms public ones peers observe; a node with none hosts no replica.
+    #[arg(long, value_name = "MULTIADDR", num_args = 1.., value_delimiter = ',', env = "SIGMA_EXTERNAL_ADDRESS")]
+    external_address: Vec<Multiaddr>,
     /// Persistent identity, created on first start [default: `key` in $STATE_DIRECTORY
     /// (systemd), else $XDG_STATE_HOME/sigma, else ~/.local/state/sigma]. A restart keeps
     /// the peer id others bootstrap from. Two daemons cannot share one key file.
@@ -639,6 +645,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let config = NodeConfig {
         listen,
         bootstrap: args.bootstrap,
+        external_addresses: args.external_address,
         key_file,
         behaviour,
         libp2p_metrics: Some(libp2p_metrics),

@@ -225,6 +225,12 @@ impl Collector for CounterCollector {
         )?;
         counter(
             &mut e,
+            "addresses_ignored",
+            "Addresses of other peers not kept: narrower than this node's external ones (a LAN or loopback address seen by a public node), or not dialable",
+            c.addresses_ignored,
+        )?;
+        counter(
+            &mut e,
             "replicas_handed_over",
             "Replicas dropped because a closer peer became live and hosts them now",
             c.replicas_handed_over,

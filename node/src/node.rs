@@ -19,6 +19,7 @@ use crate::event_loop::EventLoop;
 use crate::guard::LockGuard;
 use crate::inspect::{self, Inspection, Revoked};
 use crate::{identity, swarm};
+use sigma_behaviour::addr::Scope;
 use sigma_behaviour::wire::{Reply, Request};
 
 /// Capacity of the command queue between handles and the event loop.
@@ -41,6 +42,15 @@ pub struct NodeConfig {
     /// Peers to join through; each address ends with `/p2p/<peer id>`. An entry naming
     /// this node itself is skipped (one list can serve every node).
     pub bootstrap: Vec<Multiaddr>,
+    /// Addresses other peers can dial this node at (a public IP, a port forwarded by a
+    /// NAT, a DNS name), announced to them. Besides these, a listen address counts as
+    /// external when it is at least as wide as the widest bootstrap address (loopback
+    /// in a testnet on one machine, a LAN address in a swarm on one LAN; any listen
+    /// address of a node without bootstrap peers), and AutoNAT confirms the addresses
+    /// other peers observe when they are public. A node with no external address hosts
+    /// no replica ([`sigma_behaviour::Readiness::Unreachable`]); its locks are served by
+    /// the others.
+    pub external_addresses: Vec<Multiaddr>,
     /// Persistent identity (created on first start); `None` for a random one.
     pub key_file: Option<PathBuf>,
     /// Protocol and behaviour parameters (quorum, lease, timeouts).
@@ -82,6 +92,7 @@ impl Default for NodeConfig {
                 "/ip4/0.0.0.0/udp/0/quic-v1".parse().expect("valid multiaddr"),
             ],
             bootstrap: Vec::new(),
+            external_addresses: Vec::new(),
             key_file: None,
             behaviour: sigma_behaviour::Config::default(),
             try_lock_timeout: Duration::from_secs(1),
@@ -136,7 +147,9 @@ impl Node {
         if !joining {
             tracing::info!("no bootstrap peers: a one-node swarm until others join");
         }
-        let mut behaviour = config.behaviour.clone().with_joining(joining);
+        let mut behaviour = config.behaviour.clone().with_joining(joining).with_external_address_required(true);
+        // Listen addresses at least this wide count as external (see `external_addresses`).
+        let listen_floor = Scope::widest(bootstrap.iter().filter(|(peer, _)| *peer != local).map(|(_, a)| a));
         if behaviour.connection_watermarks().is_none() {
             let (high, low) = config.bounds.watermarks();
             behaviour = behaviour.with_connection_watermarks(high, low);
@@ -162,6 +175,7 @@ impl Node {
                 match futures::StreamExt::select_next_some(&mut swarm).await {
                     SwarmEvent::NewListenAddr { listener_id, address } => {
                         tracing::info!(%address, "listening");
+                        swarm::listen_address_up(&mut swarm, &address, listen_floor);
                         up.insert(listener_id);
                         listen_addrs.push(address);
                     }
@@ -193,6 +207,10 @@ impl Node {
             }
         }
 
+        for addr in &config.external_addresses {
+            tracing::info!(%addr, "external address (given)");
+            swarm.add_external_address(addr.clone());
+        }
         let mut joined = 0;
         let bootstrap_peers: Vec<(PeerId, Multiaddr)> =
             bootstrap.iter().filter(|(peer, _)| *peer != local).cloned().collect();
@@ -224,6 +242,7 @@ impl Node {
         let mut event_loop = EventLoop::new(swarm, receiver, refresh, config.shutdown_grace);
         event_loop.metrics = config.libp2p_metrics.clone().map(|m| m.0);
         event_loop.bootstrap_peers = bootstrap_peers;
+        event_loop.listen_floor = listen_floor;
         let task = tokio::spawn(event_loop.run());
         tracing::info!(peer = %local, "sigma node started");
         let quorum = (config.behaviour.protocol().n(), config.behaviour.protocol().m());

@@ -6,7 +6,11 @@ use libp2p::allow_block_list::{self, AllowedPeers, BlockedPeers};
 use libp2p::identity::Keypair;
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::NetworkBehaviour;
-use libp2p::{connection_limits, identify, memory_connection_limits, noise, tcp, yamux, PeerId, Swarm, SwarmBuilder};
+use libp2p::{
+    autonat, connection_limits, identify, memory_connection_limits, noise, tcp, yamux, Multiaddr, PeerId, Swarm,
+    SwarmBuilder,
+};
+use sigma_behaviour::addr::Scope;
 
 use crate::admission::{self, Admission};
 use crate::error::NodeError;
@@ -103,8 +107,12 @@ pub struct NodeBehaviour {
     pub allow: Toggle<allow_block_list::Behaviour<AllowedPeers>>,
     /// Locks and replicas.
     pub sigma: sigma_behaviour::Behaviour,
-    /// Address exchange.
+    /// Address exchange. Announces the node's external addresses only (not every
+    /// listen address: a loopback or LAN one is of no use to most peers).
     pub identify: identify::Behaviour,
+    /// AutoNAT: other peers dial back the public addresses they observe this node at;
+    /// a dial that succeeds confirms the address as external. Serves the same to them.
+    pub autonat: autonat::Behaviour,
 }
 
 impl NodeBehaviour {
@@ -119,7 +127,8 @@ impl NodeBehaviour {
         let identify = identify::Behaviour::new(
             identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), keypair.public())
                 .with_agent_version(format!("sigma-node/{}", env!("CARGO_PKG_VERSION")))
-                .with_interval(IDENTIFY_INTERVAL),
+                .with_interval(IDENTIFY_INTERVAL)
+                .with_hide_listen_addrs(true),
         );
         NodeBehaviour {
             limits: bounds.limits(),
@@ -128,6 +137,7 @@ impl NodeBehaviour {
             allow: Toggle::from(None),
             sigma: sigma_behaviour::Behaviour::new(local, config),
             identify,
+            autonat: autonat::Behaviour::new(local, autonat::Config::default()),
         }
     }
 
@@ -142,7 +152,18 @@ impl NodeBehaviour {
     }
 }
 
-/// TCP (noise, yamux) and QUIC, on tokio; with a swarm key, TCP only, each connection
+/// A listen address came up: it counts as external (announced to peers, and what lets
+/// this node host replicas) when it is at least as wide as `floor`, the widest of the
+/// bootstrap addresses (any dialable address when `None`).
+pub(crate) fn listen_address_up(swarm: &mut Swarm<NodeBehaviour>, addr: &Multiaddr, floor: Option<Scope>) {
+    if Scope::keeps(floor, addr) {
+        tracing::info!(%addr, "listen address taken as external");
+        swarm.add_external_address(addr.clone());
+    }
+}
+
+/// TCP (noise, yamux) and QUIC, on tokio, and DNS names (`/dns4/…`) resolved by the
+/// system's resolver; with a swarm key, TCP only, each connection
 /// encrypted with the key below noise.
 pub(crate) fn build(
     keypair: Keypair,
@@ -166,6 +187,8 @@ pub(crate) fn build(
             .with_tcp(tcp_config, noise::Config::new, yamux::Config::default)
             .map_err(|e| NodeError::Transport(Box::new(e)))?
             .with_quic()
+            .with_dns()
+            .map_err(|e| NodeError::Transport(Box::new(e)))?
             .with_behaviour(behaviour)
             .map_err(|e| NodeError::Transport(Box::new(e)))?
             .with_swarm_config(swarm_config)
@@ -173,6 +196,8 @@ pub(crate) fn build(
         Some(key) => SwarmBuilder::with_existing_identity(keypair)
             .with_tokio()
             .with_other_transport(|keypair| admission::private_tcp(keypair, key, tcp_config))
+            .map_err(|e| NodeError::Transport(Box::new(e)))?
+            .with_dns()
             .map_err(|e| NodeError::Transport(Box::new(e)))?
             .with_behaviour(behaviour)
             .map_err(|e| NodeError::Transport(Box::new(e)))?

@@ -271,12 +271,8 @@ fn on_event(
     index: usize,
 ) {
     match event {
-        SwarmEvent::Behaviour(PeerBehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. }))
-            if info.protocols.contains(&sigma_behaviour::wire::PROTOCOL) =>
-        {
-            for addr in info.listen_addrs {
-                swarm.behaviour_mut().sigma.add_address(&peer_id, addr);
-            }
+        SwarmEvent::Behaviour(PeerBehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
+            swarm.behaviour_mut().sigma.identified(&peer_id, &info.protocols, info.listen_addrs);
         }
         SwarmEvent::ConnectionEstablished { .. } => {
             shared.connections.established.fetch_add(1, Ordering::Relaxed);

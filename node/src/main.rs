@@ -937,6 +937,16 @@ fn render_status(v: &serde_json::Value) -> String {
         "listening on:     {}",
         if listen.is_empty() { "-".to_owned() } else { listen.join("\n                  ") }
     );
+    let external = str_list("external_addrs");
+    let _ = writeln!(
+        out,
+        "external:         {}",
+        if external.is_empty() {
+            "- (no address other peers can dial: hosts no replica)".to_owned()
+        } else {
+            external.join("\n                  ")
+        }
+    );
     let connected = str_list("connected_peers");
     let _ = writeln!(out, "connected peers:  {}", connected.len());
     for p in &connected {
@@ -1333,6 +1343,10 @@ mod tests {
         });
         let s = render_status(&v);
         assert!(s.contains("peer id:          12D3KooW"), "{s}");
+        assert!(s.contains("external:         - (no address other peers can dial"), "{s}");
+        let mut with_external = v.clone();
+        with_external["external_addrs"] = serde_json::json!(["/ip4/203.0.113.7/tcp/7590"]);
+        assert!(render_status(&with_external).contains("external:         /ip4/203.0.113.7/tcp/7590"));
         assert!(s.contains("connected peers:  2"), "{s}");
         assert!(s.contains("orders/42 (token 7)"), "{s}");
         assert!(s.contains("locks waited for: -"), "{s}");

@@ -180,7 +180,13 @@ async fn idle_peers_past_the_high_watermark_are_trimmed_and_a_newcomer_finds_roo
     })
     .await;
     eprintln!("8 idle peers: trimmed to ≤ 4 connections after {trimmed:?}");
-    assert!(first.load(Ordering::SeqCst) <= 4, "the peers still count {} connections", first.load(Ordering::SeqCst));
+    // The peers learn of a close a moment after the node (seen once in CI under load:
+    // still 5 on their side when the node said 4).
+    common::wait_for("the peers to see their connections closed", Duration::from_secs(10), || {
+        let first = first.clone();
+        async move { first.load(Ordering::SeqCst) <= 4 }
+    })
+    .await;
 
     let newcomer = Arc::new(AtomicUsize::new(0));
     tasks.push(connect(stop.clone(), newcomer.clone()));

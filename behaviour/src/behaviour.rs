@@ -1226,6 +1226,11 @@ impl Behaviour {
         !self.config.external_address_required || !self.externals.is_empty()
     }
 
+    /// This peer among the candidate hosts of a key, when others can dial it.
+    fn self_as_host(&self) -> Option<&PeerId> {
+        self.dialable().then_some(&self.local)
+    }
+
     /// Peers in the routing table as seen by this behaviour.
     pub fn routable_peers(&self) -> usize {
         self.routable.len()
@@ -1365,9 +1370,10 @@ impl Behaviour {
     /// peer even when every member this peer knows (present or departed) is counted —
     /// a one-node swarm, or a lock whose n keys all land on one peer of a small swarm —
     /// where 2 could never be met. An island still needs 2: its departed members host
-    /// some of the keys.
+    /// some of the keys. This peer counts as a possible host only when others can dial
+    /// it: an unreachable one hosts nothing.
     fn default_min_voters(&self, resource: &str, n: usize) -> usize {
-        if Self::one_host(resource, n, self.membership.peers().chain(std::iter::once(&self.local))) {
+        if Self::one_host(resource, n, self.membership.peers().chain(self.self_as_host())) {
             1
         } else {
             2
@@ -1391,13 +1397,14 @@ impl Behaviour {
 
     /// A default D = 2 set while the lock's keys fell on several peers must not outlive
     /// them: once members departed and every key falls on one *alive* peer (this one
-    /// included), a waiter holding m live votes from that one peer could never win until
-    /// a departed member returned (up to the membership window). While this peer serves
-    /// (it reaches a majority of its members, so it is no island), such a waiter's D is
+    /// included when others can dial it), a waiter holding m live votes from that one
+    /// peer could never win until a departed member returned (up to the membership
+    /// window). While this peer reaches a majority of its members (no island; serving
+    /// or not, an unreachable peer's locks are served by the others), such a waiter's D is
     /// lowered to 1; the majority rule and the takeover delay still stand. Only waiters
     /// that are short of voters alone are looked at, once a second.
     fn relax_diversity(&mut self, now: Time) {
-        if now < self.next_relax || !self.membership.serving() {
+        if now < self.next_relax || !self.membership.majority() {
             return;
         }
         self.next_relax = now + RELAX_INTERVAL;
@@ -1409,7 +1416,7 @@ impl Behaviour {
             .collect();
         for id in short {
             let Some(a) = self.acquisitions.get(&id) else { continue };
-            let alive = self.membership.alive().chain(std::iter::once(&self.local));
+            let alive = self.membership.alive().chain(self.self_as_host());
             if Self::one_host(&a.resource, usize::from(a.n), alive) {
                 tracing::info!(resource = %a.resource, "every key on one alive peer: quorum diversity lowered to 1");
                 if let Some(a) = self.acquisitions.get_mut(&id) {

@@ -369,6 +369,13 @@ impl Membership {
         }
     }
 
+    /// Joined, and a majority of the members (this peer included) reachable: no island,
+    /// whether or not this peer can be dialled (an unreachable peer's acquisitions are
+    /// served by the others).
+    pub fn majority(&self) -> bool {
+        !self.joining && 2 * (self.reachable() + 1) > self.members()
+    }
+
     /// Whether other peers can dial this one: a peer that cannot serves nothing (and
     /// starts serving again, under the takeover delay, once it can).
     pub fn set_dialable(&mut self, dialable: bool) {

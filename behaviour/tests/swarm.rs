@@ -585,27 +585,47 @@ async fn a_peer_without_an_external_address_hosts_nothing_and_still_takes_locks(
     }
     let uid = *u.local_peer_id();
     let all: Vec<PeerId> = addrs.iter().map(|(p, _)| *p).chain([uid]).collect();
-    // A lock with 3 of its 5 replicas closest to U: were U its own host for them, its
-    // acquisition could never win (m = 3, two votes elsewhere).
-    let closest_is_u = |name: &str, i: u16| {
+    // Locks with 3 of their 5 replicas closest to U: were U its own host for them, its
+    // acquisitions could never win (m = 3, two votes elsewhere). One whose keys fall on
+    // two or more of the others, and one whose keys all fall on one of them (then the
+    // quorum diversity is 1 only if U does not count itself as a possible host).
+    let host_of = |name: &str, i: u16, peers: &[PeerId]| {
         let key = KBucketKey::new(wire::replica_name(name, i).into_bytes());
-        all.iter().min_by_key(|p| KBucketKey::from(**p).distance(&key)) == Some(&uid)
+        *peers.iter().min_by_key(|p| KBucketKey::from(**p).distance(&key)).expect("peers")
     };
-    let name = (0..).map(|k| format!("unreachable-{k}")).find(|n| (0..5).filter(|&i| closest_is_u(n, i)).count() >= 3);
-    let name = name.expect("some name has three replicas closest to U");
+    let others: Vec<PeerId> = addrs.iter().map(|(p, _)| *p).collect();
+    let find = |one_other_host: bool| {
+        (0..)
+            .map(|k| format!("unreachable-{k}"))
+            .find(|n| {
+                let mut elsewhere: Vec<PeerId> = (0..5).map(|i| host_of(n, i, &others)).collect();
+                elsewhere.sort();
+                elsewhere.dedup();
+                (0..5).filter(|&i| host_of(n, i, &all) == uid).count() >= 3 && (elsewhere.len() == 1) == one_other_host
+            })
+            .expect("some name has three replicas closest to U")
+    };
+    let names = [find(false), find(true)];
     assert_eq!(u.behaviour().readiness(), sigma_behaviour::Readiness::Unreachable);
 
     let mut all_swarms: Vec<Swarm<Behaviour>> = std::iter::once(u).chain(s).collect();
-    let id = all_swarms[0].behaviour_mut().acquire(&name, None).expect("valid");
-    let (who, event) = with_timeout(next_event(&mut all_swarms)).await;
-    assert!(who == 0 && matches!(event, Event::Acquired { id: got, .. } if got == id), "{who}: {event:?}");
+    let mut ids: Vec<_> =
+        names.iter().map(|n| all_swarms[0].behaviour_mut().acquire(n, None).expect("valid")).collect();
+    while !ids.is_empty() {
+        let (who, event) = with_timeout(next_event(&mut all_swarms)).await;
+        let Event::Acquired { id, .. } = event else { panic!("{who}: {event:?}") };
+        assert!(who == 0 && ids.contains(&id), "{who}: {id:?} {ids:?}");
+        ids.retain(|x| *x != id);
+        all_swarms[0].behaviour_mut().release(id);
+    }
     assert!(all_swarms[0].behaviour().replicas(None).is_empty(), "U hosts nothing");
-    let hosted: usize = all_swarms[1..].iter().map(|x| x.behaviour().replicas(Some(&name)).len()).sum();
-    assert!(hosted >= 3, "the others host the votes U won: {hosted}");
+    for name in &names {
+        let hosted: usize = all_swarms[1..].iter().map(|x| x.behaviour().replicas(Some(name)).len()).sum();
+        assert!(hosted >= 3, "the others host the votes U won for {name}: {hosted}");
+    }
     for x in &all_swarms[1..] {
         assert_eq!(x.behaviour().members().1, 3, "U is nobody's member");
     }
-    all_swarms[0].behaviour_mut().release(id);
 
     // An address of U is confirmed: it becomes a host like the others.
     all_swarms[0].add_external_address(u_addr.clone());

@@ -648,6 +648,14 @@ pub struct Counters {
     /// RELEASE sent and RESPONSEs received, wherever the replica was): the numerator of
     /// "messages per CS entry".
     pub completed_messages: u64,
+    /// Transport requests sent on the sigma protocol: a message sent alone or a batch
+    /// of them ([`Request::Batch`]) counts one. Against [`Counters::completed`]:
+    /// transport requests per CS entry.
+    pub requests_out: u64,
+    /// Of which batches.
+    pub batches_out: u64,
+    /// Transport requests received (a batch counts one).
+    pub requests_in: u64,
 }
 
 impl Counters {
@@ -735,6 +743,15 @@ struct Acquisition {
 }
 
 /// An outbound request, kept for redirects and failures.
+/// What a transport request carried: one message, or a batch (an entry per item;
+/// `None` for a notice, which expects nothing but an acknowledgement).
+#[derive(Debug)]
+enum Sent {
+    One(Pending),
+    Batch(Vec<Option<Pending>>),
+}
+
+#[derive(Debug)]
 struct Pending {
     peer: PeerId,
     resource: String,
@@ -795,7 +812,27 @@ struct Parked {
     n: u16,
     msg: ToReplica<PeerId>,
     hops: u8,
-    channel: Option<ResponseChannel<Reply>>,
+    reply_to: ReplyTo,
+}
+
+/// Where the answer to a remote peer's message goes.
+#[derive(Debug)]
+enum ReplyTo {
+    /// A local acquisition's message: no answer (the core retries on its timers).
+    Local,
+    /// A request that came alone.
+    Channel(ResponseChannel<Reply>),
+    /// Item `slot` of inbound batch `batch` ([`Behaviour::inbound_batches`]).
+    Slot { batch: u64, slot: usize },
+}
+
+/// An inbound [`Request::Batch`] whose items are not all answered yet (some wait for
+/// their key's ownership lookup).
+#[derive(Debug)]
+struct InboundBatch {
+    channel: ResponseChannel<Reply>,
+    replies: Vec<Option<Reply>>,
+    missing: usize,
 }
 
 /// Keys filed under their next deadline, in time order, each at most once.
@@ -959,7 +996,15 @@ pub struct Behaviour {
     entries_total: usize,
     /// Request budget per connected peer: (tokens, last refill).
     buckets: HashMap<PeerId, (f64, Time)>,
-    pending: HashMap<OutboundRequestId, Pending>,
+    pending: HashMap<OutboundRequestId, Sent>,
+    /// Messages for other peers from the current step, sent (one transport request per
+    /// peer, batched) before the behaviour next waits: drained on every poll.
+    outbox: HashMap<PeerId, Vec<(Request, Option<Pending>)>>,
+    outbox_order: Vec<PeerId>,
+    /// Inbound batches waiting for some items' ownership lookups: bounded by the
+    /// lookups and the requests each may park.
+    inbound_batches: HashMap<u64, InboundBatch>,
+    next_batch: u64,
     lookups: HashMap<kad::QueryId, (String, u16)>,
     /// Keys this peer would host, checked (or being checked) with a Kademlia lookup;
     /// bounded by the hosted replicas plus [`MAX_OWNERSHIP_CHECKS`].
@@ -1079,6 +1124,10 @@ impl Behaviour {
             entries_total: 0,
             buckets: HashMap::new(),
             pending: HashMap::new(),
+            outbox: HashMap::new(),
+            outbox_order: Vec::new(),
+            inbound_batches: HashMap::new(),
+            next_batch: 0,
             lookups: HashMap::new(),
             ownership: HashMap::new(),
             ownership_due: DeadlineIndex::default(),
@@ -1660,15 +1709,59 @@ impl Behaviour {
                 let now = self.clock.now();
                 self.serve_local(&resource, index, msg, now);
             } else if self.room_to_check(self.local, &resource, index).is_ok() {
-                let parked = Parked { from: self.local, heard: self.clock.now(), n, msg, hops, channel: None };
+                let parked =
+                    Parked { from: self.local, heard: self.clock.now(), n, msg, hops, reply_to: ReplyTo::Local };
                 self.park(&resource, index, parked);
             }
             return;
         }
         let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
-        self.used(host);
-        let id = self.inner.rr.send_request(&host, request);
-        self.pending.insert(id, Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops });
+        let pending = Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops };
+        self.enqueue(host, request, Some(pending));
+    }
+
+    /// Queues a message for `peer`: everything queued for one peer in one step goes as
+    /// one transport request ([`Behaviour::flush_outbox`]).
+    fn enqueue(&mut self, peer: PeerId, request: Request, pending: Option<Pending>) {
+        self.used(peer);
+        match self.outbox.get_mut(&peer) {
+            Some(items) => items.push((request, pending)),
+            None => {
+                self.outbox.insert(peer, vec![(request, pending)]);
+                self.outbox_order.push(peer);
+            }
+        }
+        self.wake();
+    }
+
+    /// Sends what the current step queued: per peer, a message alone or batches of up
+    /// to [`wire::MAX_BATCH`]. Answers whether anything was sent.
+    fn flush_outbox(&mut self) -> bool {
+        if self.outbox_order.is_empty() {
+            return false;
+        }
+        for peer in std::mem::take(&mut self.outbox_order) {
+            let Some(mut items) = self.outbox.remove(&peer) else { continue };
+            while !items.is_empty() {
+                let rest = items.split_off(items.len().min(wire::MAX_BATCH));
+                let chunk = std::mem::replace(&mut items, rest);
+                self.counters.requests_out += 1;
+                if chunk.len() == 1 {
+                    let Some((request, pending)) = chunk.into_iter().next() else { break };
+                    let id = self.inner.rr.send_request(&peer, request);
+                    if let Some(p) = pending {
+                        self.pending.insert(id, Sent::One(p));
+                    }
+                } else {
+                    self.counters.batches_out += 1;
+                    let (requests, pendings): (Vec<Request>, Vec<Option<Pending>>) = chunk.into_iter().unzip();
+                    let id = self.inner.rr.send_request(&peer, Request::Batch(requests));
+                    self.pending.insert(id, Sent::Batch(pendings));
+                }
+            }
+        }
+        shrink_if_sparse(&mut self.outbox);
+        true
     }
 
     /// A local acquisition's message to a replica hosted here, its key's ownership
@@ -1786,12 +1879,12 @@ impl Behaviour {
                 }
                 tracing::debug!(resource = %key.0, index = key.1, %peer, "ownership lookup: a closer peer hosts the key");
                 for p in parked {
-                    match p.channel {
-                        Some(channel) => {
+                    match p.reply_to {
+                        to @ (ReplyTo::Channel(_) | ReplyTo::Slot { .. }) => {
                             let reply = self.redirect(peer);
-                            let _ = self.inner.rr.send_response(channel, reply);
+                            self.respond(to, reply);
                         }
-                        None => {
+                        ReplyTo::Local => {
                             self.cache_host(&key.0, key.1, peer);
                             if p.hops < self.config.max_redirects {
                                 Counters::bump(&mut self.counters.messages_out, "redirected");
@@ -1807,12 +1900,12 @@ impl Behaviour {
     /// Serves a message that waited for its key's ownership lookup, which found the
     /// key this peer's.
     fn serve_parked(&mut self, key: &(String, u16), p: Parked) {
-        let Some(channel) = p.channel else {
+        if let ReplyTo::Local = p.reply_to {
             if self.membership.serving() {
                 self.serve_local(&key.0, key.1, p.msg, p.heard);
             }
             return;
-        };
+        }
         let reply = if !self.membership.serving() {
             Reply::Rejected(Rejection::NotServing)
         } else {
@@ -1824,7 +1917,33 @@ impl Behaviour {
         if let Reply::Rejected(r) = &reply {
             Counters::bump(&mut self.counters.rejected, r.as_str());
         }
-        let _ = self.inner.rr.send_response(channel, reply);
+        self.respond(p.reply_to, reply);
+    }
+
+    /// Sends the answer to a remote peer's message: alone, or into its batch's reply
+    /// (which goes once every item is answered).
+    fn respond(&mut self, to: ReplyTo, reply: Reply) {
+        match to {
+            ReplyTo::Local => {}
+            ReplyTo::Channel(channel) => {
+                let _ = self.inner.rr.send_response(channel, reply);
+            }
+            ReplyTo::Slot { batch, slot } => {
+                let Some(b) = self.inbound_batches.get_mut(&batch) else { return };
+                if let Some(r @ None) = b.replies.get_mut(slot) {
+                    *r = Some(reply);
+                    b.missing -= 1;
+                }
+                if b.missing == 0 {
+                    if let Some(b) = self.inbound_batches.remove(&batch) {
+                        let replies =
+                            b.replies.into_iter().map(|r| r.unwrap_or(Reply::Rejected(Rejection::NotServing)));
+                        let _ = self.inner.rr.send_response(b.channel, Reply::Batch(replies.collect()));
+                    }
+                    shrink_if_sparse(&mut self.inbound_batches);
+                }
+            }
+        }
     }
 
     /// An ownership entry is due: a lookup that ran too long is decided on what it has
@@ -1910,10 +2029,11 @@ impl Behaviour {
         } else {
             self.probes.insert(id, Probe { started: Instant::now(), kind: ProbeKind::Ask, outstanding: 1 });
             self.used(peer);
+            self.counters.requests_out += 1;
             let out = self.inner.rr.send_request(&peer, request);
             let pending =
                 Pending { peer, resource: String::new(), index: 0, n: 0, msg: None, probe: Some(id), hops: 0 };
-            self.pending.insert(out, pending);
+            self.pending.insert(out, Sent::One(pending));
         }
         self.wake();
         id
@@ -2002,9 +2122,8 @@ impl Behaviour {
         } else {
             Request::Ping { resource: resource.clone(), index, n }
         };
-        self.used(host);
-        let id = self.inner.rr.send_request(&host, request);
-        self.pending.insert(id, Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops });
+        let pending = Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops };
+        self.enqueue(host, request, Some(pending));
     }
 
     /// Records the answer of `host` (`None`: no answer) for replica `index`.
@@ -2130,8 +2249,7 @@ impl Behaviour {
         }
         Counters::bump(&mut self.counters.messages_out, "notify");
         let request = Request::Notify { resource: resource.to_owned(), index, resp };
-        self.used(to);
-        self.inner.rr.send_request(&to, request);
+        self.enqueue(to, request, None);
     }
 
     /// Hands a RESPONSE to the local acquisition it is for. A grant to an acquisition
@@ -2272,9 +2390,37 @@ impl Behaviour {
     }
 
     fn on_request(&mut self, peer: PeerId, request: Request, channel: ResponseChannel<Reply>) {
+        self.counters.requests_in += 1;
+        if !matches!(request, Request::Batch(_)) {
+            if let Some((to, reply)) = self.answer(peer, request, ReplyTo::Channel(channel)) {
+                self.respond(to, reply);
+            }
+            return;
+        }
+        Counters::bump(&mut self.counters.messages_in, request.kind());
+        if let Err(r) = request.validate() {
+            Counters::bump(&mut self.counters.rejected, r.as_str());
+            tracing::debug!(%peer, reason = r.as_str(), "rejected a sigma batch");
+            let _ = self.inner.rr.send_response(channel, Reply::Rejected(r));
+            return;
+        }
+        let Request::Batch(items) = request else { return };
+        let batch = self.next_batch;
+        self.next_batch += 1;
+        let missing = items.len();
+        self.inbound_batches.insert(batch, InboundBatch { channel, replies: vec![None; missing], missing });
+        for (slot, item) in items.into_iter().enumerate() {
+            if let Some((to, reply)) = self.answer(peer, item, ReplyTo::Slot { batch, slot }) {
+                self.respond(to, reply);
+            }
+        }
+    }
+
+    /// Answers one message from `peer` (alone or an item of a batch): the reply, or
+    /// `None` when it waits for its key's ownership lookup (answered then, to `to`).
+    fn answer(&mut self, peer: PeerId, request: Request, to: ReplyTo) -> Option<(ReplyTo, Reply)> {
         Counters::bump(&mut self.counters.messages_in, request.kind());
         let now = self.clock.now();
-        let mut channel = Some(channel);
         let reply = match request.validate() {
             Err(r) => Reply::Rejected(r),
             Ok(()) => match request {
@@ -2296,9 +2442,9 @@ impl Behaviour {
                     }
                     None => match self.room_to_check(peer, &resource, index) {
                         Ok(()) => {
-                            let parked = Parked { from: peer, heard: now, n, msg, hops: 0, channel: channel.take() };
+                            let parked = Parked { from: peer, heard: now, n, msg, hops: 0, reply_to: to };
                             self.park(&resource, index, parked);
-                            return;
+                            return None;
                         }
                         Err(r) => Reply::Rejected(r),
                     },
@@ -2320,6 +2466,7 @@ impl Behaviour {
                     }
                     None => Reply::Ack,
                 },
+                Request::Batch(_) => Reply::Rejected(Rejection::BadBatch),
                 Request::Notify { resource, index, resp } => {
                     if resp.ts.client != self.local {
                         Reply::Rejected(Rejection::NotForMe)
@@ -2341,9 +2488,7 @@ impl Behaviour {
             Counters::bump(&mut self.counters.rejected, r.as_str());
             tracing::debug!(%peer, reason = r.as_str(), "rejected a sigma request");
         }
-        if let Some(channel) = channel {
-            let _ = self.inner.rr.send_response(channel, reply);
-        }
+        Some((to, reply))
     }
 
     /// A redirect to `closer`, with the addresses this peer knows for it.
@@ -2362,7 +2507,35 @@ impl Behaviour {
     }
 
     fn on_reply(&mut self, peer: PeerId, id: OutboundRequestId, reply: Reply) {
-        let Some(p) = self.pending.remove(&id) else { return };
+        match self.pending.remove(&id) {
+            None => {}
+            Some(Sent::One(p)) => self.on_item_reply(peer, p, reply),
+            Some(Sent::Batch(items)) => {
+                let replies = match reply {
+                    Reply::Batch(replies) if replies.len() == items.len() => replies,
+                    reply => {
+                        // A refused batch (or a reply of the wrong shape): as if each
+                        // item were refused; the core retries on its timers.
+                        Counters::bump(&mut self.counters.responses_refused, "batch_reply");
+                        tracing::debug!(%peer, ?reply, "a batch was not answered item by item");
+                        let refused = match reply {
+                            Reply::Rejected(r) => r,
+                            _ => Rejection::BadBatch,
+                        };
+                        vec![Reply::Rejected(refused); items.len()]
+                    }
+                };
+                for (p, reply) in items.into_iter().zip(replies) {
+                    if let Some(p) = p {
+                        self.on_item_reply(peer, p, reply);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The reply to one message sent alone or in a batch.
+    fn on_item_reply(&mut self, peer: PeerId, p: Pending, reply: Reply) {
         if let Some(probe) = p.probe {
             match reply {
                 Reply::Redirect { peer: closer, addrs } if p.hops < self.config.max_redirects && closer != peer => {
@@ -2402,7 +2575,7 @@ impl Behaviour {
             Reply::Rejected(r) => {
                 tracing::debug!(%peer, reason = r.as_str(), "sigma request rejected by peer");
             }
-            Reply::Ack | Reply::Replica(_) | Reply::Holding(_) => {}
+            Reply::Ack | Reply::Replica(_) | Reply::Holding(_) | Reply::Batch(_) => {}
         }
     }
 
@@ -2416,7 +2589,16 @@ impl Behaviour {
             F::Io(_) => "io",
         };
         Counters::bump(&mut self.counters.outbound_failures, kind);
-        let Some(p) = self.pending.remove(&id) else { return };
+        match self.pending.remove(&id) {
+            None => {}
+            Some(Sent::One(p)) => self.on_item_failure(p, error),
+            Some(Sent::Batch(items)) => items.into_iter().flatten().for_each(|p| self.on_item_failure(p, error)),
+        }
+    }
+
+    /// A message sent alone or in a batch got no answer.
+    fn on_item_failure(&mut self, p: Pending, error: &request_response::OutboundFailure) {
+        use request_response::OutboundFailure as F;
         if let Some(probe) = p.probe {
             self.probe_answered(probe, p.index, p.peer, None);
         }
@@ -2979,6 +3161,11 @@ impl NetworkBehaviour for Behaviour {
                     return Poll::Ready(other.map_out(|_: InnerEvent| unreachable!("GenerateEvent is handled above")))
                 }
                 Poll::Pending => {}
+            }
+            // What the events handled so far queued for other peers goes now, a
+            // transport request per peer; request-response picks it up on the next pass.
+            if self.flush_outbox() {
+                continue;
             }
             // One timer, reset only when the core's next deadline comes before it; at
             // most MAX_TIMER away (see there; the membership housekeeping also needs a

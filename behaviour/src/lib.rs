@@ -6,7 +6,7 @@
 //!   no clock reads, no global randomness: the simulator and the tests drive it too.
 //! - [`addr`]: address scopes (loopback, private, global): which addresses of other
 //!   peers are kept and handed on.
-//! - [`wire`]: the `/sigma/1.0.0` request-response messages and their validation.
+//! - [`wire`]: the `/sigma/1.1.0` request-response messages and their validation.
 //! - [`Behaviour`]: the libp2p `NetworkBehaviour` that places replicas in the DHT and
 //!   drives the core.
 

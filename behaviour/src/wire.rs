@@ -1,4 +1,4 @@
-//! The wire protocol: request-response over `/sigma/1.0.0`, CBOR-encoded (libp2p's
+//! The wire protocol: request-response over `/sigma/1.1.0`, CBOR-encoded (libp2p's
 //! `request_response::cbor`, which uses cbor4ii).
 //!
 //! Two requests travel in both directions between any two peers:
@@ -7,6 +7,11 @@
 //!   a closer peer, or a rejection;
 //! - [`Request::Notify`]: a replica's unsolicited RESPONSE (a promoted queue head, or the
 //!   answer to a YIELD about another owner); the reply is an acknowledgement.
+//!
+//! Both travel alone or in a [`Request::Batch`]: what one step of this peer sends to one
+//! peer (the REQUESTs of an acquisition for the replicas that peer hosts, a host's
+//! RESPONSEs to one client) goes as one request, answered by one [`Reply::Batch`] with a
+//! reply per item, in order.
 //!
 //! and three for operators, answered without changing any replica:
 //! - [`Request::Inspect`]: the state of replica `index` (owner, lease, queue), answered
@@ -32,12 +37,18 @@ use crate::proto::{Response, Timestamp, ToReplica, MAX_REPLICAS};
 
 /// Protocol name; the version is part of it. A peer speaking another version is not
 /// offered this protocol and the exchange fails with `UnsupportedProtocols`.
-pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/1.0.0");
+/// (1.1.0: batches; a 1.0.0 peer would not decode them.)
+pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/1.1.0");
 
-/// Largest request accepted, in bytes.
-pub const MAX_REQUEST_BYTES: u64 = 1024;
-/// Largest reply accepted, in bytes (a redirect carries a few addresses).
-pub const MAX_REPLY_BYTES: u64 = 4096;
+/// Most items in a [`Request::Batch`] (a step that sends more to one peer is split):
+/// the default lock's 32 REQUESTs to one peer go as one.
+pub const MAX_BATCH: usize = 32;
+/// Largest request accepted, in bytes: a full batch of the largest items (test
+/// `a_full_batch_fits_the_frame_limits`).
+pub const MAX_REQUEST_BYTES: u64 = 16 * 1024;
+/// Largest reply accepted, in bytes: a full batch of the largest replies (a redirect
+/// with a few long addresses each).
+pub const MAX_REPLY_BYTES: u64 = 64 * 1024;
 /// Longest resource name, in bytes.
 pub const MAX_RESOURCE_LEN: usize = 200;
 /// Most addresses sent with a redirect.
@@ -107,6 +118,11 @@ pub enum Request {
         /// The holder's fencing token.
         token: u64,
     },
+    /// Several [`Request::Replica`], [`Request::Notify`], [`Request::Ping`] and
+    /// [`Request::Inspect`] items for one peer (1 to
+    /// [`MAX_BATCH`]), answered by a [`Reply::Batch`] with one reply per item, in order;
+    /// each item is validated, rate-limited and answered as if it came alone.
+    Batch(Vec<Request>),
 }
 
 /// A replica's state as its host sees it ([`Request::Inspect`]).
@@ -157,6 +173,8 @@ pub enum Reply {
     /// The answer to [`Request::Holding`]: `None` if the acquisition is not (or no
     /// longer) here.
     Holding(Option<HoldingState>),
+    /// The answers to a [`Request::Batch`], one per item, in order.
+    Batch(Vec<Reply>),
 }
 
 /// Why a request was refused. Counted per kind in the metrics.
@@ -198,6 +216,9 @@ pub enum Rejection {
     /// The sender's acquisitions occupy as many queue entries here as one peer may (or
     /// all peers' together reach the cap): a new one is refused; queued ones are served.
     QueueQuota,
+    /// A [`Request::Batch`] that is empty, longer than [`MAX_BATCH`], or holds something
+    /// else than messages about one replica (a batch in a batch, an operator's question).
+    BadBatch,
 }
 
 impl Rejection {
@@ -220,6 +241,7 @@ impl Rejection {
             Rejection::RateLimited => "rate_limited",
             Rejection::NotAllowed => "not_allowed",
             Rejection::QueueQuota => "queue_quota",
+            Rejection::BadBatch => "bad_batch",
         }
     }
 }
@@ -304,6 +326,21 @@ impl Request {
                 validate_resource(resource)?;
                 validate_index(*index, u16::try_from(MAX_REPLICAS).unwrap_or(u16::MAX))
             }
+            Request::Batch(items) => {
+                let batchable = |r: &Request| {
+                    matches!(
+                        r,
+                        Request::Replica { .. }
+                            | Request::Notify { .. }
+                            | Request::Ping { .. }
+                            | Request::Inspect { .. }
+                    )
+                };
+                if items.is_empty() || items.len() > MAX_BATCH || !items.iter().all(batchable) {
+                    return Err(Rejection::BadBatch);
+                }
+                Ok(()) // each item is validated on its own, and answered on its own
+            }
         }
     }
 
@@ -316,6 +353,7 @@ impl Request {
             Request::Inspect { .. } => "inspect",
             Request::Holding { .. } => "holding",
             Request::Revoke { .. } => "revoke",
+            Request::Batch(_) => "batch",
         }
     }
 }
@@ -330,7 +368,7 @@ pub struct CodecStats {
     pub oversized: AtomicU64,
 }
 
-/// The `/sigma/1.0.0` codec: libp2p's CBOR codec (cbor4ii) with our size limits, counting
+/// The `/sigma/1.1.0` codec: libp2p's CBOR codec (cbor4ii) with our size limits, counting
 /// what it refuses.
 #[derive(Clone, Default)]
 pub struct Codec {
@@ -440,6 +478,58 @@ mod tests {
         io.set_position(0);
         let back = futures::executor::block_on(request_response::Codec::read_response(&mut codec, &PROTOCOL, &mut io));
         assert_eq!(back.unwrap(), reply, "read back through the size limit");
+    }
+
+    /// The largest batch a peer sends (every item the largest of its kind) and the
+    /// largest reply fit the codec's limits; one item more is refused.
+    #[test]
+    fn a_full_batch_fits_the_frame_limits() {
+        use futures::executor::block_on;
+        use request_response::Codec as _;
+        let name = "x".repeat(MAX_RESOURCE_LEN);
+        let ts = || Timestamp::new(u64::MAX, PeerId::random());
+        let resp = || Response {
+            ts: ts(),
+            owner: ts(),
+            stamp: u64::MAX,
+            position: u32::MAX,
+            advice: std::time::Duration::MAX,
+            lease: std::time::Duration::MAX,
+            echo: u64::MAX,
+            grant_delay: std::time::Duration::MAX,
+            promoted: true,
+        };
+        let items = |i: usize| match i % 2 {
+            0 => Request::Notify { resource: name.clone(), index: u16::MAX, resp: resp() },
+            _ => Request::Replica {
+                resource: name.clone(),
+                index: u16::MAX,
+                n: u16::MAX,
+                msg: ToReplica::Request { ts: ts(), sent: u64::MAX, floor: u64::MAX },
+            },
+        };
+        let batch = Request::Batch((0..MAX_BATCH).map(items).collect());
+        assert!(batch.validate().is_ok());
+        assert_eq!(Request::Batch((0..=MAX_BATCH).map(items).collect()).validate(), Err(Rejection::BadBatch));
+        let mut codec = Codec::new(Arc::default());
+        let mut io = futures::io::Cursor::new(Vec::new());
+        block_on(codec.write_request(&PROTOCOL, &mut io, batch.clone())).unwrap();
+        let len = io.get_ref().len() as u64;
+        assert!(len <= MAX_REQUEST_BYTES, "{len} bytes");
+        io.set_position(0);
+        assert_eq!(block_on(codec.read_request(&PROTOCOL, &mut io)).unwrap(), batch);
+
+        let addr: Multiaddr =
+            format!("/dns4/{}.example/tcp/65535/p2p/{}", "a".repeat(240), PeerId::random()).parse().unwrap();
+        let redirect = || Reply::Redirect { peer: PeerId::random(), addrs: vec![addr.clone(); MAX_REDIRECT_ADDRS] };
+        let replies = |i: usize| if i % 2 == 0 { redirect() } else { Reply::Responses(vec![resp(), resp()]) };
+        let reply = Reply::Batch((0..MAX_BATCH).map(replies).collect());
+        let mut io = futures::io::Cursor::new(Vec::new());
+        block_on(codec.write_response(&PROTOCOL, &mut io, reply.clone())).unwrap();
+        let len = io.get_ref().len() as u64;
+        assert!(len <= MAX_REPLY_BYTES, "{len} bytes");
+        io.set_position(0);
+        assert_eq!(block_on(codec.read_response(&PROTOCOL, &mut io)).unwrap(), reply);
     }
 
     #[test]

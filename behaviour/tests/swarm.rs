@@ -155,9 +155,34 @@ async fn bad_input_is_refused_counted_and_harmless() {
             other => panic!("for {request:?}: expected Rejected({expected:?}), got {other:?}"),
         }
     }
+    // Batches: refused whole when empty, too long or nested; else each item on its own.
+    let ping = || Request::Ping { resource: owned.clone(), index: 0, n: 5 };
+    let bad_batches = [
+        Request::Batch(Vec::new()),
+        Request::Batch((0..=wire::MAX_BATCH).map(|_| ping()).collect()),
+        Request::Batch(vec![ping(), Request::Batch(vec![ping()])]),
+        Request::Batch(vec![Request::Holding { resource: owned.clone(), counter: 1 }]),
+    ];
+    for request in bad_batches {
+        let reply = ask(&mut probe, &mut s, target, request).await;
+        assert_eq!(reply, Reply::Rejected(Rejection::BadBatch));
+    }
+    let mixed = Request::Batch(vec![
+        Request::Replica { resource: "bad name!".into(), index: 0, n: 5, msg: request(me) },
+        ping(),
+        Request::Replica { resource: owned.clone(), index: 0, n: 5, msg: request(someone) },
+    ]);
+    let reply = ask(&mut probe, &mut s, target, mixed).await;
+    let expected = Reply::Batch(vec![
+        Reply::Rejected(Rejection::BadResource),
+        Reply::Ack,
+        Reply::Rejected(Rejection::ForeignAcquisition),
+    ]);
+    assert_eq!(reply, expected);
     let c = s[0].behaviour().counters();
     let total: u64 = c.rejected.values().sum();
-    assert_eq!(total, 8, "rejections counted: {:?}", c.rejected);
+    assert_eq!(total, 8 + 4 + 2, "rejections counted: {:?}", c.rejected);
+    assert_eq!(c.rejected.get("bad_batch"), Some(&4), "{:?}", c.rejected);
     // The node still serves everyone else.
     let id = s[1].behaviour_mut().acquire("after-bad-input", None).expect("valid");
     let (who, event) = with_timeout(next_event(&mut s)).await;
@@ -632,4 +657,42 @@ async fn a_peer_without_an_external_address_hosts_nothing_and_still_takes_locks(
     let serving = |x: &[Swarm<Behaviour>]| x[0].behaviour().readiness() == sigma_behaviour::Readiness::Serving;
     with_timeout(drive_until(&mut all_swarms, serving)).await;
     assert_eq!(all_swarms[0].behaviour().external_addresses(), &[u_addr]);
+}
+
+// Reference: the performance issue's "one message per peer": what one step of an
+// acquisition sends to one peer (the REQUESTs for every replica that peer hosts) travels
+// as one transport request, answered by one reply.
+#[tokio::test]
+async fn an_acquisition_sends_one_request_per_host() {
+    let mut s = swarms(3).await;
+    let peers: Vec<PeerId> = s.iter().map(|x| *x.local_peer_id()).collect();
+    let host_of = |name: &str, i: u16| {
+        let key = KBucketKey::new(wire::replica_name(name, i).into_bytes());
+        *peers.iter().min_by_key(|p| KBucketKey::from(**p).distance(&key)).expect("peers")
+    };
+    // A lock with two or more of its replicas on one peer other than the client.
+    let remote_hosts = |name: &str| {
+        let mut hosts: Vec<PeerId> = (0..5).map(|i| host_of(name, i)).filter(|h| *h != peers[0]).collect();
+        let remote = hosts.len();
+        hosts.sort();
+        hosts.dedup();
+        (remote, hosts.len())
+    };
+    let name = (0..)
+        .map(|k| format!("batched-{k}"))
+        .find(|n| {
+            let (remote, hosts) = remote_hosts(n);
+            remote > hosts
+        })
+        .expect("some lock has two replicas on one remote peer");
+    let (remote, hosts) = remote_hosts(&name);
+    let id = s[0].behaviour_mut().acquire(&name, None).expect("valid");
+    let (who, event) = with_timeout(next_event(&mut s)).await;
+    assert!(who == 0 && matches!(event, Event::Acquired { id: got, .. } if got == id), "{event:?}");
+    let c = s[0].behaviour().counters();
+    assert_eq!(c.messages_out.get("request").copied(), Some(5), "{:?}", c.messages_out);
+    assert_eq!(c.requests_out, hosts as u64, "{remote} REQUESTs to {hosts} peers: one transport request each");
+    assert!(c.batches_out >= 1, "{c:?}");
+    let served: u64 = s[1..].iter().map(|x| x.behaviour().counters().requests_in).sum();
+    assert_eq!(served, hosts as u64, "the hosts received one request each");
 }

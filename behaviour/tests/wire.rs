@@ -10,7 +10,7 @@ use libp2p::request_response::{self, Codec, OutboundFailure, ProtocolSupport};
 use libp2p::swarm::{Swarm, SwarmEvent};
 use libp2p::StreamProtocol;
 use libp2p_swarm_test::SwarmExt;
-use sigma_behaviour::proto;
+use sigma_behaviour::{proto, wire};
 use sigma_behaviour::{Behaviour, Config, Event};
 
 /// Sends arbitrary bytes as a request and reads whatever comes back.
@@ -110,13 +110,13 @@ async fn exchange(
 async fn malformed_oversized_and_unknown_are_counted_and_harmless() {
     let mut n = node();
     n.listen().with_memory_addr_external().await;
-    let mut p = probe("/sigma/1.0.0");
+    let mut p = probe("/sigma/1.1.0");
     p.connect(&mut n).await;
 
     // Not CBOR at all; a CBOR map naming an unknown message kind; a frame over the
-    // 1 KiB request limit.
+    // request size limit.
     let unknown_kind = vec![0xa1, 0x65, b'B', b'o', b'g', b'u', b's', 0x01];
-    for bytes in [b"\xff\xfe garbage".to_vec(), unknown_kind, vec![0x42; 64 * 1024]] {
+    for bytes in [b"\xff\xfe garbage".to_vec(), unknown_kind, vec![0x42; wire::MAX_REQUEST_BYTES as usize + 1]] {
         // The node drops the stream: the probe reads nothing back (or an error).
         let r = exchange(&mut n, &mut p, bytes).await;
         assert!(r.as_ref().map_or(true, |b| b.is_empty()), "the node answered garbage: {r:?}");

@@ -16,7 +16,8 @@
 //! | `sigma_replicas_handed_over_total` (dropped for a closer live peer) | counter | |
 //! | `sigma_responses_refused_total` | counter | `reason` |
 //! | `sigma_redirects_sent_total`, `sigma_redirects_followed_total`, `sigma_lookups_total`, `sigma_ownership_checks_total`, `sigma_ownership_lost_total` | counter | |
-//! | `sigma_messages_in_total`, `sigma_messages_out_total` | counter | `kind` |
+//! | `sigma_messages_in_total`, `sigma_messages_out_total` (messages, batched or not) | counter | `kind` |
+//! | `sigma_requests_out_total`, `sigma_batches_out_total`, `sigma_requests_in_total` (transport requests: a batch counts one) | counter | |
 //! | `sigma_messages_rejected_total` | counter | `reason` |
 //! | `sigma_inbound_failures_total`, `sigma_outbound_failures_total` | counter | `kind` |
 //! | `sigma_acquisitions_total`, `sigma_acquired_total`, `sigma_lost_total` | counter | |
@@ -252,8 +253,28 @@ impl Collector for CounterCollector {
             c.ownership_checks,
         )?;
         counter(&mut e, "ownership_lost", "Ownership lookups that found a closer peer for a key", c.ownership_lost)?;
-        labelled(&mut e, "messages_in", "Sigma requests received, by kind", "kind", &c.messages_in)?;
-        labelled(&mut e, "messages_out", "Sigma requests sent, by kind", "kind", &c.messages_out)?;
+        labelled(
+            &mut e,
+            "messages_in",
+            "Sigma messages received (alone or in a batch), by kind",
+            "kind",
+            &c.messages_in,
+        )?;
+        labelled(
+            &mut e,
+            "messages_out",
+            "Sigma messages sent (alone or in a batch), by kind",
+            "kind",
+            &c.messages_out,
+        )?;
+        counter(
+            &mut e,
+            "requests_out",
+            "Sigma transport requests sent (a batch of messages counts one)",
+            c.requests_out,
+        )?;
+        counter(&mut e, "batches_out", "Sigma transport requests sent that carried a batch", c.batches_out)?;
+        counter(&mut e, "requests_in", "Sigma transport requests received (a batch counts one)", c.requests_in)?;
         labelled(&mut e, "messages_rejected", "Inbound sigma requests rejected, by reason", "reason", &c.rejected)?;
         labelled(
             &mut e,

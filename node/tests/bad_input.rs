@@ -72,8 +72,8 @@ impl request_response::Codec for Raw {
     }
 }
 
-/// One connection, three ways to talk over it: raw bytes on `/sigma/1.0.0`, the real
-/// codec on `/sigma/1.0.0`, raw bytes on `/sigma/2.0.0`. Outbound only: the client
+/// One connection, three ways to talk over it: raw bytes on `/sigma/1.1.0`, the real
+/// codec on `/sigma/1.1.0`, raw bytes on `/sigma/2.0.0`. Outbound only: the client
 /// serves nothing.
 #[derive(NetworkBehaviour)]
 struct Client {
@@ -236,12 +236,13 @@ async fn bad_input_on_the_wire_is_refused_counted_and_harmless() {
     }
 
     // (a) Not CBOR; a valid frame cut short. (b) Valid CBOR, unknown message kind: the
-    // PING frame with its variant renamed. (c) A well-formed PING over the 1 KiB limit.
+    // PING frame with its variant renamed. (c) A well-formed PING over the size limit.
     let tag = [0x64, b'P', b'i', b'n', b'g'];
     let at = ping_bytes.windows(tag.len()).position(|w| w == tag).expect("the PING frame names its variant");
     let mut unknown_kind = ping_bytes.clone();
     unknown_kind[at + 1..at + 5].copy_from_slice(b"Pong");
-    let oversized = encode(Request::Ping { resource: "x".repeat(2000), index: 0, n: N }).await;
+    let oversized =
+        encode(Request::Ping { resource: "x".repeat(wire::MAX_REQUEST_BYTES as usize), index: 0, n: N }).await;
     assert!(oversized.len() as u64 > wire::MAX_REQUEST_BYTES);
     let truncated = ping_bytes[..ping_bytes.len() / 2].to_vec();
     for (what, bytes) in [

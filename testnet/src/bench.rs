@@ -64,6 +64,11 @@ pub struct BenchReport {
     pub messages_per_entry: f64,
     /// 4n.
     pub four_n: usize,
+    /// Transport requests per CS entry in the contended phase (a batch of messages to
+    /// one peer counts one; every node's, probes and retries included).
+    pub requests_per_entry: f64,
+    /// Distinct peers hosting the contended lock's replicas.
+    pub hosts: usize,
 }
 
 fn pct(v: &mut [f64], q: f64) -> f64 {
@@ -108,14 +113,29 @@ async fn start(opts: &BenchOptions) -> Result<Vec<Node>> {
     }
 }
 
-async fn messages(handles: &[NodeHandle]) -> Result<(u64, u64)> {
-    let (mut msgs, mut done) = (0, 0);
+/// Σ over the nodes: (protocol messages of finished acquisitions, finished acquisitions,
+/// transport requests sent).
+async fn messages(handles: &[NodeHandle]) -> Result<(u64, u64, u64)> {
+    let (mut msgs, mut done, mut requests) = (0, 0, 0);
     for h in handles {
         let (c, _) = h.counters().await?;
         msgs += c.completed_messages;
         done += c.completed;
+        requests += c.requests_out;
     }
-    Ok((msgs, done))
+    Ok((msgs, done, requests))
+}
+
+/// The distinct peers among `peers` closest to the keys of `name`'s n replicas.
+fn hosts_of(name: &str, n: usize, peers: &[libp2p::PeerId]) -> usize {
+    use libp2p::kad::KBucketKey;
+    let hosts: std::collections::HashSet<libp2p::PeerId> = (0..n)
+        .filter_map(|i| {
+            let key = KBucketKey::new(sigma_behaviour::wire::replica_name(name, u16::try_from(i).ok()?).into_bytes());
+            peers.iter().min_by_key(|p| KBucketKey::from(**p).distance(&key)).copied()
+        })
+        .collect();
+    hosts.len()
 }
 
 /// Runs the benchmark and returns its figures and a printable summary.
@@ -171,12 +191,14 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
             }
         }));
     }
+    let (_, done_before, requests_before) = messages(&handles).await?;
     let contended_started = Instant::now();
     for t in tasks {
         t.await?;
     }
     let contended_time = contended_started.elapsed().as_secs_f64();
-    let (msgs, done) = messages(&handles).await?;
+    let (msgs, done, requests) = messages(&handles).await?;
+    let peers: Vec<libp2p::PeerId> = nodes.iter().map(Node::peer_id).collect();
     for n in nodes {
         n.shutdown().await.ok();
     }
@@ -194,6 +216,8 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
         overlaps: overlaps.load(Ordering::SeqCst),
         messages_per_entry: msgs as f64 / done.max(1) as f64,
         four_n: 4 * opts.n,
+        requests_per_entry: (requests - requests_before) as f64 / (done - done_before).max(1) as f64,
+        hosts: hosts_of("bench-contended", opts.n, &peers),
     };
     let r = &report;
     let mut s = String::new();
@@ -218,6 +242,11 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
         opts.waiters, contended_time, r.contended_entries, r.handoffs_per_s, r.overlaps
     )?;
     writeln!(s, "  protocol messages per CS entry: {:.1} (4n = {})", r.messages_per_entry, r.four_n)?;
+    writeln!(
+        s,
+        "  transport requests per CS entry (contended; a batch to one peer counts one): {:.1}; the lock's replicas on {} peers",
+        r.requests_per_entry, r.hosts
+    )?;
     let check = |ok: bool| if ok { "PASS" } else { "FAIL" };
     writeln!(
         s,
@@ -231,6 +260,13 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
         check(r.messages_per_entry <= r.four_n as f64),
         r.messages_per_entry,
         r.four_n
+    )?;
+    writeln!(
+        s,
+        "[{}] transport requests per CS entry <= 4 x hosts: {:.1} vs {}",
+        check(r.requests_per_entry <= 4.0 * r.hosts as f64),
+        r.requests_per_entry,
+        4 * r.hosts
     )?;
     writeln!(s, "[{}] no overlapping critical sections: {}", check(r.overlaps == 0), r.overlaps)?;
     Ok((report, s))

@@ -488,6 +488,9 @@ pub struct Report {
     pub acquire_ms_p50: f64,
     pub acquire_ms_p99: f64,
     pub messages_per_entry: f64,
+    /// Transport requests per CS entry (a batch to one peer counts one; gossip and
+    /// Kademlia not included).
+    pub requests_per_entry: f64,
     pub violations: usize,
     pub expired_overlaps: usize,
     pub token_regressions: usize,
@@ -742,6 +745,7 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         acquire_ms_p50: quantile(&latencies, 0.5),
         acquire_ms_p99: quantile(&latencies, 0.99),
         messages_per_entry: messages as f64 / completed.max(1) as f64,
+        requests_per_entry: sum(&|c| c.requests_out) as f64 / completed.max(1) as f64,
         violations: findings.violations.len(),
         expired_overlaps: findings.expired_overlaps.len(),
         token_regressions: findings.token_regressions.len(),
@@ -875,7 +879,13 @@ pub fn render(r: &Report) -> String {
          held",
         r.entries, r.acquire_ms_p50, r.acquire_ms_p99, r.timed_out, r.refused, r.lost
     );
-    let _ = writeln!(s, "  messages per CS entry: {:.1} (4n = {})", r.messages_per_entry, 4 * r.n);
+    let _ = writeln!(
+        s,
+        "  messages per CS entry: {:.1} (4n = {}); transport requests per CS entry: {:.1} (a batch to one peer counts one)",
+        r.messages_per_entry,
+        4 * r.n,
+        r.requests_per_entry
+    );
     let _ = writeln!(
         s,
         "  exclusion violations: {} (overlaps after lease expiry {}, token regressions {})",

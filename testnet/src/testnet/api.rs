@@ -55,6 +55,8 @@ pub struct Completed {
     pub completed: u64,
     /// `sigma_completed_messages_total`: their protocol messages.
     pub messages: u64,
+    /// `sigma_requests_out_total`: transport requests sent (a batch counts one).
+    pub requests: u64,
     /// `sigma_messages_rejected_total{reason="quorum_mismatch"}`: requests refused for
     /// another replica count, which peers of one swarm never send each other.
     pub quorum_mismatch: u64,
@@ -66,6 +68,7 @@ impl std::ops::Add for Completed {
         Completed {
             completed: self.completed + o.completed,
             messages: self.messages + o.messages,
+            requests: self.requests + o.requests,
             quorum_mismatch: self.quorum_mismatch + o.quorum_mismatch,
         }
     }
@@ -83,6 +86,7 @@ pub async fn completed(client: &reqwest::Client, api: SocketAddr, timeout: Durat
         completed: metric(&text, "sigma_completed_total").context("sigma_completed_total missing from /metrics")?,
         messages: metric(&text, "sigma_completed_messages_total")
             .context("sigma_completed_messages_total missing from /metrics")?,
+        requests: metric(&text, "sigma_requests_out_total").unwrap_or(0),
         quorum_mismatch: metric(&text, "sigma_messages_rejected_total{reason=\"quorum_mismatch\"}").unwrap_or(0),
     })
 }

@@ -91,6 +91,7 @@ pub async fn run(
                         Reply::Redirect { .. } => "redirected".to_owned(),
                         Reply::Rejected(r) => format!("rejected:{}", r.as_str()),
                         Reply::Ack | Reply::Replica(_) | Reply::Holding(_) => "ack".to_owned(),
+                        Reply::Batch(_) => "batch".to_owned(),
                     };
                     *report.answers.entry(kind).or_default() += 1;
                 }

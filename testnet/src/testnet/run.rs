@@ -145,6 +145,11 @@ pub struct RunReport {
     pub completed_messages: u64,
     /// Their ratio: protocol messages per CS entry.
     pub messages_per_entry: f64,
+    /// Σ sigma_requests_out_total: transport requests (a batch to one peer counts one).
+    pub requests: u64,
+    /// Transport requests per CS entry (every request of the run, retries, redirects and
+    /// probes included).
+    pub requests_per_entry: f64,
     /// Σ requests refused for another replica count (peers of one swarm share n, so
     /// any is a bug: a refused RELEASE leaves a vote with nobody until its lease ends).
     pub quorum_mismatch: u64,
@@ -485,6 +490,12 @@ fn build_report(
         } else {
             0.0
         },
+        requests: completed.requests,
+        requests_per_entry: if completed.completed > 0 {
+            completed.requests as f64 / completed.completed as f64
+        } else {
+            0.0
+        },
         faults_fired,
         fault_events,
         unavailability,
@@ -659,6 +670,11 @@ pub fn render(r: &RunReport) -> String {
         s,
         "protocol messages / CS:  {:.1} (Σ sigma_completed_messages_total {} / Σ sigma_completed_total {}; 4n = {four_n})",
         r.messages_per_entry, r.completed_messages, r.completed
+    );
+    let _ = writeln!(
+        s,
+        "transport requests / CS: {:.1} (Σ sigma_requests_out_total {}: a batch of messages to one peer counts one)",
+        r.requests_per_entry, r.requests
     );
     let faults = if r.faults_fired.is_empty() {
         "none (no --chaos)".to_owned()

@@ -605,6 +605,9 @@ pub struct Counters {
     pub ownership_checks: u64,
     /// Ownership lookups that found a closer peer: the key's requests went there.
     pub ownership_lost: u64,
+    /// Keys found this peer's from its neighbourhood (the last self-lookup), without a
+    /// lookup of their own ([`Behaviour::provably_mine`]).
+    pub ownership_by_neighbourhood: u64,
     /// Replicas this peer started hosting with empty memory (resets seen from inside).
     pub replicas_created: u64,
     /// Replicas dropped because a closer peer became live (it hosts them now).
@@ -815,6 +818,18 @@ struct Parked {
     reply_to: ReplyTo,
 }
 
+/// This peer's Kademlia neighbourhood, as a self-lookup found it.
+#[derive(Debug)]
+struct Neighbourhood {
+    /// The closest peers that answered (up to k).
+    peers: Vec<KBucketKey<PeerId>>,
+    /// The distance to the farthest of them when the lookup found k (else every peer
+    /// there is was found: no bound).
+    radius: Option<kad::KBucketDistance>,
+    /// When the lookup finished.
+    at: Time,
+}
+
 /// Where the answer to a remote peer's message goes.
 #[derive(Debug)]
 enum ReplyTo {
@@ -1011,6 +1026,11 @@ pub struct Behaviour {
     ownership: HashMap<(String, u16), Ownership>,
     /// When each entry next needs work: a running lookup's deadline, a recheck.
     ownership_due: DeadlineIndex<(String, u16)>,
+    /// The peers closest to this one as the last self-lookup found them: a key much
+    /// closer to this peer than they are needs no lookup of its own.
+    neighbourhood: Option<Neighbourhood>,
+    /// The self-lookup running for it.
+    neighbourhood_query: Option<kad::QueryId>,
     /// The ownership lookups in flight.
     checks: HashMap<kad::QueryId, (String, u16)>,
     probes: HashMap<ProbeId, Probe>,
@@ -1131,6 +1151,8 @@ impl Behaviour {
             lookups: HashMap::new(),
             ownership: HashMap::new(),
             ownership_due: DeadlineIndex::default(),
+            neighbourhood: None,
+            neighbourhood_query: None,
             checks: HashMap::new(),
             probes: HashMap::new(),
             events: VecDeque::new(),
@@ -1256,6 +1278,13 @@ impl Behaviour {
             return Err(kad::NoKnownPeers());
         }
         Ok(self.inner.kad.get_closest_peers(self.local))
+    }
+
+    /// Whether a self-lookup has found this peer's neighbourhood, younger than the
+    /// ownership TTL (keys near this peer are then decided without lookups).
+    pub fn has_neighbourhood(&self) -> bool {
+        let now = self.clock.now();
+        self.neighbourhood.as_ref().is_some_and(|nb| now < nb.at + self.config.ownership_ttl)
     }
 
     /// The widest scope of this peer's confirmed external addresses (`None`: none yet).
@@ -1793,8 +1822,66 @@ impl Behaviour {
                 self.ownership_due.set(&key, Some(at));
                 true
             }
-            None => false,
+            None => match self.provably_mine(resource, index) {
+                Some(until) => {
+                    self.counters.ownership_by_neighbourhood += 1;
+                    self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
+                    self.ownership_due.set(&key, Some(until));
+                    true
+                }
+                None => false,
+            },
         }
+    }
+
+    /// Whether the key is this peer's by its neighbourhood alone, and until when: the
+    /// last self-lookup is younger than the ownership TTL, neither a peer it found nor a
+    /// peer in the routing table nor a live member is closer to the key, and the key is
+    /// within half the distance to the farthest of the k peers it found. Then no peer
+    /// outside them can be closer (XOR distances obey the triangle inequality:
+    /// d(p, key) ≥ d(p, self) − d(self, key) ≥ radius − d(self, key) > d(self, key)), and
+    /// a lookup of the key's own would find what the self-lookup found. The verdict
+    /// expires with the self-lookup (its time plus the TTL), so a second host unknown to
+    /// this one serves no longer than with a lookup per key.
+    fn provably_mine(&mut self, resource: &str, index: u16) -> Option<Time> {
+        let now = self.clock.now();
+        let nb = self.neighbourhood.as_ref()?;
+        let until = nb.at + self.config.ownership_ttl;
+        if now >= until {
+            return None;
+        }
+        let key = Self::key(resource, index);
+        let mine = self.local_key.distance(&key);
+        let inside = match (mine.ilog2(), nb.radius.and_then(|r| r.ilog2())) {
+            (None, _) => true, // the key is this peer's id
+            (Some(_), None) => nb.radius.is_none(),
+            // mine < 2^(a+1) ≤ 2^(b-1) ≤ radius / 2
+            (Some(a), Some(b)) => a + 2 <= b,
+        };
+        let closer = |p: &KBucketKey<PeerId>| p.distance(&key) < mine;
+        if !inside
+            || nb.peers.iter().any(closer)
+            || self.routable.iter().any(|p| closer(&KBucketKey::from(*p)))
+            || self.closer_live_peer(resource, index).is_some()
+        {
+            return None;
+        }
+        if now.saturating_sub(nb.at) >= self.config.ownership_ttl / 2 {
+            self.refresh_neighbourhood();
+        }
+        Some(until)
+    }
+
+    /// Starts a self-lookup (one at a time) when the neighbourhood is older than half
+    /// the ownership TTL: keys that come next are decided without lookups of their own.
+    fn refresh_neighbourhood(&mut self) {
+        let now = self.clock.now();
+        let fresh =
+            self.neighbourhood.as_ref().is_some_and(|nb| now.saturating_sub(nb.at) < self.config.ownership_ttl / 2);
+        if fresh || self.neighbourhood_query.is_some() || self.routable.is_empty() {
+            return;
+        }
+        self.neighbourhood_query = Some(self.inner.kad.get_closest_peers(self.local));
     }
 
     /// Whether a request from `from` may wait for the key's ownership lookup: the
@@ -1837,6 +1924,7 @@ impl Behaviour {
         let name = wire::replica_name(&key.0, key.1).into_bytes();
         let query = self.inner.kad.get_n_closest_peers(name, OWNERSHIP_LOOKUP_PEERS);
         self.counters.ownership_checks += 1;
+        self.refresh_neighbourhood();
         self.checks.insert(query, key.clone());
         let at = self.clock.now() + self.config.ownership_timeout;
         self.ownership_due.set(key, Some(at));
@@ -1971,6 +2059,11 @@ impl Behaviour {
                 }
             }
         } else if self.replicas.contains_key(&key) && !self.routable.is_empty() {
+            if let Some(until) = self.provably_mine(&key.0, key.1) {
+                self.counters.ownership_by_neighbourhood += 1;
+                self.ownership_due.set(&key, Some(until));
+                return;
+            }
             let query = self.check_ownership(&key);
             self.ownership.insert(key, Ownership::Owned { recheck: Some(query) });
         } else if self.replicas.contains_key(&key) {
@@ -2658,10 +2751,27 @@ impl Behaviour {
                 if !step.last {
                     return;
                 }
+                let complete = result.is_ok();
                 let peers = match result {
                     Ok(ok) => ok.peers,
                     Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
                 };
+                if self.neighbourhood_query == Some(id) {
+                    self.neighbourhood_query = None;
+                    // Only a lookup that finished counts (a timed-out one may have
+                    // missed closer peers).
+                    if complete {
+                        let peers: Vec<KBucketKey<PeerId>> = peers
+                            .iter()
+                            .filter(|i| i.peer_id != self.local)
+                            .map(|i| KBucketKey::from(i.peer_id))
+                            .collect();
+                        let radius = (peers.len() >= kad::K_VALUE.get())
+                            .then(|| peers.iter().map(|p| p.distance(&self.local_key)).max())
+                            .flatten();
+                        self.neighbourhood = Some(Neighbourhood { peers, radius, at: self.clock.now() });
+                    }
+                }
                 for info in &peers {
                     for a in &info.addrs {
                         self.add_address(&info.peer_id, a.clone());

@@ -225,11 +225,15 @@ async fn a_per_lock_quorum_keeps_the_swarms_replica_set() {
     b.acquire("orders", Some((5, 4))).expect("a stricter quorum on the same replicas");
 }
 
-/// Drives every swarm until `done` holds (checked after each swarm event).
+/// Drives every swarm until `done` holds (checked after each swarm event, and every
+/// 10 ms: a behaviour's state can change on events it does not pass on).
 async fn drive_until(swarms: &mut [Swarm<Behaviour>], done: impl Fn(&[Swarm<Behaviour>]) -> bool) {
     while !done(swarms) {
         let futs = swarms.iter_mut().map(|x| Box::pin(x.select_next_some()));
-        select_all(futs).await;
+        tokio::select! {
+            _ = select_all(futs) => {}
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
         // Swarm events can come back to back: let the timeout around this run.
         tokio::task::yield_now().await;
     }
@@ -695,4 +699,38 @@ async fn an_acquisition_sends_one_request_per_host() {
     assert!(c.batches_out >= 1, "{c:?}");
     let served: u64 = s[1..].iter().map(|x| x.behaviour().counters().requests_in).sum();
     assert_eq!(served, hosts as u64, "the hosts received one request each");
+}
+
+// Reference: ARCHITECTURE.md "Ownership from the neighbourhood": once a self-lookup has
+// found this peer's neighbourhood, a key that is provably this peer's needs no lookup of
+// its own; the first locks pay for the lookups, the next ones do not.
+#[tokio::test]
+async fn keys_close_to_a_known_neighbourhood_need_no_lookup_of_their_own() {
+    let mut s = swarms(3).await;
+    let checks = |s: &[Swarm<Behaviour>]| s.iter().map(|x| x.behaviour().counters().ownership_checks).sum::<u64>();
+    let by_neighbourhood =
+        |s: &[Swarm<Behaviour>]| s.iter().map(|x| x.behaviour().counters().ownership_by_neighbourhood).sum::<u64>();
+    let take = |s: &mut Vec<Swarm<Behaviour>>, name: String| {
+        let id = s[0].behaviour_mut().acquire(&name, None).expect("valid");
+        (id, name)
+    };
+    // The first locks, until every peer has looked a key up (and its neighbourhood with
+    // it).
+    for k in 0.. {
+        if s.iter().all(|x| x.behaviour().counters().ownership_checks > 0) {
+            break;
+        }
+        let (id, name) = take(&mut s, format!("first-{k}"));
+        let (who, event) = with_timeout(next_event(&mut s)).await;
+        assert!(who == 0 && matches!(event, Event::Acquired { id: got, .. } if got == id), "{name}: {event:?}");
+    }
+    with_timeout(drive_until(&mut s, |s| s.iter().all(|x| x.behaviour().has_neighbourhood()))).await;
+    let before = checks(&s);
+    for k in 0..5 {
+        let (id, name) = take(&mut s, format!("next-{k}"));
+        let (who, event) = with_timeout(next_event(&mut s)).await;
+        assert!(who == 0 && matches!(event, Event::Acquired { id: got, .. } if got == id), "{name}: {event:?}");
+    }
+    assert_eq!(checks(&s), before, "no lookup for the next locks' keys");
+    assert!(by_neighbourhood(&s) > 0);
 }

@@ -57,7 +57,8 @@ enum Command {
     /// after lease expiry, fencing-token regressions, waiters never served, faults fired.
     /// Exit status: 0 PASS, 1 FAIL, 2 error (e.g. the nodes did not start), 130 interrupted.
     Run(NetRunArgs),
-    /// Benchmark real nodes on loopback (latency floor, lock/release, handoffs, messages).
+    /// Benchmark real nodes on loopback (latency floor, lock/release, handoffs, messages);
+    /// with --vs etcd: `sigma run` daemons against a 3-member etcd, side by side.
     Bench(BenchArgs),
     /// Does a swarm give its memory back? A stream of distinct lock names (each locked and
     /// released once) through `sigma run` processes, optionally with a hostile peer
@@ -228,18 +229,44 @@ struct BenchArgs {
     /// Quorum.
     #[arg(long, default_value_t = 24)]
     m: usize,
-    /// Uncontended lock+release rounds.
-    #[arg(long, default_value_t = 200)]
-    rounds: usize,
-    /// Contending tasks on one lock.
-    #[arg(long, default_value_t = 16)]
-    waiters: usize,
+    /// Uncontended lock+release rounds [default: 200; 300 with --vs].
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Contending tasks on one lock [default: 16; 8 with --vs].
+    #[arg(long)]
+    waiters: Option<usize>,
     /// Seconds of contention.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
     /// Print the figures as JSON too.
     #[arg(long)]
     json: bool,
+    /// Measure `sigma run` daemons against another system in the same run, through the
+    /// same HTTP client: etcd (3 members on 127.0.0.1, started and removed by the bench;
+    /// without etcd, says how to get it and measures sigma alone). Exit status 1 if a
+    /// system let two holders overlap, a fencing token not grow, or a lock not free.
+    #[arg(long, value_name = "SYSTEM", conflicts_with_all = ["nodes", "n", "m"])]
+    vs: Option<Versus>,
+    /// With --vs: the sigma swarm sizes, one row each.
+    #[arg(long, value_delimiter = ',', default_value = "3,8", value_name = "N,…", requires = "vs")]
+    daemons: Vec<usize>,
+    /// With --vs: the etcd binary [default: `etcd` on PATH].
+    #[arg(long, value_name = "PATH", requires = "vs")]
+    etcd_bin: Option<PathBuf>,
+    /// With --vs: the `sigma` binary [default: $SIGMA_BIN, else `sigma` next to this executable].
+    #[arg(long, value_name = "PATH", requires = "vs")]
+    sigma_bin: Option<PathBuf>,
+    /// With --vs: lease of a vote for the daemons, ms (default: the daemon's, 10000; a
+    /// new swarm waits about a lease before its first grant).
+    #[arg(long, value_name = "MS", requires = "vs")]
+    lease_ms: Option<u64>,
+}
+
+/// What `bench --vs` measures sigma against.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Versus {
+    /// etcd 3.4+, its v3 JSON gateway and its lock service.
+    Etcd,
 }
 
 #[derive(Subcommand)]
@@ -489,14 +516,50 @@ fn real_main() -> Result<ExitCode> {
             let grace = Duration::try_from_secs_f64(a.grace)?;
             print!("{}", runtime.block_on(cluster::down(&a.dir, grace))?);
         }
+        Command::Bench(a) if a.vs.is_some() => {
+            let opts = sigma_testnet::versus::VersusOptions {
+                daemons: a.daemons.clone(),
+                rounds: a.rounds.unwrap_or(300),
+                workers: a.waiters.unwrap_or(8),
+                contended: Duration::try_from_secs_f64(a.seconds)?,
+                sigma_bin: locate_sigma(a.sigma_bin.as_deref())?,
+                etcd_bin: sigma_testnet::etcd::locate(a.etcd_bin.as_deref()),
+                lease_ms: a.lease_ms,
+                dir: sigma_testnet::versus::run_dir(),
+            };
+            if let Err(why) = &opts.etcd_bin {
+                eprintln!("sigma-testnet: {why}; measuring sigma alone");
+            }
+            let runtime = tokio::runtime::Runtime::new()?;
+            // Ctrl-C drops the run, whose guards stop etcd and the daemons and remove
+            // their files.
+            let outcome = runtime.block_on(async {
+                tokio::select! {
+                    r = sigma_testnet::versus::run(&opts) => Some(r),
+                    _ = tokio::signal::ctrl_c() => None,
+                }
+            });
+            let Some(outcome) = outcome else {
+                eprintln!("sigma-testnet: interrupted: etcd and the daemons stopped");
+                return Ok(ExitCode::from(130));
+            };
+            let (report, summary) = outcome?;
+            print!("{summary}");
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+            if !report.pass() {
+                return Ok(ExitCode::from(1));
+            }
+        }
         Command::Bench(a) => {
             let opts = sigma_testnet::bench::BenchOptions {
                 nodes: a.nodes,
                 n: a.n,
                 m: a.m,
-                rounds: a.rounds,
-                waiters: a.waiters,
-                contended: Duration::from_secs_f64(a.seconds),
+                rounds: a.rounds.unwrap_or(200),
+                waiters: a.waiters.unwrap_or(16),
+                contended: Duration::try_from_secs_f64(a.seconds)?,
             };
             let runtime = tokio::runtime::Runtime::new()?;
             let (report, summary) = runtime.block_on(sigma_testnet::bench::run(&opts))?;

@@ -422,3 +422,102 @@ fn soak_streams_names_samples_every_node_and_counts_the_flood() {
     assert!(stdout(&out).contains("RSS at the end within 20 MB"), "{}", stdout(&out));
     assert!(!manifest_pids(&net).into_iter().any(alive), "soak leaves no node running");
 }
+
+/// The JSON that `--json` prints after the summary.
+fn trailing_json(text: &str) -> Value {
+    let start = text.find("\n{").map(|i| i + 1).unwrap_or_else(|| panic!("no JSON in:\n{text}"));
+    serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn bench_vs_etcd_without_etcd_says_how_to_get_it_and_measures_sigma_alone() {
+    let _serial = serial();
+    let out = testnet(&[
+        "bench",
+        "--vs",
+        "etcd",
+        "--etcd-bin",
+        "/nonexistent/etcd",
+        "--daemons",
+        "3",
+        "--rounds",
+        "5",
+        "--waiters",
+        "3",
+        "--seconds",
+        "1",
+        "--lease-ms",
+        "1500",
+        "--json",
+    ]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(stderr(&out).contains("apt-get install etcd-server"), "{}", stderr(&out));
+    assert!(text.contains("etcd: not run: --etcd-bin /nonexistent/etcd: no such file"), "{text}");
+    assert!(text.contains("apt-get install etcd-server"), "{text}");
+    assert!(text.contains("| sigma, 3 daemons"), "{text}");
+    assert!(text.contains("[PASS] no overlapping holds"), "{text}");
+    let report = trailing_json(&text);
+    assert!(report["etcd"].is_null(), "{report}");
+    let rows = report["sigma"].as_array().expect("sigma rows");
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0]["entries"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(rows[0]["overlaps"], 0);
+    assert_eq!(rows[0]["token_regressions"], 0);
+    assert!(rows[0]["leftover"].is_null(), "{report}");
+    assert!(rows[0]["lock_unlock_p50_ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_vs_etcd_refuses_bad_options() {
+    // Options of the in-process bench do not mix with --vs; a swarm of 0 daemons is refused.
+    let out = testnet(&["bench", "--vs", "etcd", "--nodes", "4"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--nodes"), "{}", stderr(&out));
+    let out = testnet(&["bench", "--daemons", "3"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--vs"), "{}", stderr(&out));
+    let out = testnet(&["bench", "--vs", "etcd", "--daemons", "0", "--etcd-bin", "/nonexistent/etcd"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--daemons needs"), "{}", stderr(&out));
+}
+
+/// Runs only where etcd is installed (not required in CI): both systems, small counts.
+#[test]
+fn bench_vs_etcd_measures_both_when_etcd_is_installed() {
+    let Ok(etcd) = sigma_testnet::etcd::locate(None) else {
+        eprintln!("etcd is not on PATH: skipped (apt-get install etcd-server)");
+        return;
+    };
+    let _serial = serial();
+    let out = testnet(&[
+        "bench",
+        "--vs",
+        "etcd",
+        "--etcd-bin",
+        path(&etcd),
+        "--daemons",
+        "3",
+        "--rounds",
+        "10",
+        "--waiters",
+        "3",
+        "--seconds",
+        "1",
+        "--lease-ms",
+        "1500",
+        "--json",
+    ]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("| etcd, 3 members"), "{text}");
+    assert!(text.contains("| sigma, 3 daemons / etcd"), "{text}");
+    assert!(text.contains("[goal "), "{text}");
+    let report = trailing_json(&text);
+    for row in std::iter::once(&report["etcd"]).chain(report["sigma"].as_array().unwrap()) {
+        assert!(row["entries"].as_u64().unwrap() > 0, "{report}");
+        assert_eq!(row["overlaps"], 0, "{report}");
+        assert_eq!(row["token_regressions"], 0, "{report}");
+        assert!(row["leftover"].is_null(), "{report}");
+    }
+}

@@ -58,6 +58,7 @@ fn answer(owner: Ts, stamp: u64, echo: Time) -> Response<u32> {
         echo: micros(echo),
         grant_delay: Duration::ZERO,
         promoted: false,
+        inquire: false,
     }
 }
 

@@ -182,6 +182,7 @@ fn forged_promotion(to: PeerId) -> proto::Response<PeerId> {
         echo: 1,
         grant_delay: Duration::ZERO,
         promoted: true,
+        inquire: false,
     }
 }
 

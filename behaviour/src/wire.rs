@@ -28,7 +28,7 @@ use libp2p::request_response;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use serde::{Deserialize, Serialize};
 
-use crate::proto::{Response, Timestamp, ToReplica, MAX_REPLICAS};
+use crate::proto::{Response, Timestamp, ToReplica, MAX_REPLICAS, RELAY_DEPTH};
 
 /// Protocol name; the version is part of it. A peer speaking another version is not
 /// offered this protocol and the exchange fails with `UnsupportedProtocols`.
@@ -198,6 +198,8 @@ pub enum Rejection {
     /// The sender's acquisitions occupy as many queue entries here as one peer may (or
     /// all peers' together reach the cap): a new one is refused; queued ones are served.
     QueueQuota,
+    /// A RELAY naming more acquisitions than [`RELAY_DEPTH`].
+    BadRelay,
 }
 
 impl Rejection {
@@ -220,6 +222,7 @@ impl Rejection {
             Rejection::RateLimited => "rate_limited",
             Rejection::NotAllowed => "not_allowed",
             Rejection::QueueQuota => "queue_quota",
+            Rejection::BadRelay => "bad_relay",
         }
     }
 }
@@ -293,6 +296,9 @@ impl Request {
     /// Validates what can be checked without state.
     pub fn validate(&self) -> Result<(), Rejection> {
         match self {
+            Request::Replica { msg: ToReplica::Relay { next, .. }, .. } if next.len() > RELAY_DEPTH => {
+                Err(Rejection::BadRelay)
+            }
             Request::Replica { resource, index, n, .. }
             | Request::Ping { resource, index, n }
             | Request::Inspect { resource, index, n } => {
@@ -414,6 +420,53 @@ mod tests {
         assert_eq!(validate_index(32, 32), Err(Rejection::BadIndex));
         assert_eq!(validate_index(0, 0), Err(Rejection::BadIndex));
         assert_eq!(validate_index(0, 256), Err(Rejection::BadIndex));
+    }
+
+    #[test]
+    fn a_relay_is_bounded_and_round_trips() {
+        let ts = |k| Timestamp::new(k, PeerId::random());
+        let relay = |k: usize| Request::Replica {
+            resource: "orders".into(),
+            index: 3,
+            n: 32,
+            msg: ToReplica::Relay { ts: ts(1), next: (0..k as u64).map(|j| ts(2 + j)).collect() },
+        };
+        assert!(relay(RELAY_DEPTH).validate().is_ok());
+        assert_eq!(relay(RELAY_DEPTH + 1).validate(), Err(Rejection::BadRelay));
+        let request = relay(RELAY_DEPTH);
+        let mut codec = Codec::new(Arc::default());
+        let mut io = futures::io::Cursor::new(Vec::new());
+        futures::executor::block_on(request_response::Codec::write_request(
+            &mut codec,
+            &PROTOCOL,
+            &mut io,
+            request.clone(),
+        ))
+        .unwrap();
+        assert!(io.get_ref().len() as u64 <= MAX_REQUEST_BYTES);
+        io.set_position(0);
+        let back = futures::executor::block_on(request_response::Codec::read_request(&mut codec, &PROTOCOL, &mut io));
+        assert_eq!(back.unwrap(), request);
+        // A notice with INQUIRE, the next waiters and a solicitation fits a request too.
+        let resp = Response {
+            ts: ts(2),
+            owner: ts(1),
+            stamp: u64::MAX,
+            position: u32::MAX,
+            advice: std::time::Duration::MAX,
+            lease: std::time::Duration::MAX,
+            echo: u64::MAX,
+            grant_delay: std::time::Duration::MAX,
+            promoted: true,
+            inquire: true,
+            next: (0..RELAY_DEPTH as u64).map(|j| ts(u64::MAX - j)).collect(),
+            solicit: true,
+        };
+        let notify = Request::Notify { resource: "x".repeat(MAX_RESOURCE_LEN), index: 254, resp };
+        let mut io = futures::io::Cursor::new(Vec::new());
+        futures::executor::block_on(request_response::Codec::write_request(&mut codec, &PROTOCOL, &mut io, notify))
+            .unwrap();
+        assert!(io.get_ref().len() as u64 <= MAX_REQUEST_BYTES, "{} bytes", io.get_ref().len());
     }
 
     #[test]

@@ -59,6 +59,8 @@ fn answer(owner: Ts, stamp: u64, echo: Time) -> Response<u32> {
         grant_delay: Duration::ZERO,
         promoted: false,
         inquire: false,
+        next: Vec::new(),
+        solicit: false,
     }
 }
 

@@ -178,10 +178,11 @@ fn config(recovery: Recovery) -> Config {
         .with_recovery(recovery)
 }
 
-/// A holder, a line of `line` waiters known to every replica, then more than n − m
-/// replicas reset and a newcomer takes their votes; the holder releases. Returns how
-/// long the head of the line took to win after the release.
-fn reset_under_a_long_line(recovery: Recovery) -> Duration {
+/// A holder, a line of waiters known to every replica, then more than n − m replicas
+/// reset and a newcomer takes their votes; the holder releases, and each head of the
+/// line releases as soon as it wins. Returns how long the first and the second head of
+/// the line took to win after the release before them.
+fn reset_under_a_long_line(recovery: Recovery) -> (Duration, Duration) {
     let cfg = config(recovery);
     let (n, m) = (cfg.n(), cfg.m());
     let mut net = Net::new(cfg, (ms(50), ms(50)), 0);
@@ -199,19 +200,28 @@ fn reset_under_a_long_line(recovery: Recovery) -> Duration {
     }
     let newcomer = 100;
     net.start(newcomer);
-    net.run_until(net.now + ms(500));
+    net.run_until(net.now + ms(60));
     for i in 0..=(n - m) {
         let owner = net.replicas[i].owner().map(|(t, _)| t.client);
         assert_eq!(owner, Some(newcomer), "the newcomer took reset replica {i}");
     }
+    // The line has waited longer than a request timeout: no REQUEST of it is in flight.
+    net.run_until(net.now + Duration::from_secs(3));
     let released = net.now;
     net.release(0);
-    net.run_until(released + Duration::from_secs(120));
-    let head = net.won.get(&1).copied().expect("the head of the line wins eventually");
-    for id in 2..=line {
-        assert!(net.won.get(&id).is_none_or(|t| *t > head), "the line is served in order");
+    let mut wins = Vec::new();
+    let mut from = released;
+    for id in 1..=2 {
+        while !net.won.contains_key(&id) && net.now < from + Duration::from_secs(120) {
+            net.run_until(net.now + ms(10));
+        }
+        let won = net.won.get(&id).copied().expect("the head of the line wins eventually");
+        assert!((id + 1..=line).all(|later| net.won.get(&later).is_none_or(|t| *t > won)), "served in order");
+        wins.push(won - from);
+        net.release(id);
+        from = net.now;
     }
-    head - released
+    (wins[0], wins[1])
 }
 
 // Reference: §4 (failures, informed backoff) and Fig. 8: the head of a long line
@@ -219,15 +229,26 @@ fn reset_under_a_long_line(recovery: Recovery) -> Duration {
 // the line in a reset. Without recovery it waits for its informed-backoff retry.
 #[test]
 fn a_reset_replica_rejoins_the_line_within_one_handoff() {
-    // One handoff here: RELEASE + promotion (2 × 50 ms), then the re-ask two smoothed
-    // round trips (≤ 2 × 100 ms) after the first promotion, REQUEST + INQUIRE + YIELD +
+    // The first head: RELEASE + promotion (2 × 50 ms), the re-ask two smoothed round
+    // trips (≤ 2 × 100 ms) after the first promotion, then REQUEST + INQUIRE + YIELD +
     // promotion (4 × 50 ms); a little more for the round-trip estimate's start.
-    let bound = ms(700);
-    let inquire = reset_under_a_long_line(Recovery::Inquire);
-    assert!(inquire <= bound, "with INQUIRE the head won {inquire:?} after the release (bound {bound:?})");
-    let none = reset_under_a_long_line(Recovery::None);
-    assert!(none > bound * 10, "without recovery the head waits for its retry: {none:?}");
-    let reask = reset_under_a_long_line(Recovery::Reask);
+    let first = ms(700);
+    // The next head, with the line relayed: queued at the reset replicas before its
+    // turn; RELEASE + promotion, plus the last replica's INQUIRE when its owner's
+    // release overtook the relay (6 × 50 ms).
+    let next = ms(350);
+    let (head, second) = reset_under_a_long_line(Recovery::Relay);
+    assert!(head <= first, "relay: the head won {head:?} after the release (bound {first:?})");
+    assert!(second <= next, "relay: the next head won {second:?} after the release (bound {next:?})");
+    let (head, second_inquire) = reset_under_a_long_line(Recovery::Inquire);
+    assert!(head <= first, "INQUIRE: the head won {head:?} after the release (bound {first:?})");
+    assert!(
+        second_inquire > second,
+        "INQUIRE without relay re-asks again for the next head: {second_inquire:?} vs {second:?} with relay"
+    );
+    let (none, _) = reset_under_a_long_line(Recovery::None);
+    assert!(none > first * 10, "without recovery the head waits for its retry: {none:?}");
+    let (reask, _) = reset_under_a_long_line(Recovery::Reask);
     // Re-ask alone: the newcomer yields the vote at its next renewal (renewal by YIELD).
     assert!(reask < none, "re-ask {reask:?} vs none {none:?}");
 }
@@ -279,7 +300,7 @@ fn random_schedule(recovery: Recovery, seed: u64) -> usize {
 #[test]
 fn recovery_never_breaks_exclusion_without_resets() {
     for seed in 0..40 {
-        for recovery in [Recovery::None, Recovery::Reask, Recovery::Inquire] {
+        for recovery in [Recovery::None, Recovery::Reask, Recovery::Inquire, Recovery::Relay] {
             let served = random_schedule(recovery, seed);
             assert!(served > 10, "seed {seed}: only {served} served");
         }

@@ -183,6 +183,8 @@ fn forged_promotion(to: PeerId) -> proto::Response<PeerId> {
         grant_delay: Duration::ZERO,
         promoted: true,
         inquire: false,
+        next: Vec::new(),
+        solicit: false,
     }
 }
 

@@ -143,10 +143,8 @@ pub struct View<C> {
     /// While we own this replica: the first waiters of its queue, as it last said
     /// ([`Recovery::Relay`](crate::proto::Recovery::Relay)).
     pub next: Vec<Timestamp<C>>,
-    /// The acquisitions last relayed to this replica (each list relayed once).
+    /// The successors last relayed to this replica (each relayed once).
     pub relayed: Vec<Timestamp<C>>,
-    /// When the last response from this replica was applied.
-    pub heard_at: Option<Time>,
 }
 
 /// One acquisition: a sans-IO state machine. Feed it responses and timeouts, drain
@@ -197,7 +195,6 @@ impl<C: Clone + Ord> Client<C> {
                     rtt_probe: None,
                     next: Vec::new(),
                     relayed: Vec::new(),
-                    heard_at: None,
                 };
                 n
             ],
@@ -303,10 +300,7 @@ impl<C: Clone + Ord> Client<C> {
         }
         if r.solicit {
             // Not about our place there: the replica asks for our REQUEST.
-            // A holder answers too: the vote it gets back there strengthens its quorum,
-            // and as that replica's owner it relays the line behind it.
-            let live = matches!(self.phase, Phase::Waiting | Phase::Holding);
-            if live && !self.owns(&self.views[from]) && self.config.recovery.relays() {
+            if self.phase == Phase::Waiting && !self.owns(&self.views[from]) && self.config.recovery.relays() {
                 self.stats.solicited += 1;
                 self.stats.retries += 1;
                 self.send_request(now, from);
@@ -337,7 +331,6 @@ impl<C: Clone + Ord> Client<C> {
         view.yielded = None;
         view.voter = voter;
         view.next = next;
-        view.heard_at = Some(now);
         if ours {
             // The replica received the echoed REQUEST after we sent it, and started the
             // lease `grant_delay` after that, by its clock: shortened by the drift bound.
@@ -367,7 +360,9 @@ impl<C: Clone + Ord> Client<C> {
         if ours && self.phase == Phase::Waiting {
             self.recover(now, from, inquire, promoted);
         }
-        self.relay(now);
+        if ours {
+            self.relay(now);
+        }
         Ok(())
     }
 
@@ -606,48 +601,32 @@ impl<C: Clone + Ord> Client<C> {
         }
     }
 
-    /// RELAY ([`Recovery::Relay`]): the acquisitions a replica we own should know and
-    /// may not, named to it once: the earliest waiters that come after us at the
-    /// replicas we own (from their `next`), and the earliest owner of another replica
-    /// that is older than us, freshly reported (a vote granted to us by a replica that
-    /// lost the line while the others serve an older acquisition). Only acquisitions
-    /// that started longer than the request timeout ago are named: their REQUESTs have
-    /// reached every replica that did not lose them, so a REQUEST still in flight (two
-    /// arrivals at an idle lock) costs no relay.
+    /// RELAY ([`Recovery::Relay`](crate::proto::Recovery::Relay)): the earliest waiters that come after us at the
+    /// replicas we own (and have waited longer than the request timeout: their
+    /// REQUESTs reached every replica that did not lose them) are named to each owned
+    /// replica whose queue lacks them, once.
     fn relay(&mut self, now: Time) {
         if !self.config.recovery.relays() || !matches!(self.phase, Phase::Waiting | Phase::Holding) {
             return;
         }
-        if self.votes == 0 {
-            return;
-        }
         let old = micros(now).saturating_sub(micros(self.config.request_timeout));
-        let fresh = now.saturating_sub(self.config.request_timeout);
-        let mut line: Vec<Timestamp<C>> = Vec::new();
+        let mut successors: Vec<Timestamp<C>> = Vec::new();
         for v in self.views.iter().filter(|v| self.owns(v)) {
-            line.extend(v.next.iter().filter(|t| t.counter <= old).cloned());
+            successors.extend(v.next.iter().filter(|t| t.counter <= old).cloned());
         }
-        let ahead = self
-            .views
-            .iter()
-            .filter(|v| v.heard_at.is_some_and(|t| t >= fresh))
-            .filter_map(|v| v.owner.as_ref())
-            .filter(|o| **o < self.ts && o.counter <= old)
-            .min();
-        line.extend(ahead.cloned());
-        line.sort_unstable();
-        line.dedup();
-        line.truncate(RELAY_DEPTH);
-        if line.is_empty() {
+        successors.sort_unstable();
+        successors.dedup();
+        successors.truncate(RELAY_DEPTH);
+        if successors.is_empty() {
             return;
         }
         for i in 0..self.views.len() {
             let v = &self.views[i];
-            if !self.owns(v) || line.iter().all(|s| v.next.contains(s)) || v.relayed == line {
+            if !self.owns(v) || successors.iter().all(|s| v.next.contains(s)) || v.relayed == successors {
                 continue;
             }
-            self.views[i].relayed = line.clone();
-            self.outbox.push_back((i, ToReplica::Relay { ts: self.ts.clone(), next: line.clone() }));
+            self.views[i].relayed = successors.clone();
+            self.outbox.push_back((i, ToReplica::Relay { ts: self.ts.clone(), next: successors.clone() }));
             self.stats.relays += 1;
         }
     }

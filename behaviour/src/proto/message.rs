@@ -44,14 +44,14 @@ pub enum ToReplica<C> {
         stamp: u64,
     },
     /// RELAY (beyond the paper, [`super::config::Recovery::Relay`]): the owner `ts` tells
-    /// a replica whose queue lacks them acquisitions in line at the other replicas (the
-    /// next waiters, or an older owner; at most [`RELAY_DEPTH`]); the replica asks each one it does not know
+    /// a replica whose queue lacks them the acquisitions that come next at the other
+    /// replicas (at most [`RELAY_DEPTH`]); the replica asks each one it does not know
     /// for its REQUEST (a RESPONSE with `solicit`). Hints only: nothing is granted on
     /// them.
     Relay {
         /// The sender's acquisition: owner or waiter here (or just released).
         ts: Timestamp<C>,
-        /// Acquisitions in line elsewhere, earliest first.
+        /// The next waiters elsewhere, earliest first.
         next: Vec<Timestamp<C>>,
     },
 }

@@ -486,8 +486,8 @@ impl<C: Clone + Ord> Replica<C> {
     }
 
     /// RELAY ([`Recovery::Relay`]): `ts` (owner or waiter here, or just released) names
-    /// acquisitions in line at the other replicas; each one that this replica does not
-    /// know (not owner, waiting, or released) is asked for its REQUEST,
+    /// the acquisitions that come after it elsewhere; each one later than `ts` that this
+    /// replica does not know (not owner, waiting, or released) is asked for its REQUEST,
     /// once. Nothing else changes: a vote is only ever granted on a REQUEST.
     fn on_relay(&mut self, ts: Timestamp<C>, next: Vec<Timestamp<C>>) -> Result<(), ReplicaError> {
         if !self.has(&ts) && !self.tombstones.contains(&ts) {
@@ -501,7 +501,7 @@ impl<C: Clone + Ord> Replica<C> {
         };
         let (owner_ts, stamp) = (owner.ts.clone(), owner.stamp);
         for t in next.into_iter().take(RELAY_DEPTH) {
-            if t == ts || self.has(&t) || self.tombstones.contains(&t) || self.solicited.contains(&t) {
+            if t <= ts || self.has(&t) || self.tombstones.contains(&t) || self.solicited.contains(&t) {
                 continue;
             }
             if self.solicited.len() >= SOLICITED_KEPT {

@@ -191,7 +191,7 @@ fn scheduled_3_2_reset_excuses_two_holders() {
         ..Bounds::new(3, 2, 2)
     };
     let r = pinned(b, 149_501);
-    assert_eq!(r.excused, 390, "states with two valid holders excused by the reset");
+    assert_eq!(r.excused, 312, "states with two valid holders excused by the reset");
 }
 
 /// Any configuration, from `SIGMA_MODEL`, e.g.

@@ -33,7 +33,7 @@ use libp2p::request_response;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use serde::{Deserialize, Serialize};
 
-use crate::proto::{Response, Timestamp, ToReplica, MAX_REPLICAS};
+use crate::proto::{Response, Timestamp, ToReplica, MAX_REPLICAS, RELAY_DEPTH};
 
 /// Protocol name; the version is part of it. A peer speaking another version is not
 /// offered this protocol and the exchange fails with `UnsupportedProtocols`.
@@ -45,7 +45,7 @@ pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/1.1.0");
 pub const MAX_BATCH: usize = 32;
 /// Largest request accepted, in bytes: a full batch of the largest items (test
 /// `a_full_batch_fits_the_frame_limits`).
-pub const MAX_REQUEST_BYTES: u64 = 16 * 1024;
+pub const MAX_REQUEST_BYTES: u64 = 24 * 1024;
 /// Largest reply accepted, in bytes: a full batch of the largest replies (a redirect
 /// with a few long addresses each).
 pub const MAX_REPLY_BYTES: u64 = 64 * 1024;
@@ -219,6 +219,8 @@ pub enum Rejection {
     /// A [`Request::Batch`] that is empty, longer than [`MAX_BATCH`], or holds something
     /// else than messages about one replica (a batch in a batch, an operator's question).
     BadBatch,
+    /// A RELAY naming more acquisitions than [`RELAY_DEPTH`].
+    BadRelay,
 }
 
 impl Rejection {
@@ -242,6 +244,7 @@ impl Rejection {
             Rejection::NotAllowed => "not_allowed",
             Rejection::QueueQuota => "queue_quota",
             Rejection::BadBatch => "bad_batch",
+            Rejection::BadRelay => "bad_relay",
         }
     }
 }
@@ -315,6 +318,9 @@ impl Request {
     /// Validates what can be checked without state.
     pub fn validate(&self) -> Result<(), Rejection> {
         match self {
+            Request::Replica { msg: ToReplica::Relay { next, .. }, .. } if next.len() > RELAY_DEPTH => {
+                Err(Rejection::BadRelay)
+            }
             Request::Replica { resource, index, n, .. }
             | Request::Ping { resource, index, n }
             | Request::Inspect { resource, index, n } => {
@@ -455,6 +461,53 @@ mod tests {
     }
 
     #[test]
+    fn a_relay_is_bounded_and_round_trips() {
+        let ts = |k| Timestamp::new(k, PeerId::random());
+        let relay = |k: usize| Request::Replica {
+            resource: "orders".into(),
+            index: 3,
+            n: 32,
+            msg: ToReplica::Relay { ts: ts(1), next: (0..k as u64).map(|j| ts(2 + j)).collect() },
+        };
+        assert!(relay(RELAY_DEPTH).validate().is_ok());
+        assert_eq!(relay(RELAY_DEPTH + 1).validate(), Err(Rejection::BadRelay));
+        let request = relay(RELAY_DEPTH);
+        let mut codec = Codec::new(Arc::default());
+        let mut io = futures::io::Cursor::new(Vec::new());
+        futures::executor::block_on(request_response::Codec::write_request(
+            &mut codec,
+            &PROTOCOL,
+            &mut io,
+            request.clone(),
+        ))
+        .unwrap();
+        assert!(io.get_ref().len() as u64 <= MAX_REQUEST_BYTES);
+        io.set_position(0);
+        let back = futures::executor::block_on(request_response::Codec::read_request(&mut codec, &PROTOCOL, &mut io));
+        assert_eq!(back.unwrap(), request);
+        // A notice with INQUIRE, the next waiters and a solicitation fits a request too.
+        let resp = Response {
+            ts: ts(2),
+            owner: ts(1),
+            stamp: u64::MAX,
+            position: u32::MAX,
+            advice: std::time::Duration::MAX,
+            lease: std::time::Duration::MAX,
+            echo: u64::MAX,
+            grant_delay: std::time::Duration::MAX,
+            promoted: true,
+            inquire: true,
+            next: (0..RELAY_DEPTH as u64).map(|j| ts(u64::MAX - j)).collect(),
+            solicit: true,
+        };
+        let notify = Request::Notify { resource: "x".repeat(MAX_RESOURCE_LEN), index: 254, resp };
+        let mut io = futures::io::Cursor::new(Vec::new());
+        futures::executor::block_on(request_response::Codec::write_request(&mut codec, &PROTOCOL, &mut io, notify))
+            .unwrap();
+        assert!(io.get_ref().len() as u64 <= MAX_REQUEST_BYTES, "{} bytes", io.get_ref().len());
+    }
+
+    #[test]
     fn a_full_inspect_reply_fits_the_reply_limit() {
         let ts = || Timestamp::new(u64::MAX, PeerId::random());
         let state = ReplicaState {
@@ -498,6 +551,9 @@ mod tests {
             echo: u64::MAX,
             grant_delay: std::time::Duration::MAX,
             promoted: true,
+            inquire: true,
+            next: (0..RELAY_DEPTH).map(|_| ts()).collect(),
+            solicit: true,
         };
         let items = |i: usize| match i % 2 {
             0 => Request::Notify { resource: name.clone(), index: u16::MAX, resp: resp() },
@@ -505,7 +561,7 @@ mod tests {
                 resource: name.clone(),
                 index: u16::MAX,
                 n: u16::MAX,
-                msg: ToReplica::Request { ts: ts(), sent: u64::MAX, floor: u64::MAX },
+                msg: ToReplica::Relay { ts: ts(), next: (0..RELAY_DEPTH).map(|_| ts()).collect() },
             },
         };
         let batch = Request::Batch((0..MAX_BATCH).map(items).collect());

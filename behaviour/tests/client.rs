@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sigma_behaviour::proto::clock::micros;
 use sigma_behaviour::proto::{
-    Client, ClientError, Config, Event, LostReason, Phase, Replica, Response, Time, Timestamp, ToReplica,
+    Client, ClientError, Config, Event, LostReason, Phase, Recovery, Replica, Response, Time, Timestamp, ToReplica,
 };
 
 type Ts = Timestamp<u32>;
@@ -33,6 +33,9 @@ fn config() -> Config {
         .with_initial_rtt(RTT)
         .with_advice_bounds(ms(10), Duration::from_secs(60))
         .with_retry_slack_percent(0)
+        // Fig. 5's rules one at a time: the reset recovery's own messages (re-ask,
+        // RELAY) are tested in tests/recovery.rs.
+        .with_recovery(Recovery::None)
 }
 
 const ME: Ts = Timestamp { counter: 1_000, client: 1 };
@@ -58,6 +61,9 @@ fn answer(owner: Ts, stamp: u64, echo: Time) -> Response<u32> {
         echo: micros(echo),
         grant_delay: Duration::ZERO,
         promoted: false,
+        inquire: false,
+        next: Vec::new(),
+        solicit: false,
     }
 }
 

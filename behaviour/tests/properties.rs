@@ -333,8 +333,17 @@ impl World {
                 let buried = self.acqs[a].released_at[to]
                     .filter(|&t| self.now < t + TOMBSTONE_TTL && self.reset_at[to].is_none_or(|r| r < t));
                 let is_release = matches!(msg, ToReplica::Release { .. });
+                // A RELAY sent with the RELEASE may arrive after it: it solicits the
+                // next waiters and changes nothing about its sender (checked below).
+                let is_relay = matches!(msg, ToReplica::Relay { .. });
+                let ts = msg.ts().clone();
                 let result = self.replicas[to].handle(self.now, &from, msg);
-                if let Some(t) = buried {
+                if let (Some(t), true) = (buried, is_relay) {
+                    assert!(
+                        !self.replicas[to].has(&ts),
+                        "replica {to} revived an acquisition released at {t:?} on a RELAY"
+                    );
+                } else if let Some(t) = buried {
                     assert_eq!(
                         result,
                         Err(ReplicaError::Finished),

@@ -207,6 +207,9 @@ fn forged_promotion(to: PeerId) -> proto::Response<PeerId> {
         echo: 1,
         grant_delay: Duration::ZERO,
         promoted: true,
+        inquire: false,
+        next: Vec::new(),
+        solicit: false,
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use sigma_behaviour::proto::Config;
+use sigma_behaviour::proto::{Config, Recovery};
 use sigma_testnet::sim::compare::{self, ProtocolParams};
 use sigma_testnet::sim::engine::SimConfig;
 use sigma_testnet::sim::latency::Latency;
@@ -408,9 +408,23 @@ struct RunArgs {
     /// Informed-backoff slack in percent of T_w (Sigma).
     #[arg(long, default_value_t = 25)]
     slack: u32,
+    /// Reset recovery (Sigma): none, reask, inquire, relay (ARCHITECTURE.md, "Reset
+    /// recovery"); default: the core's.
+    #[arg(long, value_parser = parse_recovery)]
+    recovery: Option<Recovery>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_recovery(s: &str) -> Result<Recovery, String> {
+    match s {
+        "none" => Ok(Recovery::None),
+        "reask" => Ok(Recovery::Reask),
+        "inquire" => Ok(Recovery::Inquire),
+        "relay" => Ok(Recovery::Relay),
+        _ => Err(format!("unknown recovery rule {s:?}: none, reask, inquire or relay")),
+    }
 }
 
 /// Seconds a swarm of `nodes` processes may take to form, by default.
@@ -605,6 +619,9 @@ fn real_main() -> Result<ExitCode> {
             // A closed system has n processes and no quorum parameter.
             let m = if compare::is_closed(&a.protocol) { a.n / 2 + 1 } else { a.m };
             let mut config = Config::default().with_quorum(a.n, m).with_retry_slack_percent(a.slack);
+            if let Some(recovery) = a.recovery {
+                config = config.with_recovery(recovery);
+            }
             if let Some(lease) = a.lease {
                 config = config.with_lease(Duration::try_from_secs_f64(lease)?);
             }

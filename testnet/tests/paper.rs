@@ -17,6 +17,8 @@ fn quick_paper_run_writes_every_figure() {
         "fig7-sigma-vs-strawman.svg",
         "fig8-resets.svg",
         "fig8-resets-takeover-delay.svg",
+        "fig8-resets-no-recovery.svg",
+        "fig8-loss.svg",
         "messages.svg",
         "summary.txt",
     ] {

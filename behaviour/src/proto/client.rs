@@ -45,7 +45,7 @@ use std::time::Duration;
 use super::clock::{micros, Timestamp};
 use super::config::Config;
 use super::error::ClientError;
-use super::message::{Response, ToReplica};
+use super::message::{Response, ToReplica, RELAY_DEPTH};
 use super::Time;
 
 /// Phase of an acquisition.
@@ -105,6 +105,15 @@ pub struct ClientStats {
     pub responses: u64,
     /// Responses discarded as older than the state already known.
     pub stale: u64,
+    /// Votes yielded on an INQUIRE ([`Recovery::Inquire`](crate::proto::Recovery::Inquire)).
+    pub inquired: u64,
+    /// Re-ask rounds: promoted somewhere, not won two round trips later
+    /// ([`Recovery::Reask`](crate::proto::Recovery::Reask)); each re-sends the REQUEST to the replicas it lacks.
+    pub reasks: u64,
+    /// RELAY messages sent ([`Recovery::Relay`](crate::proto::Recovery::Relay)).
+    pub relays: u64,
+    /// REQUESTs re-sent on a replica's solicitation.
+    pub solicited: u64,
 }
 
 /// What the client knows of one replica (`resp[i]` in Fig. 5).
@@ -131,6 +140,11 @@ pub struct View<C> {
     /// round-trip sample (one sample per request, as in Karn's algorithm; replies to a
     /// YIELD echo an older REQUEST and must not count).
     pub rtt_probe: Option<u64>,
+    /// While we own this replica: the first waiters of its queue, as it last said
+    /// ([`Recovery::Relay`](crate::proto::Recovery::Relay)).
+    pub next: Vec<Timestamp<C>>,
+    /// The successors last relayed to this replica (each relayed once).
+    pub relayed: Vec<Timestamp<C>>,
 }
 
 /// One acquisition: a sans-IO state machine. Feed it responses and timeouts, drain
@@ -149,6 +163,9 @@ pub struct Client<C> {
     srtt: Duration,
     /// Case 3 observed and not yet acted on: yield at this time unless progress.
     yield_at: Option<Time>,
+    /// Promoted somewhere while waiting: re-ask the replicas whose vote is lacking at
+    /// this time unless won by then ([`Recovery`]).
+    reask_at: Option<Time>,
     outbox: VecDeque<(usize, ToReplica<C>)>,
     events: VecDeque<Event>,
     stats: ClientStats,
@@ -175,13 +192,16 @@ impl<C: Clone + Ord> Client<C> {
                     next_contact: None,
                     yielded: None,
                     voter: None,
-                    rtt_probe: None
+                    rtt_probe: None,
+                    next: Vec::new(),
+                    relayed: Vec::new(),
                 };
                 n
             ],
             votes: 0,
             token: 0,
             yield_at: None,
+            reask_at: None,
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             stats: ClientStats::default(),
@@ -278,6 +298,15 @@ impl<C: Clone + Ord> Client<C> {
         if self.phase == Phase::Released {
             return Ok(());
         }
+        if r.solicit {
+            // Not about our place there: the replica asks for our REQUEST.
+            if self.phase == Phase::Waiting && !self.owns(&self.views[from]) && self.config.recovery.relays() {
+                self.stats.solicited += 1;
+                self.stats.retries += 1;
+                self.send_request(now, from);
+            }
+            return Ok(());
+        }
         self.stats.responses += 1;
         let echo = Duration::from_micros(r.echo);
         if !r.promoted && self.views[from].rtt_probe == Some(r.echo) && echo <= now {
@@ -286,6 +315,13 @@ impl<C: Clone + Ord> Client<C> {
         }
         let was_ours = self.owns(&self.views[from]);
         let ours = r.owner == self.ts;
+        let (inquire, promoted) = (r.inquire, r.promoted);
+        let me = self.ts.clone();
+        let next: Vec<Timestamp<C>> = if ours {
+            r.next.iter().take(RELAY_DEPTH).filter(|t| **t > me && t.counter <= bound).cloned().collect()
+        } else {
+            Vec::new()
+        };
         let lease = r.lease.min(self.config.lease);
         let holding = matches!(self.phase, Phase::Holding | Phase::Lost);
         let view = &mut self.views[from];
@@ -294,6 +330,7 @@ impl<C: Clone + Ord> Client<C> {
         view.position = r.position;
         view.yielded = None;
         view.voter = voter;
+        view.next = next;
         if ours {
             // The replica received the echoed REQUEST after we sent it, and started the
             // lease `grant_delay` after that, by its clock: shortened by the drift bound.
@@ -320,7 +357,28 @@ impl<C: Clone + Ord> Client<C> {
             _ => {}
         }
         self.evaluate(now, !was_ours && ours);
+        if ours && self.phase == Phase::Waiting {
+            self.recover(now, from, inquire, promoted);
+        }
+        if ours {
+            self.relay(now);
+        }
         Ok(())
+    }
+
+    /// Reset recovery ([`Recovery`]), on a response naming this waiting acquisition as
+    /// the owner of replica `from`.
+    fn recover(&mut self, now: Time, from: usize, inquire: bool, promoted: bool) {
+        let recovery = self.config.recovery;
+        if inquire && recovery.inquires() && self.owns(&self.views[from]) {
+            // An older acquisition waits there: it gets the vote (we have not won).
+            self.stats.inquired += 1;
+            self.yield_vote(now, from);
+        } else if promoted && recovery.reasks() && self.reask_at.is_none() {
+            // The line has come to us. Without resets every other replica promotes us
+            // within about one round trip of this one, and we win before the timer.
+            self.reask_at = Some(now + self.srtt * 2);
+        }
     }
 
     /// The quorum diversity D this client wins with (see [`Config::min_voters`]).
@@ -385,6 +443,10 @@ impl<C: Clone + Ord> Client<C> {
                 }
             }
         }
+        if self.phase == Phase::Waiting && self.reask_at.is_some_and(|t| t <= now) {
+            self.reask_at = None;
+            self.reask(now);
+        }
         if self.phase == Phase::Waiting && self.yield_at.is_some_and(|t| t <= now) {
             self.yield_at = None;
             if self.nobody_can_win() {
@@ -403,18 +465,22 @@ impl<C: Clone + Ord> Client<C> {
         }
         let contacts = self.views.iter().filter_map(|v| v.next_contact);
         let deadline = (self.phase == Phase::Holding).then(|| self.valid_until()).flatten();
-        contacts.chain(self.yield_at).chain(deadline).min()
+        let reask = self.reask_at.filter(|_| self.phase == Phase::Waiting);
+        contacts.chain(self.yield_at).chain(reask).chain(deadline).min()
     }
 
     /// Fig. 5 `Release`: RELEASE to every replica (owner or waiter there, or neither:
     /// a replica that never heard of us tombstones the acquisition). Also abandons a
     /// wait. Idempotent.
-    pub fn release(&mut self, _now: Time) {
+    pub fn release(&mut self, now: Time) {
         if self.phase == Phase::Released {
             return;
         }
+        // The line behind us, to the replicas that lack it, before they serve the next.
+        self.relay(now);
         self.phase = Phase::Released;
         self.yield_at = None;
+        self.reask_at = None;
         for i in 0..self.views.len() {
             self.views[i].next_contact = None;
             self.outbox.push_back((i, ToReplica::Release { ts: self.ts.clone(), token: self.token }));
@@ -503,6 +569,7 @@ impl<C: Clone + Ord> Client<C> {
     fn win(&mut self, now: Time) {
         self.phase = Phase::Holding;
         self.yield_at = None;
+        self.reask_at = None;
         let mut token = 0;
         for i in 0..self.views.len() {
             let lease = self.config.lease;
@@ -530,6 +597,48 @@ impl<C: Clone + Ord> Client<C> {
         for i in 0..self.views.len() {
             if self.owns(&self.views[i]) {
                 self.yield_vote(now, i);
+            }
+        }
+    }
+
+    /// RELAY ([`Recovery::Relay`](crate::proto::Recovery::Relay)): the earliest waiters that come after us at the
+    /// replicas we own (and have waited longer than the request timeout: their
+    /// REQUESTs reached every replica that did not lose them) are named to each owned
+    /// replica whose queue lacks them, once.
+    fn relay(&mut self, now: Time) {
+        if !self.config.recovery.relays() || !matches!(self.phase, Phase::Waiting | Phase::Holding) {
+            return;
+        }
+        let old = micros(now).saturating_sub(micros(self.config.request_timeout));
+        let mut successors: Vec<Timestamp<C>> = Vec::new();
+        for v in self.views.iter().filter(|v| self.owns(v)) {
+            successors.extend(v.next.iter().filter(|t| t.counter <= old).cloned());
+        }
+        successors.sort_unstable();
+        successors.dedup();
+        successors.truncate(RELAY_DEPTH);
+        if successors.is_empty() {
+            return;
+        }
+        for i in 0..self.views.len() {
+            let v = &self.views[i];
+            if !self.owns(v) || successors.iter().all(|s| v.next.contains(s)) || v.relayed == successors {
+                continue;
+            }
+            self.views[i].relayed = successors.clone();
+            self.outbox.push_back((i, ToReplica::Relay { ts: self.ts.clone(), next: successors.clone() }));
+            self.stats.relays += 1;
+        }
+    }
+
+    /// Re-sends the REQUEST to every replica whose vote this waiter lacks (and has not
+    /// just yielded): a replica that lost it in a reset queues it again by timestamp.
+    fn reask(&mut self, now: Time) {
+        self.stats.reasks += 1;
+        for i in 0..self.views.len() {
+            if !self.owns(&self.views[i]) && self.views[i].yielded.is_none() {
+                self.stats.retries += 1;
+                self.send_request(now, i);
             }
         }
     }

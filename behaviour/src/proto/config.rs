@@ -26,9 +26,53 @@ pub struct Config {
     pub(crate) max_queue: usize,
     pub(crate) max_tombstones: usize,
     pub(crate) retry_slack_percent: u32,
+    pub(crate) recovery: Recovery,
     pub(crate) max_clock_offset: Duration,
     pub(crate) max_drift_ppm: u32,
     pub(crate) min_voters: usize,
+}
+
+/// How a reset replica (all memory lost) gets back into agreement with the others
+/// while the line is long (ARCHITECTURE.md, "Reset recovery"). Without a rule, its vote
+/// goes to the first REQUEST it sees after the reset (a newcomer at the back of the
+/// line), and the heads of the line re-register there only when their own informed
+/// backoff runs out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// Nothing beyond informed backoff and the renewal of waiters' votes by YIELD.
+    None,
+    /// Re-ask: a waiter promoted by some replica that has not won two smoothed round
+    /// trips later re-sends its REQUEST to every replica whose vote it lacks. The reset
+    /// replica queues it by timestamp; the waiter that owns the vote there yields it at
+    /// its next renewal (renewal by YIELD while an earlier acquisition is in sight).
+    Reask,
+    /// Re-ask, and INQUIRE (Maekawa): a replica that receives a REQUEST older than its
+    /// owner tells the owner once per grant (a RESPONSE with `inquire` set); an owner
+    /// still waiting yields that vote at once, so it goes to the older request within
+    /// a round trip. A holder ignores it.
+    Inquire,
+    /// INQUIRE and re-ask, and the line relayed one handoff ahead: every RESPONSE to
+    /// an owner names the first waiters of the replica's queue; an owner that sees a
+    /// replica lacking waiters that come next at the others (and have waited longer
+    /// than the request timeout, so no REQUEST can still be in flight) sends it a
+    /// RELAY naming them, and the replica solicits their REQUESTs. The next head is
+    /// then queued at the reset replica before its turn comes.
+    Relay,
+}
+
+impl Recovery {
+    /// Whether a replica sends INQUIRE.
+    pub fn inquires(self) -> bool {
+        matches!(self, Recovery::Inquire | Recovery::Relay)
+    }
+    /// Whether a promoted waiter re-asks.
+    pub fn reasks(self) -> bool {
+        !matches!(self, Recovery::None)
+    }
+    /// Whether the line is relayed.
+    pub fn relays(self) -> bool {
+        matches!(self, Recovery::Relay)
+    }
 }
 
 impl Default for Config {
@@ -48,6 +92,7 @@ impl Default for Config {
             max_queue: 100_000,
             max_tombstones: 100_000,
             retry_slack_percent: 25,
+            recovery: Recovery::Relay,
             max_clock_offset: Duration::from_secs(5),
             max_drift_ppm: 1_000,
             min_voters: 1,
@@ -192,6 +237,16 @@ impl Config {
     pub fn with_retry_slack_percent(mut self, percent: u32) -> Self {
         self.retry_slack_percent = percent;
         self
+    }
+    /// How a replica that lost its memory is brought back into the line (see
+    /// [`Recovery`]).
+    pub fn with_recovery(mut self, recovery: Recovery) -> Self {
+        self.recovery = recovery;
+        self
+    }
+    /// The reset-recovery rule.
+    pub fn recovery(&self) -> Recovery {
+        self.recovery
     }
     /// Bound on remote timestamps ahead of the local clock (see [`Config::max_clock_offset`]).
     pub fn with_max_clock_offset(mut self, d: Duration) -> Self {

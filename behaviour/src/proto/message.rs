@@ -43,13 +43,31 @@ pub enum ToReplica<C> {
         /// duplicated or re-sent YIELD harmless.
         stamp: u64,
     },
+    /// RELAY (beyond the paper, [`super::config::Recovery::Relay`]): the owner `ts` tells
+    /// a replica whose queue lacks them the acquisitions that come next at the other
+    /// replicas (at most [`RELAY_DEPTH`]); the replica asks each one it does not know
+    /// for its REQUEST (a RESPONSE with `solicit`). Hints only: nothing is granted on
+    /// them.
+    Relay {
+        /// The sender's acquisition: owner or waiter here (or just released).
+        ts: Timestamp<C>,
+        /// The next waiters elsewhere, earliest first.
+        next: Vec<Timestamp<C>>,
+    },
 }
+
+/// Most acquisitions named by a RELAY or by a RESPONSE's `next`: the line is relayed one
+/// handoff ahead of its head.
+pub const RELAY_DEPTH: usize = 2;
 
 impl<C> ToReplica<C> {
     /// The acquisition this message is about.
     pub fn ts(&self) -> &Timestamp<C> {
         match self {
-            ToReplica::Request { ts, .. } | ToReplica::Release { ts, .. } | ToReplica::Yield { ts, .. } => ts,
+            ToReplica::Request { ts, .. }
+            | ToReplica::Release { ts, .. }
+            | ToReplica::Yield { ts, .. }
+            | ToReplica::Relay { ts, .. } => ts,
         }
     }
 
@@ -59,6 +77,7 @@ impl<C> ToReplica<C> {
             ToReplica::Request { .. } => "request",
             ToReplica::Release { .. } => "release",
             ToReplica::Yield { .. } => "yield",
+            ToReplica::Relay { .. } => "relay",
         }
     }
 }
@@ -95,4 +114,19 @@ pub struct Response<C> {
     pub grant_delay: Duration,
     /// True when this is the unsolicited notice to a promoted queue head.
     pub promoted: bool,
+    /// INQUIRE (Maekawa), to the owner: an older acquisition has asked for this vote.
+    /// An owner that has not won yields it ([`super::config::Recovery::Inquire`]); a
+    /// holder ignores it. Absent (false) in messages of peers that never send it.
+    #[serde(default)]
+    pub inquire: bool,
+    /// To the owner, with [`super::config::Recovery::Relay`]: the first waiters of this
+    /// replica's queue (at most [`RELAY_DEPTH`]), so that the owner can tell a replica
+    /// that lacks them (RELAY). Empty otherwise.
+    #[serde(default = "Vec::new")]
+    pub next: Vec<Timestamp<C>>,
+    /// "Send me your REQUEST": an acquisition ahead of the addressee relayed that it
+    /// comes next, and this replica does not know it. `owner` and `stamp` are the
+    /// replica's current ones; nothing else in this response is about the addressee.
+    #[serde(default)]
+    pub solicit: bool,
 }

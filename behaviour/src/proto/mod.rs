@@ -36,9 +36,9 @@ pub mod replica;
 
 pub use client::{Client, ClientStats, Event, LostReason, Phase};
 pub use clock::{LamportClock, Timestamp};
-pub use config::Config;
+pub use config::{Config, Recovery};
 pub use error::{ClientError, ConfigError, ReplicaError};
-pub use message::{Response, ToReplica};
+pub use message::{Response, ToReplica, RELAY_DEPTH};
 pub use replica::{Replica, ReplicaStats};
 
 /// Time as the core sees it: a duration since an epoch chosen by the driver (virtual

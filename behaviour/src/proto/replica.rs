@@ -38,14 +38,18 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use super::clock::{micros, Timestamp};
-use super::config::Config;
+use super::config::{Config, Recovery};
 use super::error::ReplicaError;
-use super::message::{Response, ToReplica};
+use super::message::{Response, ToReplica, RELAY_DEPTH};
 use super::Time;
 
 /// Counters a replica keeps about itself (metrics and the simulator's reports).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplicaStats {
+    /// INQUIREs sent to an owner later than a waiter ([`Recovery::Inquire`]).
+    pub inquiries: u64,
+    /// REQUESTs solicited on a RELAY ([`Recovery::Relay`]).
+    pub solicits: u64,
     /// Votes granted (direct grants and promotions).
     pub grants: u64,
     /// RELEASEs applied (owner or waiter).
@@ -75,6 +79,8 @@ struct Owner<C> {
     /// lease started (`Response::grant_delay`), so it can bound the lease without
     /// assuming anything about how long the response spends in flight.
     heard_at: Time,
+    /// An INQUIRE was sent for this grant (once per grant: [`Recovery::Inquire`]).
+    inquired: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -99,6 +105,9 @@ struct Tombstones<C> {
 /// Tombstones searched linearly up to this many; an index beyond (dropped again below
 /// half of it).
 const TOMBSTONE_INDEX_FROM: usize = 16;
+
+/// Solicited acquisitions remembered (a RELAY names at most [`RELAY_DEPTH`]).
+const SOLICITED_KEPT: usize = 8;
 
 impl<C: Clone + Ord> Tombstones<C> {
     fn new() -> Self {
@@ -184,6 +193,9 @@ pub struct Replica<C> {
     last_release: Option<Time>,
     /// Takeover delay: no vote is granted before this time.
     hold_until: Option<Time>,
+    /// Acquisitions solicited on a RELAY, the latest [`SOLICITED_KEPT`]: each is asked
+    /// once.
+    solicited: VecDeque<Timestamp<C>>,
     outbox: VecDeque<(C, Response<C>)>,
     stats: ReplicaStats,
 }
@@ -202,6 +214,7 @@ impl<C: Clone + Ord> Replica<C> {
             tcs,
             last_release: None,
             hold_until: None,
+            solicited: VecDeque::new(),
             outbox: VecDeque::new(),
             stats: ReplicaStats::default(),
         }
@@ -329,6 +342,7 @@ impl<C: Clone + Ord> Replica<C> {
                 ToReplica::Request { ts, sent, floor } => self.on_request(now, heard, ts, sent, floor),
                 ToReplica::Release { ts, token } => self.on_release(now, ts, token),
                 ToReplica::Yield { ts, stamp } => self.on_yield(now, ts, stamp),
+                ToReplica::Relay { ts, next } => self.on_relay(ts, next),
             }
         };
         if result.is_err() {
@@ -345,6 +359,9 @@ impl<C: Clone + Ord> Replica<C> {
             ToReplica::Request { ts, floor, .. } => [ts.counter, *floor],
             ToReplica::Release { ts, token } => [ts.counter, *token],
             ToReplica::Yield { ts, .. } => [ts.counter, 0],
+            ToReplica::Relay { ts, next } => {
+                [ts.counter, next.iter().take(RELAY_DEPTH).map(|t| t.counter).max().unwrap_or(0)]
+            }
         };
         values.into_iter().find(|v| *v > bound)
     }
@@ -395,7 +412,20 @@ impl<C: Clone + Ord> Replica<C> {
             self.last_stamp = self.last_stamp.max(floor);
             self.enqueue(now, ts.clone(), sent, heard);
         }
+        let inquire =
+            self.config.recovery == Recovery::Inquire && self.owner.as_ref().is_some_and(|o| o.ts > ts && !o.inquired);
         self.respond(ts, false);
+        if inquire {
+            // Maekawa's INQUIRE: an older acquisition waits here behind a later owner
+            // (this replica lost the line in a reset, or the older REQUEST came late).
+            // The owner yields the vote if it has not won; the yield re-decides by
+            // timestamp. Once per grant, so a line of older waiters costs one message.
+            let owner = self.owner.as_mut().expect("checked above");
+            owner.inquired = true;
+            let to = owner.ts.clone();
+            self.stats.inquiries += 1;
+            self.respond_with(to, false, true);
+        }
         Ok(())
     }
 
@@ -451,6 +481,49 @@ impl<C: Clone + Ord> Replica<C> {
         self.stats.yields += 1;
         if self.owner.as_ref().is_some_and(|o| o.ts != ts) {
             self.respond(ts, false);
+        }
+        Ok(())
+    }
+
+    /// RELAY ([`Recovery::Relay`]): `ts` (owner or waiter here, or just released) names
+    /// the acquisitions that come after it elsewhere; each one later than `ts` that this
+    /// replica does not know (not owner, waiting, or released) is asked for its REQUEST,
+    /// once. Nothing else changes: a vote is only ever granted on a REQUEST.
+    fn on_relay(&mut self, ts: Timestamp<C>, next: Vec<Timestamp<C>>) -> Result<(), ReplicaError> {
+        if !self.has(&ts) && !self.tombstones.contains(&ts) {
+            return Err(ReplicaError::NotHolder);
+        }
+        if !self.config.recovery.relays() {
+            return Ok(());
+        }
+        let Some(owner) = self.owner.as_ref() else {
+            return Ok(());
+        };
+        let (owner_ts, stamp) = (owner.ts.clone(), owner.stamp);
+        for t in next.into_iter().take(RELAY_DEPTH) {
+            if t <= ts || self.has(&t) || self.tombstones.contains(&t) || self.solicited.contains(&t) {
+                continue;
+            }
+            if self.solicited.len() >= SOLICITED_KEPT {
+                self.solicited.pop_front();
+            }
+            self.solicited.push_back(t.clone());
+            self.stats.solicits += 1;
+            let response = Response {
+                ts: t.clone(),
+                owner: owner_ts.clone(),
+                stamp,
+                position: 0,
+                advice: Duration::ZERO,
+                lease: self.config.lease,
+                echo: 0,
+                grant_delay: Duration::ZERO,
+                promoted: false,
+                inquire: false,
+                next: Vec::new(),
+                solicit: true,
+            };
+            self.outbox.push_back((t.client, response));
         }
         Ok(())
     }
@@ -519,7 +592,7 @@ impl<C: Clone + Ord> Replica<C> {
     fn grant(&mut self, now: Time, ts: Timestamp<C>, echo: u64, heard_at: Time) {
         let stamp = self.next_stamp(now);
         let lease_until = now + self.config.lease;
-        self.owner = Some(Owner { ts, stamp, lease_until, granted_at: now, echo, heard_at });
+        self.owner = Some(Owner { ts, stamp, lease_until, granted_at: now, echo, heard_at, inquired: false });
         self.stats.grants += 1;
     }
 
@@ -563,8 +636,18 @@ impl<C: Clone + Ord> Replica<C> {
 
     /// Queues a RESPONSE to `ts` naming the current owner.
     fn respond(&mut self, ts: Timestamp<C>, promoted: bool) {
+        self.respond_with(ts, promoted, false);
+    }
+
+    /// [`Replica::respond`], with the INQUIRE flag for the owner.
+    fn respond_with(&mut self, ts: Timestamp<C>, promoted: bool, inquire: bool) {
         let Some(owner) = self.owner.as_ref() else {
             return;
+        };
+        let next = if owner.ts == ts && self.config.recovery.relays() {
+            self.queue.iter().take(RELAY_DEPTH).map(|w| w.ts.clone()).collect()
+        } else {
+            Vec::new()
         };
         let (position, advice, echo, grant_delay) = if owner.ts == ts {
             let lease_from = owner.lease_until.saturating_sub(self.config.lease);
@@ -585,6 +668,9 @@ impl<C: Clone + Ord> Replica<C> {
             echo,
             grant_delay,
             promoted,
+            inquire,
+            next,
+            solicit: false,
         };
         self.outbox.push_back((ts.client, response));
     }

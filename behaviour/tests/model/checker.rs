@@ -408,6 +408,7 @@ fn show_msg(msg: &Msg) -> String {
                 }
                 ToReplica::Release { token, .. } => format!("RELEASE(token {token})"),
                 ToReplica::Yield { stamp, .. } => format!("YIELD(stamp {stamp})"),
+                ToReplica::Relay { next, .. } => format!("RELAY({} next)", next.len()),
             };
             format!("{} -> replica {to}: {body}", name(*from))
         }

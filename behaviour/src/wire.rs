@@ -485,26 +485,8 @@ mod tests {
         io.set_position(0);
         let back = futures::executor::block_on(request_response::Codec::read_request(&mut codec, &PROTOCOL, &mut io));
         assert_eq!(back.unwrap(), request);
-        // A notice with INQUIRE, the next waiters and a solicitation fits a request too.
-        let resp = Response {
-            ts: ts(2),
-            owner: ts(1),
-            stamp: u64::MAX,
-            position: u32::MAX,
-            advice: std::time::Duration::MAX,
-            lease: std::time::Duration::MAX,
-            echo: u64::MAX,
-            grant_delay: std::time::Duration::MAX,
-            promoted: true,
-            inquire: true,
-            next: (0..RELAY_DEPTH as u64).map(|j| ts(u64::MAX - j)).collect(),
-            solicit: true,
-        };
-        let notify = Request::Notify { resource: "x".repeat(MAX_RESOURCE_LEN), index: 254, resp };
-        let mut io = futures::io::Cursor::new(Vec::new());
-        futures::executor::block_on(request_response::Codec::write_request(&mut codec, &PROTOCOL, &mut io, notify))
-            .unwrap();
-        assert!(io.get_ref().len() as u64 <= MAX_REQUEST_BYTES, "{} bytes", io.get_ref().len());
+        // A notice with INQUIRE, the next waiters and a solicitation: in
+        // `a_full_batch_fits_the_frame_limits`.
     }
 
     #[test]

@@ -24,6 +24,8 @@ fn config() -> Config {
         .with_advice_bounds(ms(10), Duration::from_secs(60))
         .with_queue_grace(GRACE)
         .with_tombstone_ttl(Duration::from_secs(30))
+        // Idle replicas kept as long as their tombstones, unless a test says otherwise.
+        .with_idle_ttl(Duration::from_secs(30))
 }
 
 fn replica() -> Replica<u32> {
@@ -796,6 +798,32 @@ fn a_released_replica_becomes_disposable_when_its_tombstones_expire() {
     assert_eq!(r.disposable_at(), Some(expiry), "when the tombstone expires");
     assert!(!r.is_disposable(expiry - ms(1)));
     assert!(r.is_disposable(expiry));
+}
+
+// A stream of distinct lock names keeps every idle replica for its idle TTL, not for
+// its tombstones' whole life: a late REQUEST of a released acquisition that reaches a
+// new replica is granted and handed back by its client (which remembers it finished),
+// so the tombstone past the idle TTL only saves that round trip.
+#[test]
+fn an_idle_replica_is_disposable_after_its_idle_ttl_though_its_tombstones_live_longer() {
+    let mut r = Replica::new(config().with_idle_ttl(Duration::from_secs(2)));
+    let a = ts(10, 1);
+    request(&mut r, T0, a).unwrap();
+    let stamp = stamp(&r);
+    release(&mut r, T0 + ms(10), a, stamp).unwrap();
+    drain(&mut r);
+    assert_eq!(r.tombstones(), 1);
+    let expiry = T0 + ms(10) + Duration::from_secs(2);
+    assert_eq!(r.disposable_at(), Some(expiry), "the idle TTL after the release, not the 30 s tombstone");
+    assert!(!r.is_disposable(expiry - ms(1)));
+    assert!(r.is_disposable(expiry));
+    // While the replica is in use, its tombstones keep their whole TTL.
+    let b = ts(20, 2);
+    request(&mut r, T0 + ms(20), b).unwrap();
+    drain(&mut r);
+    assert_eq!(r.disposable_at(), None, "held by B");
+    let late = T0 + ms(20) + Duration::from_secs(3);
+    assert!(matches!(request(&mut r, late, a), Err(ReplicaError::Finished)), "A's late REQUEST, past the idle TTL");
 }
 
 #[test]

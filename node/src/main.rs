@@ -228,6 +228,11 @@ struct RunArgs {
     /// Most replicas one remote peer's requests may have created here.
     #[arg(long, value_name = "N", default_value_t = 50_000, env = "SIGMA_MAX_REPLICAS_PER_PEER")]
     max_replicas_per_peer: usize,
+    /// How long an idle replica (no owner, no waiter) is kept after its last release
+    /// before it is dropped; with the lock rate and this peer's share of the keys it sets
+    /// how many replicas this peer holds.
+    #[arg(long, value_parser = parse_duration, default_value = "5s", env = "SIGMA_REPLICA_IDLE_TTL")]
+    replica_idle_ttl: Duration,
     /// Most queue entries (owners and waiters of other peers' acquisitions, ~100 bytes
     /// each) in all the replicas this peer hosts; past it a new one is refused.
     #[arg(long, value_name = "N", default_value_t = sigma_behaviour::DEFAULT_MAX_ENTRIES, env = "SIGMA_MAX_QUEUE_ENTRIES")]
@@ -609,7 +614,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     if args.api_max_requests == 0 {
         bail!("--api-max-requests must be at least 1");
     }
-    let mut proto = sigma_behaviour::proto::Config::default();
+    let mut proto = sigma_behaviour::proto::Config::default().with_idle_ttl(args.replica_idle_ttl);
     if let (Some(n), Some(m)) = (args.n, args.m) {
         proto = proto.with_quorum(n, m);
     }

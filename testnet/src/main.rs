@@ -199,7 +199,8 @@ struct SoakArgs {
     /// Seconds between samples.
     #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
     sample: f64,
-    /// Seconds to watch the idle swarm after the stream (idle replicas go after 60 s).
+    /// Seconds to watch the idle swarm after the stream (idle replicas go 5 s after their last
+    /// release, cached hosts after 30 s).
     #[arg(long, default_value_t = 90.0, value_name = "SECONDS")]
     idle: f64,
     /// REQUESTs for made-up names sent by one hostile peer during the stream (0: none).

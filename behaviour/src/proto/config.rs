@@ -23,6 +23,7 @@ pub struct Config {
     pub(crate) min_advice: Duration,
     pub(crate) queue_grace: Duration,
     pub(crate) tombstone_ttl: Duration,
+    pub(crate) idle_ttl: Duration,
     pub(crate) max_queue: usize,
     pub(crate) max_tombstones: usize,
     pub(crate) retry_slack_percent: u32,
@@ -89,6 +90,7 @@ impl Default for Config {
             min_advice: Duration::from_millis(50),
             queue_grace: Duration::from_secs(10),
             tombstone_ttl: Duration::from_secs(60),
+            idle_ttl: Duration::from_secs(5),
             max_queue: 100_000,
             max_tombstones: 100_000,
             retry_slack_percent: 25,
@@ -142,6 +144,11 @@ impl Config {
     /// How long a replica remembers released acquisitions (late duplicates are ignored).
     pub fn tombstone_ttl(&self) -> Duration {
         self.tombstone_ttl
+    }
+    /// How long an idle replica (no owner, no waiter) is kept after its last RELEASE
+    /// before its host may drop it, tombstones and all (at most the tombstone TTL).
+    pub fn idle_ttl(&self) -> Duration {
+        self.idle_ttl
     }
     /// Bound on waiters per replica.
     pub fn max_queue(&self) -> usize {
@@ -230,6 +237,11 @@ impl Config {
     /// Tombstone lifetime.
     pub fn with_tombstone_ttl(mut self, d: Duration) -> Self {
         self.tombstone_ttl = d;
+        self
+    }
+    /// How long an idle replica is kept after its last RELEASE (see [`Config::idle_ttl`]).
+    pub fn with_idle_ttl(mut self, d: Duration) -> Self {
+        self.idle_ttl = d;
         self
     }
     /// Informed-backoff slack: a waiter retries at `T_w · (1 + percent/100)` plus two

@@ -298,10 +298,14 @@ impl<C: Clone + Ord> Replica<C> {
     }
 
     /// True when dropping this replica and starting a new one on the next message
-    /// changes nothing a client can observe: no owner, no waiter, no tombstone, no
-    /// takeover delay, and `now` past the last grant stamp (a new replica's first stamp,
-    /// `now` in µs, is then above every stamp this one issued). Dropping it is not a
-    /// reset: a replica with no owner grants the next REQUEST at once either way.
+    /// changes nothing exclusion depends on: no owner, no waiter, no takeover delay,
+    /// `now` past the last grant stamp (a new replica's first stamp, `now` in µs, is then
+    /// above every stamp this one issued), and its tombstones expired or the idle TTL
+    /// ([`Config::idle_ttl`]) past since the last was buried. Dropping it is not a
+    /// reset: a replica with no owner grants the next REQUEST at once either way. What
+    /// the dropped tombstones would have stopped (a REQUEST overtaken by its own RELEASE
+    /// by more than the idle TTL) is a grant to a finished acquisition, which its client
+    /// hands back: a round trip of one vote, not a second holder.
     pub fn is_disposable(&self, now: Time) -> bool {
         self.disposable_at().is_some_and(|t| t <= now)
     }
@@ -312,8 +316,11 @@ impl<C: Clone + Ord> Replica<C> {
         if !self.is_idle() || self.hold_until.is_some() {
             return None;
         }
-        // Tombstones are kept in insertion order with one TTL: the last goes last.
-        let tombstones = self.tombstones.last_until().unwrap_or(Duration::ZERO);
+        // Tombstones are kept in insertion order with one TTL: the last goes last, and it
+        // was buried at its expiry less the TTL.
+        let tombstones = self.tombstones.last_until().map_or(Duration::ZERO, |until| {
+            until.min(until.saturating_sub(self.config.tombstone_ttl).saturating_add(self.config.idle_ttl))
+        });
         let stamp = Duration::from_micros(self.last_stamp.saturating_add(1));
         Some(tombstones.max(stamp))
     }

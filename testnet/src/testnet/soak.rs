@@ -87,6 +87,8 @@ pub struct Probe {
 pub struct SoakReport {
     /// Samples in order.
     pub samples: Vec<Sample>,
+    /// Warm-up probe on the swarm that just formed (not counted).
+    pub warm_up: Probe,
     /// Latency probe before the stream.
     pub probe_before: Probe,
     /// Latency probe after the idle wait.
@@ -249,6 +251,10 @@ pub async fn run(opts: &SoakOptions) -> Result<(SoakReport, String)> {
 
     // The start: the swarm just formed, before any lock.
     let start_nodes = sample_nodes(&http, &cluster).await;
+    // A swarm that just formed still looks up its neighbourhoods (the first locks wait
+    // for ownership lookups): a warm-up probe, not counted, so that the probes before
+    // and after compare the same steady state.
+    let warm_up = probe(&http, &apis, opts.clients, opts.probe_rounds, "warm-up").await;
     let probe_before = probe(&http, &apis, opts.clients, opts.probe_rounds, "probe-before").await;
     let mut samples = Vec::new();
     let first = Sample {
@@ -261,7 +267,7 @@ pub async fn run(opts: &SoakOptions) -> Result<(SoakReport, String)> {
         nodes: start_nodes,
     };
     println!(
-        "soak: {} nodes, {} names, {} clients{}; probe before: {} rounds, p50 {:.2} ms, p99 {:.2} ms",
+        "soak: {} nodes, {} names, {} clients{}; warm-up: {} rounds, p50 {:.2} ms, p99 {:.2} ms (not counted); probe before: {} rounds, p50 {:.2} ms, p99 {:.2} ms",
         apis.len(),
         opts.names,
         opts.clients,
@@ -270,6 +276,9 @@ pub async fn run(opts: &SoakOptions) -> Result<(SoakReport, String)> {
         } else {
             String::new()
         },
+        warm_up.rounds,
+        warm_up.p50_ms,
+        warm_up.p99_ms,
         probe_before.rounds,
         probe_before.p50_ms,
         probe_before.p99_ms
@@ -340,6 +349,7 @@ pub async fn run(opts: &SoakOptions) -> Result<(SoakReport, String)> {
     let report = SoakReport {
         targets: targets(&samples, &probe_before, &probe_after),
         samples,
+        warm_up,
         probe_before,
         probe_after,
         names_done: stream.done.load(Ordering::Relaxed),

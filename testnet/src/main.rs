@@ -200,13 +200,16 @@ struct SoakArgs {
     #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
     sample: f64,
     /// Seconds to watch the idle swarm after the stream (idle replicas go 5 s after their last
-    /// release, cached hosts after 30 s).
+    /// release, cached hosts after 30 s); the warm-up before the start is followed by the
+    /// same wait.
     #[arg(long, default_value_t = 90.0, value_name = "SECONDS")]
     idle: f64,
     /// REQUESTs for made-up names sent by one hostile peer during the stream (0: none).
     #[arg(long, default_value_t = 0)]
     flood: u64,
-    /// Lock+release rounds of the latency probes before and after.
+    /// Lock+release rounds of the latency probes before and after (one client on node 0,
+    /// one round at a time: the cost of an operation, not queueing); the warm-up before
+    /// them runs as many on every client.
     #[arg(long, default_value_t = 500)]
     probe_rounds: u64,
     /// Lease of a vote in milliseconds (default: the daemon's, 10000).

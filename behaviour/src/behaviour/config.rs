@@ -12,6 +12,11 @@ use libp2p::PeerId;
 use super::MAX_TIMER;
 use crate::proto;
 
+#[cfg(doc)]
+use super::Behaviour;
+#[cfg(doc)]
+use crate::wire;
+
 /// Configuration of the behaviour.
 #[derive(Clone, Debug)]
 pub struct Config {

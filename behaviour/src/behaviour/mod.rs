@@ -19,7 +19,7 @@
 //! it, and correct it on a redirect or, after a failed dial, with a Kademlia
 //! `get_closest_peers` lookup. Replicas hosted by the local peer take no network hop.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -61,6 +61,10 @@ pub use types::{
     AcquireError, AcquisitionId, AcquisitionInfo, Counters, Event, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals,
     StateSizes,
 };
+
+mod util;
+
+use util::{shrink_if_sparse, Clock, DeadlineIndex};
 
 /// Confirmed external addresses tracked at most.
 const MAX_EXTERNALS: usize = 32;
@@ -177,38 +181,6 @@ struct Pending {
     hops: u8,
 }
 
-/// The core's `Time`: the wall clock at start (so hybrid timestamps and grant stamps
-/// are wall-aligned µs), advanced by a clock that keeps counting while the machine is
-/// suspended (`CLOCK_BOOTTIME` on Linux). `Instant` (`CLOCK_MONOTONIC`) stops during a
-/// suspend: a laptop suspended for a minute while holding a 10 s lease would resume
-/// still "valid" beside the next holder.
-#[derive(Clone, Debug)]
-struct Clock {
-    source: BootClock,
-    boot: Duration,
-    wall: Duration,
-}
-
-impl Clock {
-    fn new(source: BootClock) -> Self {
-        let boot = source.read();
-        Clock { source, boot, wall: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default() }
-    }
-    fn now(&self) -> Time {
-        self.wall + self.source.read().saturating_sub(self.boot)
-    }
-    /// The `Instant` at which `now()` will read `t`, as far as the monotonic clock can
-    /// tell (a suspend in between makes it later; see [`MAX_TIMER`]).
-    fn instant(&self, t: Time) -> Instant {
-        let (now, instant) = (self.now(), Instant::now());
-        if t >= now {
-            instant + (t - now)
-        } else {
-            instant.checked_sub(now - t).unwrap_or(instant)
-        }
-    }
-}
-
 /// Whether this peer may serve a key it would host (see [`Config::with_ownership`]).
 enum Ownership {
     /// A lookup runs; the key's requests wait for its answer.
@@ -261,71 +233,9 @@ struct InboundBatch {
     missing: usize,
 }
 
-/// Keys filed under their next deadline, in time order, each at most once.
-#[derive(Debug)]
-struct DeadlineIndex<K> {
-    by_time: BTreeSet<(Time, K)>,
-    at: HashMap<K, Time>,
-}
-
-impl<K> Default for DeadlineIndex<K> {
-    fn default() -> Self {
-        DeadlineIndex { by_time: BTreeSet::new(), at: HashMap::new() }
-    }
-}
-
-impl<K: Clone + Ord + std::hash::Hash> DeadlineIndex<K> {
-    /// Files `key` under `at`, or takes it out (`None`).
-    fn set(&mut self, key: &K, at: Option<Time>) {
-        if let Some(old) = self.at.remove(key) {
-            self.by_time.remove(&(old, key.clone()));
-            if at.is_none() {
-                shrink_if_sparse(&mut self.at);
-            }
-        }
-        if let Some(at) = at {
-            self.by_time.insert((at, key.clone()));
-            self.at.insert(key.clone(), at);
-        }
-    }
-
-    /// The keys due at `now` (collected: handling one may re-file it).
-    fn due(&self, now: Time) -> Vec<K> {
-        self.by_time.iter().take_while(|(at, _)| *at <= now).map(|(_, k)| k.clone()).collect()
-    }
-
-    /// The earliest deadline.
-    fn first(&self) -> Option<Time> {
-        self.by_time.first().map(|(t, _)| *t)
-    }
-
-    /// The key filed under the earliest deadline.
-    fn first_key(&self) -> Option<K> {
-        self.by_time.first().map(|(_, k)| k.clone())
-    }
-
-    /// Keys filed.
-    fn len(&self) -> usize {
-        self.at.len()
-    }
-
-    fn clear(&mut self) {
-        *self = DeadlineIndex::default();
-    }
-}
-
 /// A replica's number of entries (owner and waiters) and its first one: when neither
 /// changed, nor did who is in it (see `recount_entries`).
 type EntryShape = (usize, Option<PeerId>);
-
-/// Gives a map's memory back once it holds less than a quarter of its capacity: a
-/// `HashMap` never shrinks by itself, so a burst of lock names would keep its table for
-/// good. Amortised O(1) per removal (the next shrink needs the length to halve again).
-fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
-    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
-        map.shrink_to(map.len() * 2);
-    }
-}
 
 /// How often departed members are dialled again, and how many at a time (picked at
 /// random): a healed partition reconnects without waiting for traffic, and a swarm
@@ -2689,38 +2599,5 @@ impl NetworkBehaviour for Behaviour {
             self.waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_map_emptied_after_a_burst_gives_its_table_back() {
-        let mut map: HashMap<u64, [u8; 256]> = HashMap::new();
-        for k in 0..100_000 {
-            map.insert(k, [0; 256]);
-        }
-        let burst = map.capacity();
-        for k in 0..99_990 {
-            map.remove(&k);
-            shrink_if_sparse(&mut map);
-        }
-        assert_eq!(map.len(), 10);
-        assert!(map.capacity() <= 64, "capacity {} after the burst (was {burst})", map.capacity());
-    }
-
-    #[test]
-    fn a_deadline_index_shrinks_with_its_keys() {
-        let mut index = DeadlineIndex::default();
-        for k in 0..10_000u64 {
-            index.set(&k, Some(Time::from_micros(k)));
-        }
-        for k in 0..10_000u64 {
-            index.set(&k, None);
-        }
-        assert_eq!(index.first(), None);
-        assert!(index.at.capacity() <= 64, "capacity {}", index.at.capacity());
     }
 }

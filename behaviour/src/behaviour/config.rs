@@ -1,7 +1,8 @@
 //! The behaviour's configuration: [`Config`] with its builder methods, [`Admin`],
 //! [`BootClock`] (the clock leases are counted on) and the defaults (`DEFAULT_*`).
-//! Every setter clamps its input to a workable range; the derived delays
-//! ([`Config::liveness_timeout`], [`Config::takeover_delay`]) are computed here only.
+//! Setters clamp what could not work (intervals to at least 10 ms, counts to at least
+//! 1); the delays derived from several settings ([`Config::liveness_timeout`],
+//! [`Config::takeover_delay`]) are computed here.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -9,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use libp2p::PeerId;
 
-use super::MAX_TIMER;
 use crate::proto;
 
 #[cfg(doc)]
@@ -145,6 +145,11 @@ pub(super) const MAX_IDLE_HOSTS: usize = 8192;
 pub const TRIM_GRACE: Duration = Duration::from_secs(2);
 /// How long an ownership lookup may run before it is decided on what it has heard.
 pub const DEFAULT_OWNERSHIP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Timers sleep on the monotonic clock, which stops during a suspend: the behaviour
+/// wakes at least this often, so a lease that ran out while the machine slept is noticed
+/// within this time of resuming.
+pub(super) const MAX_TIMER: Duration = Duration::from_secs(1);
 
 impl Default for Config {
     fn default() -> Self {

@@ -1,8 +1,9 @@
 //! The host side: serving the replicas this peer hosts. Inbound requests (alone or in a
 //! batch, answered item by item), the replicas' outputs, and what a remote peer may cost
-//! (replica and queue-entry quotas, a token bucket per peer). Every change to a hosted
-//! replica goes through [`Behaviour::reindex_replica`], which keeps its deadline, its
-//! entry counts and its eviction in step.
+//! (replica and queue-entry quotas, a token bucket per peer). A hosted replica that
+//! changed is filed again with [`Behaviour::reindex_replica`] (its deadline, its entry
+//! counts, its eviction once disposable) and removed with [`Behaviour::drop_replica`]
+//! (all at once when serving stops): the counts behind the quotas stay exact.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@
 //! the SHA-256 of that name (`kad::KBucketKey`). A peer serves a replica only while no
 //! *connected* peer is closer to its key (otherwise it answers with a redirect), and
 //! only after a Kademlia lookup of the key found no closer peer either, looked up again
-//! every [`DEFAULT_OWNERSHIP_TTL`](config::DEFAULT_OWNERSHIP_TTL) while it hosts the key: two peers that do not know
+//! every [`DEFAULT_OWNERSHIP_TTL`] while it hosts the key: two peers that do not know
 //! each other do not both serve one key. A peer that becomes closest starts with empty
 //! state for the key — the paper's replica reset, arising from churn by itself — and
 //! informed backoff rebuilds the queue.
@@ -18,6 +18,18 @@
 //! Clients resolve a replica's host from their routing table (self included), cache
 //! it, and correct it on a redirect or, after a failed dial, with a Kademlia
 //! `get_closest_peers` lookup. Replicas hosted by the local peer take no network hop.
+//!
+//! The code is split by role, each file with its own `impl Behaviour` block:
+//! - `config.rs`: [`Config`], [`Admin`], [`BootClock`] and the defaults;
+//! - `types.rs`: the public ids, events, errors and metrics;
+//! - `placement.rs`: the routing table, the host of a key, lookups, ownership checks;
+//! - `host.rs`: serving the hosted replicas (inbound requests and batches, quotas);
+//! - `client.rs`: this peer's acquisitions and probes (the outbox, replies, failures);
+//! - `members.rs`: membership housekeeping, the gossip, connection trimming;
+//! - `util.rs`: the clock, the deadline index, shrinking maps;
+//! - here: [`Behaviour`] and its constructor, the composition with Kademlia,
+//!   request-response and ping ([`Inner`]), the dispatch of their events, and the one
+//!   timer.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -43,30 +55,28 @@ use crate::membership::Membership;
 use crate::proto::{LamportClock, Replica, Time, Timestamp};
 use crate::wire::{self, Rejection, Reply, Request};
 
+mod client;
 mod config;
+mod host;
+mod members;
+mod placement;
+mod types;
+mod util;
 
-#[cfg(doc)]
-use config::MAX_IDLE_HOSTS;
 pub use config::{
     Admin, BootClock, Config, DEFAULT_GOSSIP_FANOUT, DEFAULT_GOSSIP_INTERVAL, DEFAULT_GOSSIP_LIVENESS,
     DEFAULT_IDLE_HOSTS_TTL, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_ENTRIES_PER_PEER,
     DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_REFRESH, TRIM_GRACE,
 };
-
-mod types;
-
 pub use types::{
     AcquireError, AcquisitionId, AcquisitionInfo, Counters, Event, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals,
     StateSizes,
 };
 
-mod client;
-mod host;
-mod members;
-mod placement;
-mod util;
-
 use client::{Acquisition, Pending, Probe, Sent};
+use config::MAX_TIMER;
+#[cfg(doc)]
+use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
 use host::{EntryShape, InboundBatch};
 #[cfg(doc)]
 use placement::MAX_OWNERSHIP_CHECKS;
@@ -126,11 +136,6 @@ impl From<request_response::Event<Request, Reply>> for InnerEvent {
         InnerEvent::Rr(e)
     }
 }
-
-/// Timers sleep on the monotonic clock, which stops during a suspend: the behaviour
-/// wakes at least this often, so a lease that ran out while the machine slept is noticed
-/// within this time of resuming.
-const MAX_TIMER: Duration = Duration::from_secs(1);
 
 /// The Sigma network behaviour.
 pub struct Behaviour {

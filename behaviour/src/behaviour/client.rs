@@ -1,0 +1,694 @@
+//! The client side: this peer's acquisitions (a sans-IO [`Client`] each) and its probes.
+//! Client messages go to each replica's host, queued per peer and sent once per step
+//! ([`Behaviour::flush_outbox`]); replies, redirects and failures come back here. Every
+//! change to an acquisition ends in [`Behaviour::drain_acquisition`], which hands its
+//! outputs on and files its next deadline; a finished one is remembered a while, so
+//! that a late grant to it is handed back.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use libp2p::kad::KBucketKey;
+use libp2p::request_response::{self, OutboundRequestId};
+use libp2p::PeerId;
+
+use super::config::MAX_IDLE_HOSTS;
+use super::placement::{Parked, ReplyTo};
+use super::{
+    shrink_if_sparse, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Counters, Event, ProbeId, ReplicaAnswer,
+};
+use crate::proto::{self, client::Phase, Client, Response, Time, ToReplica};
+use crate::wire::{self, Rejection, Reply, Request};
+
+#[cfg(doc)]
+use super::Config;
+
+/// A fan-out to the hosts of a lock's replicas, or one question to one peer.
+pub(super) struct Probe {
+    started: Instant,
+    kind: ProbeKind,
+    outstanding: usize,
+}
+
+enum ProbeKind {
+    /// Round trips, by replica index.
+    Ping(Vec<Option<Duration>>),
+    /// Replica states, by replica index.
+    Inspect(Vec<ReplicaAnswer>),
+    /// One request to one peer.
+    Ask,
+}
+
+pub(super) struct Acquisition {
+    resource: String,
+    n: u16,
+    pub(super) client: Client<PeerId>,
+    /// Started while this peer was joining: nothing sent yet; started afresh (same
+    /// timestamp) once it is ready.
+    pub(super) deferred: Option<proto::Config>,
+    /// D was the default (not named by the caller): lowered to 1 if the lock's keys come
+    /// to fall on one alive peer (see [`Behaviour::relax_diversity`]).
+    default_d: bool,
+}
+
+/// An outbound request, kept for redirects and failures.
+/// What a transport request carried: one message, or a batch (an entry per item;
+/// `None` for a notice, which expects nothing but an acknowledgement).
+#[derive(Debug)]
+pub(super) enum Sent {
+    One(Pending),
+    Batch(Vec<Option<Pending>>),
+}
+
+#[derive(Debug)]
+pub(super) struct Pending {
+    peer: PeerId,
+    resource: String,
+    index: u16,
+    n: u16,
+    /// The client message, or `None` for a probe.
+    msg: Option<ToReplica<PeerId>>,
+    probe: Option<ProbeId>,
+    hops: u8,
+}
+
+/// How often waiters short of distinct voters are looked at ([`Behaviour::relax_diversity`]).
+const RELAX_INTERVAL: Duration = Duration::from_secs(1);
+
+impl Behaviour {
+    /// Starts acquiring `resource` with the configured quorum, or `(n, m)`: n must be
+    /// the swarm's (replicas are shared by every client of a lock, so a client on fewer
+    /// replicas could win beside one on more) and m at least the swarm's.
+    pub fn acquire(&mut self, resource: &str, quorum: Option<(usize, usize)>) -> Result<AcquisitionId, AcquireError> {
+        self.acquire_with(resource, quorum, None)
+    }
+
+    /// [`Behaviour::acquire`] with a per-lock quorum diversity: the win needs votes
+    /// hosted by at least `min_peers` distinct peers (default: the node's, see
+    /// [`Config::with_min_voters`]). While this peer is joining its swarm the acquisition
+    /// waits, sending nothing.
+    pub fn acquire_with(
+        &mut self,
+        resource: &str,
+        quorum: Option<(usize, usize)>,
+        min_peers: Option<usize>,
+    ) -> Result<AcquisitionId, AcquireError> {
+        wire::validate_resource(resource).map_err(|_| AcquireError::BadName)?;
+        let mut config = self.config.proto.clone();
+        if let Some((n, m)) = quorum {
+            let (swarm_n, swarm_m) = (config.n(), config.m());
+            if n != swarm_n || m < swarm_m || m > n {
+                return Err(AcquireError::SwarmQuorum { n, m, swarm_n, swarm_m });
+            }
+            config = config.with_quorum(n, m);
+        }
+        let m = config.m();
+        let explicit = min_peers.or(self.config.min_voters);
+        let d = match explicit {
+            Some(d) if d == 0 || d > m => return Err(AcquireError::MinPeers { d, m }),
+            Some(d) => d,
+            None => self.default_min_voters(resource, config.n()).min(m),
+        };
+        let config = config.with_min_voters(d);
+        config.validate()?;
+        let n = u16::try_from(config.n()).map_err(|_| proto::ConfigError::TooManyReplicas(config.n()))?;
+        let now = self.clock.now();
+        let ts = self.lamport.stamp(now, self.local);
+        let id = AcquisitionId(self.next_id);
+        self.next_id += 1;
+        self.counters.acquisitions += 1;
+        let deferred = (!self.membership.ready()).then(|| config.clone());
+        self.deferred += usize::from(deferred.is_some());
+        let mut client = Client::new(config, ts, now);
+        if deferred.is_some() {
+            while client.poll_transmit().is_some() {}
+        }
+        self.by_ts.insert(ts, id);
+        if !self.live_locks.contains_key(resource) && self.idle_hosts.len() > 0 {
+            for index in 0..n {
+                self.idle_hosts.set(&(resource.to_owned(), index), None);
+            }
+        }
+        *self.live_locks.entry(resource.to_owned()).or_default() += 1;
+        let acquisition =
+            Acquisition { resource: resource.to_owned(), n, client, deferred, default_d: explicit.is_none() };
+        self.acquisitions.insert(id, acquisition);
+        self.drain_acquisition(id);
+        self.wake();
+        Ok(id)
+    }
+
+    /// The default quorum diversity: 2, unless every replica of the lock falls on one
+    /// peer even when every member this peer knows (present or departed) is counted —
+    /// a one-node swarm, or a lock whose n keys all land on one peer of a small swarm —
+    /// where 2 could never be met. An island still needs 2: its departed members host
+    /// some of the keys. This peer counts as a possible host only when others can dial
+    /// it: an unreachable one hosts nothing.
+    fn default_min_voters(&self, resource: &str, n: usize) -> usize {
+        if Self::one_host(resource, n, self.membership.peers().chain(self.self_as_host())) {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Whether all `n` keys of `resource` fall on one of `peers` (the closest to each).
+    fn one_host<'a>(resource: &str, n: usize, peers: impl Iterator<Item = &'a PeerId> + Clone) -> bool {
+        let mut first: Option<PeerId> = None;
+        for index in 0..n {
+            let key = Self::key(resource, u16::try_from(index).unwrap_or(u16::MAX));
+            let host = peers.clone().map(|p| (KBucketKey::from(*p).distance(&key), *p)).min().map(|(_, p)| p);
+            match (first, host) {
+                (None, h) => first = h,
+                (Some(a), Some(b)) if a != b => return false,
+                _ => {}
+            }
+        }
+        true
+    }
+
+    /// A default D = 2 set while the lock's keys fell on several peers must not outlive
+    /// them: once members departed and every key falls on one *alive* peer (this one
+    /// included when others can dial it), a waiter holding m live votes from that one
+    /// peer could never win until a departed member returned (up to the membership
+    /// window). While this peer reaches a majority of its members (no island; serving
+    /// or not, an unreachable peer's locks are served by the others), such a waiter's D is
+    /// lowered to 1; the majority rule and the takeover delay still stand. Only waiters
+    /// that are short of voters alone are looked at, once a second.
+    pub(super) fn relax_diversity(&mut self, now: Time) {
+        if now < self.next_relax || !self.membership.majority() {
+            return;
+        }
+        self.next_relax = now + RELAX_INTERVAL;
+        let short: Vec<AcquisitionId> = self
+            .acquisitions
+            .iter()
+            .filter(|(_, a)| a.default_d && a.deferred.is_none() && a.client.short_of_voters(now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in short {
+            let Some(a) = self.acquisitions.get(&id) else { continue };
+            let alive = self.membership.alive().chain(self.self_as_host());
+            if Self::one_host(&a.resource, usize::from(a.n), alive) {
+                tracing::info!(resource = %a.resource, "every key on one alive peer: quorum diversity lowered to 1");
+                if let Some(a) = self.acquisitions.get_mut(&id) {
+                    a.client.lower_min_voters(now, 1);
+                }
+                self.drain_acquisition(id);
+            }
+        }
+    }
+
+    /// Releases (or abandons) an acquisition. Unknown ids are ignored.
+    pub fn release(&mut self, id: AcquisitionId) {
+        let now = self.clock.now();
+        if let Some(a) = self.acquisitions.get_mut(&id) {
+            a.client.release(now);
+            self.drain_acquisition(id);
+            self.wake();
+        }
+    }
+
+    /// The state of an acquisition, while it exists.
+    pub fn acquisition(&self, id: AcquisitionId) -> Option<AcquisitionInfo> {
+        let a = self.acquisitions.get(&id)?;
+        let holding = a.client.phase() == Phase::Holding;
+        Some(AcquisitionInfo {
+            resource: a.resource.clone(),
+            phase: a.client.phase(),
+            token: a.client.token(),
+            votes: a.client.votes(),
+            position: a.client.position(),
+            valid_until: a.client.valid_until().filter(|_| holding).map(|t| self.clock.instant(t)),
+        })
+    }
+
+    /// Acquisitions in progress or held: (id, lock name, phase).
+    pub fn acquisitions(&self) -> Vec<(AcquisitionId, String, Phase)> {
+        let mut v: Vec<_> =
+            self.acquisitions.iter().map(|(id, a)| (*id, a.resource.clone(), a.client.phase())).collect();
+        v.sort_by_key(|(id, _, _)| *id);
+        v
+    }
+
+    /// Sends a client message to the host of replica `index` (locally if that is us).
+    pub(super) fn send_to_replica(&mut self, resource: String, n: u16, index: u16, msg: ToReplica<PeerId>, hops: u8) {
+        let mut host = self.host(&resource, index);
+        if host == self.local {
+            // The local estimate may predate a closer peer's connection.
+            if let Some(closer) = self.closer_live_peer(&resource, index) {
+                self.cache_host(&resource, index, closer);
+                host = closer;
+            }
+        }
+        Counters::bump(&mut self.counters.messages_out, msg.kind());
+        if host == self.local {
+            // A local refusal (a duplicate RELEASE, say) needs no answer: the core retries
+            // on its timers like for a lost message.
+            if !self.membership.serving() {
+                return; // not serving: as if lost; the core retries
+            }
+            if self.owns(&resource, index) {
+                let now = self.clock.now();
+                self.serve_local(&resource, index, msg, now);
+            } else if self.room_to_check(self.local, &resource, index).is_ok() {
+                let parked =
+                    Parked { from: self.local, heard: self.clock.now(), n, msg, hops, reply_to: ReplyTo::Local };
+                self.park(&resource, index, parked);
+            }
+            return;
+        }
+        let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
+        let pending = Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops };
+        self.enqueue(host, request, Some(pending));
+    }
+
+    /// Queues a message for `peer`: everything queued for one peer in one step goes as
+    /// one transport request ([`Behaviour::flush_outbox`]).
+    pub(super) fn enqueue(&mut self, peer: PeerId, request: Request, pending: Option<Pending>) {
+        self.used(peer);
+        match self.outbox.get_mut(&peer) {
+            Some(items) => items.push((request, pending)),
+            None => {
+                self.outbox.insert(peer, vec![(request, pending)]);
+                self.outbox_order.push(peer);
+            }
+        }
+        self.wake();
+    }
+
+    /// Sends what the current step queued: per peer, a message alone or batches of up
+    /// to [`wire::MAX_BATCH`]. Answers whether anything was sent.
+    pub(super) fn flush_outbox(&mut self) -> bool {
+        if self.outbox_order.is_empty() {
+            return false;
+        }
+        for peer in std::mem::take(&mut self.outbox_order) {
+            let Some(mut items) = self.outbox.remove(&peer) else { continue };
+            while !items.is_empty() {
+                let rest = items.split_off(items.len().min(wire::MAX_BATCH));
+                let chunk = std::mem::replace(&mut items, rest);
+                self.counters.requests_out += 1;
+                if chunk.len() == 1 {
+                    let Some((request, pending)) = chunk.into_iter().next() else { break };
+                    let id = self.inner.rr.send_request(&peer, request);
+                    if let Some(p) = pending {
+                        self.pending.insert(id, Sent::One(p));
+                    }
+                } else {
+                    self.counters.batches_out += 1;
+                    let (requests, pendings): (Vec<Request>, Vec<Option<Pending>>) = chunk.into_iter().unzip();
+                    let id = self.inner.rr.send_request(&peer, Request::Batch(requests));
+                    self.pending.insert(id, Sent::Batch(pendings));
+                }
+            }
+        }
+        shrink_if_sparse(&mut self.outbox);
+        true
+    }
+
+    /// Measures the round trip to the host of every replica of `resource` (`n`
+    /// replicas, default the configured n) along the path a REQUEST takes, redirects
+    /// included, without protocol work. The result comes as [`Event::Probed`].
+    pub fn probe(&mut self, resource: &str, n: Option<usize>) -> Result<ProbeId, AcquireError> {
+        self.survey(resource, n, |n| ProbeKind::Ping(vec![None; n]))
+    }
+
+    /// Asks the host of every replica of `resource` (`n` replicas, default the
+    /// configured n) for the replica's state: owner, lease, queue. Changes nothing. The
+    /// result comes as [`Event::Inspected`].
+    pub fn inspect(&mut self, resource: &str, n: Option<usize>) -> Result<ProbeId, AcquireError> {
+        let local = self.local;
+        self.survey(resource, n, |n| ProbeKind::Inspect(vec![ReplicaAnswer::NoAnswer { host: local }; n]))
+    }
+
+    fn survey(
+        &mut self,
+        resource: &str,
+        n: Option<usize>,
+        kind: impl FnOnce(usize) -> ProbeKind,
+    ) -> Result<ProbeId, AcquireError> {
+        wire::validate_resource(resource).map_err(|_| AcquireError::BadName)?;
+        let n = n.unwrap_or(self.config.proto.n());
+        let n16 = u16::try_from(n).ok().filter(|x| (1..=proto::MAX_REPLICAS).contains(&usize::from(*x)));
+        let n16 = n16.ok_or(proto::ConfigError::TooManyReplicas(n))?;
+        let id = ProbeId(self.next_id);
+        self.next_id += 1;
+        self.probes.insert(id, Probe { started: Instant::now(), kind: kind(n), outstanding: n });
+        for index in 0..n16 {
+            self.send_survey(resource.to_owned(), n16, index, id, 0);
+        }
+        self.wake();
+        Ok(id)
+    }
+
+    /// Sends one question to `peer`: a [`Request::Holding`] or [`Request::Revoke`] (an
+    /// operator's tools). Asked of this peer, it is answered here at once. The answer
+    /// comes as [`Event::Answered`].
+    pub fn ask(&mut self, peer: PeerId, request: Request) -> ProbeId {
+        let id = ProbeId(self.next_id);
+        self.next_id += 1;
+        if peer == self.local {
+            let reply = self.answer_operator(self.local, request);
+            self.events.push_back(Event::Answered { id, reply: Some(reply) });
+        } else {
+            self.probes.insert(id, Probe { started: Instant::now(), kind: ProbeKind::Ask, outstanding: 1 });
+            self.used(peer);
+            self.counters.requests_out += 1;
+            let out = self.inner.rr.send_request(&peer, request);
+            let pending =
+                Pending { peer, resource: String::new(), index: 0, n: 0, msg: None, probe: Some(id), hops: 0 };
+            self.pending.insert(out, Sent::One(pending));
+        }
+        self.wake();
+        id
+    }
+
+    /// Revokes the local acquisition that holds `resource` under `token`, as ordered
+    /// by `by` (this peer, or an admin peer): the application gets [`Event::Revoked`]
+    /// and the lock is released. Returns whether such an acquisition was held here.
+    pub fn revoke(&mut self, resource: &str, token: u64, by: PeerId) -> bool {
+        let found = self
+            .acquisitions
+            .iter()
+            .find(|(_, a)| a.resource == resource && a.client.phase() == Phase::Holding && a.client.token() == token);
+        let Some((&id, _)) = found else { return false };
+        tracing::warn!(%resource, token, %by, "lock revoked by an operator");
+        self.counters.revoked += 1;
+        self.events.push_back(Event::Revoked { id, resource: resource.to_owned(), token, by });
+        self.release(id);
+        true
+    }
+
+    fn send_survey(&mut self, resource: String, n: u16, index: u16, probe: ProbeId, hops: u8) {
+        let mut host = self.host(&resource, index);
+        if host == self.local {
+            if let Some(closer) = self.closer_live_peer(&resource, index) {
+                self.cache_host(&resource, index, closer);
+                host = closer;
+            }
+        }
+        let inspect = matches!(self.probes.get(&probe).map(|p| &p.kind), Some(ProbeKind::Inspect(_)));
+        if host == self.local {
+            let reply = if inspect { Reply::Replica(self.replica_state(&resource, index)) } else { Reply::Ack };
+            self.probe_answered(probe, index, host, Some(reply));
+            return;
+        }
+        let request = if inspect {
+            Request::Inspect { resource: resource.clone(), index, n }
+        } else {
+            Request::Ping { resource: resource.clone(), index, n }
+        };
+        let pending = Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops };
+        self.enqueue(host, request, Some(pending));
+    }
+
+    /// Records the answer of `host` (`None`: no answer) for replica `index`.
+    fn probe_answered(&mut self, id: ProbeId, index: u16, host: PeerId, reply: Option<Reply>) {
+        let Some(p) = self.probes.get_mut(&id) else { return };
+        let i = usize::from(index);
+        match &mut p.kind {
+            ProbeKind::Ping(rtts) => {
+                if let (Some(slot), Some(Reply::Ack)) = (rtts.get_mut(i), &reply) {
+                    *slot = Some(p.started.elapsed());
+                }
+            }
+            ProbeKind::Inspect(answers) => {
+                if let Some(slot) = answers.get_mut(i) {
+                    *slot = match reply {
+                        Some(Reply::Replica(state)) => ReplicaAnswer::State { host, state },
+                        Some(Reply::Rejected(reason)) => ReplicaAnswer::Refused { host, reason },
+                        _ => ReplicaAnswer::NoAnswer { host },
+                    };
+                }
+            }
+            ProbeKind::Ask => {
+                self.probes.remove(&id);
+                self.events.push_back(Event::Answered { id, reply });
+                return;
+            }
+        }
+        p.outstanding = p.outstanding.saturating_sub(1);
+        if p.outstanding == 0 {
+            if let Some(p) = self.probes.remove(&id) {
+                self.events.push_back(match p.kind {
+                    ProbeKind::Ping(rtts) => Event::Probed { id, rtts },
+                    ProbeKind::Inspect(replicas) => Event::Inspected { id, replicas },
+                    // Answered above, when its one reply came.
+                    ProbeKind::Ask => Event::Answered { id, reply: None },
+                });
+            }
+        }
+    }
+
+    /// Hands a RESPONSE to the local acquisition it is for. A grant to an acquisition
+    /// that is already finished is given back at once.
+    pub(super) fn deliver(&mut self, voter: PeerId, resource: &str, index: u16, resp: Response<PeerId>) {
+        let now = self.clock.now();
+        // Lamport's receive rule, within the clock-offset bound (a value near u64::MAX
+        // would pin the clock there and give later acquisitions equal timestamps).
+        let bound =
+            proto::clock::micros(now).saturating_add(proto::clock::micros(self.config.proto.max_clock_offset()));
+        if resp.owner.counter <= bound {
+            self.lamport.observe(resp.owner.counter);
+        }
+        let Some(id) = self.by_ts.get(&resp.ts).copied() else {
+            if resp.owner == resp.ts {
+                if let Some((_, n)) = self.finished.get(&resp.ts) {
+                    // With the acquisition's own n: a host refuses any other replica
+                    // count (`Rejection::QuorumMismatch`), and a refused hand-back would
+                    // leave the vote with nobody until its lease ran out.
+                    let n = *n;
+                    let msg = ToReplica::Release { ts: resp.ts, token: 0 };
+                    self.send_to_replica(resource.to_owned(), n, index, msg, 0);
+                }
+            }
+            return;
+        };
+        if let Some(a) = self.acquisitions.get_mut(&id) {
+            if a.resource == resource {
+                if let Err(e) = a.client.handle_response_from(now, usize::from(index), voter, resp) {
+                    let reason = match e {
+                        proto::ClientError::Stale => "stale",
+                        proto::ClientError::Ahead { .. } => "ahead",
+                        proto::ClientError::WrongAcquisition => "wrong_acquisition",
+                        proto::ClientError::ReplicaOutOfRange { .. } => "replica_out_of_range",
+                    };
+                    Counters::bump(&mut self.counters.responses_refused, reason);
+                }
+            }
+        }
+        self.drain_acquisition(id);
+    }
+
+    /// Moves an acquisition's outputs to the network and its events to the application.
+    pub(super) fn drain_acquisition(&mut self, id: AcquisitionId) {
+        self.drain_acquisition_outputs(id);
+        self.reindex_acquisition(id);
+    }
+
+    fn drain_acquisition_outputs(&mut self, id: AcquisitionId) {
+        loop {
+            let Some(a) = self.acquisitions.get_mut(&id) else { return };
+            if let Some(event) = a.client.poll_event() {
+                let event = match event {
+                    proto::Event::Acquired { token, votes, valid_until } => {
+                        self.counters.acquired += 1;
+                        let resource = a.resource.clone();
+                        let peers: HashSet<PeerId> = a
+                            .client
+                            .views()
+                            .iter()
+                            .filter(|v| v.owner.as_ref() == Some(a.client.ts()))
+                            .filter_map(|v| v.voter)
+                            .collect();
+                        Event::Acquired {
+                            id,
+                            resource,
+                            token,
+                            valid_until: self.clock.instant(valid_until),
+                            votes,
+                            distinct_peers: peers.len(),
+                        }
+                    }
+                    proto::Event::Lost(reason) => {
+                        self.counters.lost += 1;
+                        Event::Lost { id, reason }
+                    }
+                };
+                self.events.push_back(event);
+                continue;
+            }
+            if let Some((index, msg)) = a.client.poll_transmit() {
+                if a.deferred.is_some() {
+                    continue; // nothing was sent: nothing to send now
+                }
+                let (resource, n) = (a.resource.clone(), a.n);
+                let index = u16::try_from(index).unwrap_or(u16::MAX);
+                self.send_to_replica(resource, n, index, msg, 0);
+                continue;
+            }
+            if a.client.phase() == Phase::Released {
+                if a.client.token() > 0 {
+                    let st = a.client.stats();
+                    self.counters.completed += 1;
+                    self.counters.completed_messages += st.requests + st.yields + st.releases + st.responses + st.stale;
+                }
+                let ts = *a.client.ts();
+                let (resource, n) = (a.resource.clone(), a.n);
+                self.acquisitions.remove(&id);
+                // The lock's host cache expires a while after its last local
+                // acquisition: the next one of a busy lock needs no redirects.
+                let last = match self.live_locks.get_mut(&resource) {
+                    Some(c) if *c > 1 => {
+                        *c -= 1;
+                        false
+                    }
+                    _ => true,
+                };
+                if last {
+                    self.live_locks.remove(&resource);
+                    let until = self.clock.now() + self.config.idle_hosts_ttl;
+                    for index in 0..n {
+                        let key = (resource.clone(), index);
+                        if self.hosts.contains_key(&key) {
+                            self.idle_hosts.set(&key, Some(until));
+                        }
+                    }
+                    while self.idle_hosts.len() > MAX_IDLE_HOSTS {
+                        let Some(key) = self.idle_hosts.first_key() else { break };
+                        self.idle_hosts.set(&key, None);
+                        self.hosts.remove(&key);
+                    }
+                }
+                self.by_ts.remove(&ts);
+                shrink_if_sparse(&mut self.acquisitions);
+                shrink_if_sparse(&mut self.by_ts);
+                shrink_if_sparse(&mut self.live_locks);
+                shrink_if_sparse(&mut self.hosts);
+                self.finished.insert(ts, (resource, n));
+                self.finished_order.push_back(ts);
+                while self.finished_order.len() > self.config.finished_memory {
+                    if let Some(old) = self.finished_order.pop_front() {
+                        self.finished.remove(&old);
+                    }
+                }
+            }
+            return;
+        }
+    }
+
+    pub(super) fn on_reply(&mut self, peer: PeerId, id: OutboundRequestId, reply: Reply) {
+        match self.pending.remove(&id) {
+            None => {}
+            Some(Sent::One(p)) => self.on_item_reply(peer, p, reply),
+            Some(Sent::Batch(items)) => {
+                let replies = match reply {
+                    Reply::Batch(replies) if replies.len() == items.len() => replies,
+                    reply => {
+                        // A refused batch (or a reply of the wrong shape): as if each
+                        // item were refused; the core retries on its timers.
+                        Counters::bump(&mut self.counters.responses_refused, "batch_reply");
+                        tracing::debug!(%peer, ?reply, "a batch was not answered item by item");
+                        let refused = match reply {
+                            Reply::Rejected(r) => r,
+                            _ => Rejection::BadBatch,
+                        };
+                        vec![Reply::Rejected(refused); items.len()]
+                    }
+                };
+                for (p, reply) in items.into_iter().zip(replies) {
+                    if let Some(p) = p {
+                        self.on_item_reply(peer, p, reply);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The reply to one message sent alone or in a batch.
+    fn on_item_reply(&mut self, peer: PeerId, p: Pending, reply: Reply) {
+        if let Some(probe) = p.probe {
+            match reply {
+                Reply::Redirect { peer: closer, addrs } if p.hops < self.config.max_redirects && closer != peer => {
+                    for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
+                        self.add_address(&closer, a);
+                    }
+                    self.cache_host(&p.resource, p.index, closer);
+                    self.send_survey(p.resource, p.n, p.index, probe, p.hops + 1);
+                }
+                Reply::Redirect { .. } => self.probe_answered(probe, p.index, peer, None),
+                reply => self.probe_answered(probe, p.index, peer, Some(reply)),
+            }
+            return;
+        }
+        let Some(msg) = p.msg else { return };
+        match reply {
+            Reply::Responses(responses) => {
+                for r in responses {
+                    if r.ts.client == self.local {
+                        self.deliver(peer, &p.resource, p.index, r);
+                    }
+                }
+            }
+            Reply::Redirect { peer: closer, addrs } => {
+                self.counters.redirects_followed += 1;
+                for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
+                    self.add_address(&closer, a);
+                }
+                self.cache_host(&p.resource, p.index, closer);
+                if p.hops < self.config.max_redirects && closer != peer {
+                    Counters::bump(&mut self.counters.messages_out, "redirected");
+                    self.send_to_replica(p.resource, p.n, p.index, msg, p.hops + 1);
+                } else {
+                    self.lookup(&p.resource, p.index);
+                }
+            }
+            Reply::Rejected(r) => {
+                tracing::debug!(%peer, reason = r.as_str(), "sigma request rejected by peer");
+            }
+            Reply::Ack | Reply::Replica(_) | Reply::Holding(_) | Reply::Batch(_) => {}
+        }
+    }
+
+    pub(super) fn on_outbound_failure(&mut self, id: OutboundRequestId, error: &request_response::OutboundFailure) {
+        use request_response::OutboundFailure as F;
+        let kind = match error {
+            F::DialFailure => "dial_failure",
+            F::Timeout => "timeout",
+            F::ConnectionClosed => "connection_closed",
+            F::UnsupportedProtocols => "unsupported_protocols",
+            F::Io(_) => "io",
+        };
+        Counters::bump(&mut self.counters.outbound_failures, kind);
+        match self.pending.remove(&id) {
+            None => {}
+            Some(Sent::One(p)) => self.on_item_failure(p, error),
+            Some(Sent::Batch(items)) => items.into_iter().flatten().for_each(|p| self.on_item_failure(p, error)),
+        }
+    }
+
+    /// A message sent alone or in a batch got no answer.
+    fn on_item_failure(&mut self, p: Pending, error: &request_response::OutboundFailure) {
+        use request_response::OutboundFailure as F;
+        if let Some(probe) = p.probe {
+            self.probe_answered(probe, p.index, p.peer, None);
+        }
+        // Timeout and ConnectionClosed mean "maybe delivered": the core's timers retry,
+        // and every handler is idempotent. A host that cannot be reached is looked up
+        // (a question to one peer, `ask`, names no replica).
+        if matches!(error, F::DialFailure | F::UnsupportedProtocols) && !p.resource.is_empty() {
+            let key = (p.resource.clone(), p.index);
+            self.idle_hosts.set(&key, None);
+            self.hosts.remove(&key);
+            self.routable.remove(&p.peer);
+            self.lookup(&p.resource, p.index);
+        }
+    }
+
+    /// Files an acquisition under its next deadline (none while deferred or gone).
+    fn reindex_acquisition(&mut self, id: AcquisitionId) {
+        let at = self.acquisitions.get(&id).filter(|a| a.deferred.is_none()).and_then(|a| a.client.poll_timeout());
+        self.acquisition_due.set(&id, at);
+    }
+}

@@ -1,0 +1,764 @@
+//! `sigma::Behaviour`: the Sigma protocol inside a Kademlia DHT.
+//!
+//! Thin glue around the sans-IO core ([`crate::proto`]): it composes
+//! `kad::Behaviour` (replica placement) with `request_response::cbor::Behaviour`
+//! (the wire, [`crate::wire`]), maps libp2p ids and events to core inputs, drives one
+//! timer from the core's next deadline, and turns core outputs into requests and
+//! replies.
+//!
+//! Replica `i` of resource `R` is named `"R:i"` and hosted by the peer XOR-closest to
+//! the SHA-256 of that name (`kad::KBucketKey`). A peer serves a replica only while no
+//! *connected* peer is closer to its key (otherwise it answers with a redirect), and
+//! only after a Kademlia lookup of the key found no closer peer either, looked up again
+//! every [`DEFAULT_OWNERSHIP_TTL`] while it hosts the key: two peers that do not know
+//! each other do not both serve one key. A peer that becomes closest starts with empty
+//! state for the key — the paper's replica reset, arising from churn by itself — and
+//! informed backoff rebuilds the queue.
+//!
+//! Clients resolve a replica's host from their routing table (self included), cache
+//! it, and correct it on a redirect or, after a failed dial, with a Kademlia
+//! `get_closest_peers` lookup. Replicas hosted by the local peer take no network hop.
+//!
+//! The code is split by role, each file with its own `impl Behaviour` block:
+//! - `config.rs`: [`Config`], [`Admin`], [`BootClock`] and the defaults;
+//! - `types.rs`: the public ids, events, errors and metrics;
+//! - `placement.rs`: the routing table, the host of a key, lookups, ownership checks;
+//! - `host.rs`: serving the hosted replicas (inbound requests and batches, quotas);
+//! - `client.rs`: this peer's acquisitions and probes (the outbox, replies, failures);
+//! - `members.rs`: membership housekeeping, the gossip, connection trimming;
+//! - `util.rs`: the clock, the deadline index, shrinking maps;
+//! - here: [`Behaviour`] and its constructor, the composition with Kademlia,
+//!   request-response and ping ([`Inner`]), the dispatch of their events, and the one
+//!   timer.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use libp2p::core::transport::PortUse;
+use libp2p::core::Endpoint;
+use libp2p::kad::{self, store::MemoryStore, KBucketKey};
+use libp2p::ping;
+use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
+use libp2p::swarm::{
+    CloseConnection, ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, THandler, THandlerInEvent,
+    THandlerOutEvent, ToSwarm,
+};
+use libp2p::{Multiaddr, PeerId};
+use tokio::time::Sleep;
+
+use crate::membership::Membership;
+use crate::proto::{LamportClock, Replica, Time, Timestamp};
+use crate::wire::{self, Rejection, Reply, Request};
+
+mod client;
+mod config;
+mod host;
+mod members;
+mod placement;
+mod types;
+mod util;
+
+pub use config::{
+    Admin, BootClock, Config, DEFAULT_GOSSIP_FANOUT, DEFAULT_GOSSIP_INTERVAL, DEFAULT_GOSSIP_LIVENESS,
+    DEFAULT_IDLE_HOSTS_TTL, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_ENTRIES_PER_PEER,
+    DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_REFRESH, TRIM_GRACE,
+};
+pub use types::{
+    AcquireError, AcquisitionId, AcquisitionInfo, Counters, Event, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals,
+    StateSizes,
+};
+
+use client::{Acquisition, Pending, Probe, Sent};
+use config::MAX_TIMER;
+#[cfg(doc)]
+use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
+use host::{EntryShape, InboundBatch};
+#[cfg(doc)]
+use placement::MAX_OWNERSHIP_CHECKS;
+use placement::{Neighbourhood, Ownership};
+use util::{shrink_if_sparse, Clock, DeadlineIndex};
+
+/// Confirmed external addresses tracked at most.
+const MAX_EXTERNALS: usize = 32;
+
+/// The inner behaviours, composed by the derive macro.
+#[derive(NetworkBehaviour)]
+#[behaviour(to_swarm = "InnerEvent")]
+pub struct Inner {
+    /// Replica placement.
+    pub kad: kad::Behaviour<MemoryStore>,
+    /// The sigma wire.
+    pub rr: request_response::Behaviour<wire::Codec>,
+    /// Liveness: a connection whose ping fails is closed.
+    pub ping: ping::Behaviour,
+    /// Membership gossip: heartbeats.
+    pub gossip: request_response::Behaviour<request_response::cbor::codec::Codec<wire::Gossip, wire::Gossip>>,
+}
+
+/// Events of [`Inner`].
+#[derive(Debug)]
+pub enum InnerEvent {
+    /// From Kademlia.
+    Kad(kad::Event),
+    /// From request-response.
+    Rr(request_response::Event<Request, Reply>),
+    /// From ping.
+    Ping(ping::Event),
+    /// From the membership gossip.
+    Gossip(request_response::Event<wire::Gossip, wire::Gossip>),
+}
+
+impl From<request_response::Event<wire::Gossip, wire::Gossip>> for InnerEvent {
+    fn from(e: request_response::Event<wire::Gossip, wire::Gossip>) -> Self {
+        InnerEvent::Gossip(e)
+    }
+}
+
+impl From<ping::Event> for InnerEvent {
+    fn from(e: ping::Event) -> Self {
+        InnerEvent::Ping(e)
+    }
+}
+
+impl From<kad::Event> for InnerEvent {
+    fn from(e: kad::Event) -> Self {
+        InnerEvent::Kad(e)
+    }
+}
+
+impl From<request_response::Event<Request, Reply>> for InnerEvent {
+    fn from(e: request_response::Event<Request, Reply>) -> Self {
+        InnerEvent::Rr(e)
+    }
+}
+
+/// The Sigma network behaviour.
+pub struct Behaviour {
+    inner: Inner,
+    local: PeerId,
+    local_key: KBucketKey<PeerId>,
+    config: Config,
+    clock: Clock,
+    lamport: LamportClock,
+    /// Peers with at least one open connection: the "live" peers of ownership checks.
+    connected: HashMap<PeerId, usize>,
+    /// Peers Kademlia put in its routing table (client-side host estimates).
+    routable: HashSet<PeerId>,
+    /// The swarm's confirmed external addresses (at most [`MAX_EXTERNALS`]).
+    externals: Vec<Multiaddr>,
+    /// When each connected peer was last used by sigma (connection trimming).
+    last_used: HashMap<PeerId, Time>,
+    /// Peers whose connections are to be closed (trimmed), and those asked to close
+    /// and not yet disconnected (a subset of the connected peers).
+    to_trim: VecDeque<PeerId>,
+    trimming: HashSet<PeerId>,
+    /// Past the high watermark: trimming goes on until the low one is reached, even
+    /// when a pass found fewer idle peers than it needed.
+    trim_active: bool,
+    /// Gossip rounds so far (every few, one target is a member not connected).
+    gossip_rounds: u64,
+    /// Addresses of peers left out of a full k-bucket, oldest first
+    /// ([`Behaviour::remember_address`]).
+    extra_addrs: HashMap<PeerId, Vec<Multiaddr>>,
+    extra_order: VecDeque<PeerId>,
+    /// The last bootstrap started through [`Behaviour::bootstrap`].
+    bootstrap_query: Option<kad::QueryId>,
+    replicas: HashMap<(String, u16), Replica<PeerId>>,
+    /// When each hosted replica next has work (a timer, or becoming disposable): an
+    /// event costs O(log n), not a walk over every replica.
+    replica_due: DeadlineIndex<(String, u16)>,
+    acquisitions: HashMap<AcquisitionId, Acquisition>,
+    /// The same for the acquisitions' timers.
+    acquisition_due: DeadlineIndex<AcquisitionId>,
+    by_ts: HashMap<Timestamp<PeerId>, AcquisitionId>,
+    /// Recently finished acquisitions, their lock name and replica count: a late grant
+    /// to one of them is handed back with a RELEASE.
+    finished: HashMap<Timestamp<PeerId>, (String, u16)>,
+    finished_order: VecDeque<Timestamp<PeerId>>,
+    /// Host of each replica as last known, for locks with a live local acquisition, and
+    /// for a while after ([`Config::with_idle_hosts_ttl`], at most [`MAX_IDLE_HOSTS`] idle
+    /// entries).
+    hosts: HashMap<(String, u16), PeerId>,
+    /// Expiry of the cached hosts of locks without a live local acquisition.
+    idle_hosts: DeadlineIndex<(String, u16)>,
+    /// Live local acquisitions per lock name.
+    live_locks: HashMap<String, usize>,
+    /// Which remote peer's request created each hosted replica, and how many each has.
+    creators: HashMap<(String, u16), PeerId>,
+    created_by: HashMap<PeerId, usize>,
+    /// The remote peers present (owner or waiter, with multiplicity) in each hosted
+    /// replica as last counted, and their entries in all: the queue-entry quotas.
+    entries: HashMap<(String, u16), (EntryShape, Vec<PeerId>)>,
+    entries_by: HashMap<PeerId, usize>,
+    entries_total: usize,
+    /// Request budget per connected peer: (tokens, last refill).
+    buckets: HashMap<PeerId, (f64, Time)>,
+    pending: HashMap<OutboundRequestId, Sent>,
+    /// Messages for other peers from the current step, sent (one transport request per
+    /// peer, batched) before the behaviour next waits: drained on every poll.
+    outbox: HashMap<PeerId, Vec<(Request, Option<Pending>)>>,
+    outbox_order: Vec<PeerId>,
+    /// Inbound batches waiting for some items' ownership lookups: bounded by the
+    /// lookups and the requests each may park.
+    inbound_batches: HashMap<u64, InboundBatch>,
+    next_batch: u64,
+    lookups: HashMap<kad::QueryId, (String, u16)>,
+    /// Keys this peer would host, checked (or being checked) with a Kademlia lookup;
+    /// bounded by the hosted replicas plus [`MAX_OWNERSHIP_CHECKS`].
+    ownership: HashMap<(String, u16), Ownership>,
+    /// When each entry next needs work: a running lookup's deadline, a recheck.
+    ownership_due: DeadlineIndex<(String, u16)>,
+    /// The peers closest to this one as the last self-lookup found them: a key much
+    /// closer to this peer than they are needs no lookup of its own.
+    neighbourhood: Option<Neighbourhood>,
+    /// The self-lookup running for it.
+    neighbourhood_query: Option<kad::QueryId>,
+    /// The ownership lookups in flight.
+    checks: HashMap<kad::QueryId, (String, u16)>,
+    probes: HashMap<ProbeId, Probe>,
+    events: VecDeque<Event>,
+    timer: Option<(Time, Pin<Box<Sleep>>)>,
+    waker: Option<Waker>,
+    counters: Counters,
+    membership: Membership,
+    /// Connections whose liveness ping failed, to close.
+    to_close: VecDeque<(PeerId, ConnectionId)>,
+    /// Departed members to dial again (a healed partition reconnects by itself).
+    to_dial: VecDeque<PeerId>,
+    next_redial: Time,
+    next_relax: Time,
+    /// When the next gossip round is due.
+    next_gossip: Time,
+    /// Picks gossip targets (seeded from the peer id and the start time).
+    rng: rand_chacha::ChaCha8Rng,
+    /// Acquisitions started while joining (their start is deferred) since last ready.
+    deferred: usize,
+    /// Frames the codec refused (shared with every connection's codec).
+    codec_stats: Arc<wire::CodecStats>,
+    next_id: u64,
+}
+
+impl Behaviour {
+    /// A behaviour for `local`, with Kademlia in server mode (set explicitly: on
+    /// loopback there is no confirmed external address, and in client mode the routing
+    /// tables of a local swarm stay empty).
+    pub fn new(local: PeerId, config: Config) -> Self {
+        // Our own Kademlia protocol: sigma peers form their own DHT and never join another
+        // network's by accident.
+        let mut kad_config = kad::Config::new(kad_protocol(config.proto.n()));
+        // Peers enter the routing table through `add_address` only, and not when their
+        // bucket is full: Kademlia's own insertion then dials the bucket's least recently
+        // seen disconnected peer to test it, and with bounded connections most entries
+        // are disconnected, so every new connection set off another dial (a chain
+        // reaction of ~20 dials per peer per second in a 100-peer swarm at 64
+        // connections). A full bucket keeps its old peers, as in Kademlia; a dead one
+        // leaves it when a lookup fails to reach it.
+        kad_config.set_kbucket_inserts(kad::BucketInserts::Manual);
+        // Kademlia's own bucket refresh (a bootstrap: one lookup per bucket, ~370
+        // requests in a 300-peer swarm) every 30 minutes instead of 5: the drivers' own
+        // self-lookups (every 5 minutes once joined) keep the neighbourhood fresh, and the
+        // lookups of placement fill the far buckets. Every 5 minutes it was most of a
+        // large swarm's traffic (ARCHITECTURE.md, "Bounded connections").
+        kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH));
+        let mut kad = kad::Behaviour::with_config(local, MemoryStore::new(local), kad_config);
+        // With an external address required, Kademlia's own rule: server mode while the
+        // swarm has a confirmed external address, client mode (not in other peers'
+        // routing tables) without.
+        kad.set_mode((!config.external_address_required).then_some(kad::Mode::Server));
+        let codec_stats = Arc::new(wire::CodecStats::default());
+        let rr = request_response::Behaviour::with_codec(
+            wire::Codec::new(codec_stats.clone()),
+            [(wire::PROTOCOL, ProtocolSupport::Full)],
+            request_response::Config::default()
+                .with_request_timeout(config.request_timeout)
+                .with_max_concurrent_streams(config.max_concurrent_streams),
+        );
+        let ping = ping::Behaviour::new(
+            ping::Config::new().with_interval(config.ping_interval).with_timeout(config.ping_timeout),
+        );
+        let gossip = request_response::Behaviour::with_codec(
+            request_response::cbor::codec::Codec::default()
+                .set_request_size_maximum(wire::MAX_GOSSIP_BYTES)
+                .set_response_size_maximum(wire::MAX_GOSSIP_BYTES),
+            [(wire::GOSSIP_PROTOCOL, ProtocolSupport::Full)],
+            request_response::Config::default().with_request_timeout(config.gossip_liveness),
+        );
+        // A stall is what other peers may take for death: the shorter of the two ways.
+        let stall = (config.ping_interval + config.ping_timeout).min(config.gossip_liveness);
+        // The incarnation: a restarted peer's heartbeats must rank above its old ones.
+        let incarnation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64).max(1);
+        let mut membership = Membership::new(config.joining, config.membership_window, config.takeover_delay(), stall)
+            .with_gossip(config.gossip_liveness, incarnation);
+        membership.set_dialable(!config.external_address_required);
+        let clock = Clock::new(config.boot_clock.clone());
+        Behaviour {
+            inner: Inner { kad, rr, ping, gossip },
+            local,
+            local_key: KBucketKey::from(local),
+            config,
+            clock,
+            lamport: LamportClock::new(),
+            connected: HashMap::new(),
+            routable: HashSet::new(),
+            externals: Vec::new(),
+            last_used: HashMap::new(),
+            to_trim: VecDeque::new(),
+            trimming: HashSet::new(),
+            trim_active: false,
+            gossip_rounds: 0,
+            bootstrap_query: None,
+            extra_addrs: HashMap::new(),
+            extra_order: VecDeque::new(),
+            replicas: HashMap::new(),
+            replica_due: DeadlineIndex::default(),
+            acquisitions: HashMap::new(),
+            acquisition_due: DeadlineIndex::default(),
+            by_ts: HashMap::new(),
+            finished: HashMap::new(),
+            finished_order: VecDeque::new(),
+            hosts: HashMap::new(),
+            idle_hosts: DeadlineIndex::default(),
+            live_locks: HashMap::new(),
+            creators: HashMap::new(),
+            created_by: HashMap::new(),
+            entries: HashMap::new(),
+            entries_by: HashMap::new(),
+            entries_total: 0,
+            buckets: HashMap::new(),
+            pending: HashMap::new(),
+            outbox: HashMap::new(),
+            outbox_order: Vec::new(),
+            inbound_batches: HashMap::new(),
+            next_batch: 0,
+            lookups: HashMap::new(),
+            ownership: HashMap::new(),
+            ownership_due: DeadlineIndex::default(),
+            neighbourhood: None,
+            neighbourhood_query: None,
+            checks: HashMap::new(),
+            probes: HashMap::new(),
+            events: VecDeque::new(),
+            timer: None,
+            waker: None,
+            counters: Counters::default(),
+            membership,
+            to_close: VecDeque::new(),
+            to_dial: VecDeque::new(),
+            next_redial: Duration::ZERO,
+            next_relax: Duration::ZERO,
+            next_gossip: Duration::ZERO,
+            rng: {
+                use rand::SeedableRng;
+                let mut seed = [0u8; 32];
+                for (i, b) in local.to_bytes().iter().rev().chain(incarnation.to_le_bytes().iter()).enumerate() {
+                    seed[i % 32] ^= *b;
+                }
+                rand_chacha::ChaCha8Rng::from_seed(seed)
+            },
+            deferred: 0,
+            codec_stats,
+            next_id: 0,
+        }
+    }
+
+    /// The local peer id.
+    pub fn local_peer_id(&self) -> PeerId {
+        self.local
+    }
+
+    /// Kademlia, for bootstrapping and inspection.
+    pub fn kad_mut(&mut self) -> &mut kad::Behaviour<MemoryStore> {
+        &mut self.inner.kad
+    }
+
+    /// Counters for metrics (a snapshot).
+    pub fn counters(&self) -> Counters {
+        let mut c = self.counters.clone();
+        c.stalls = self.membership.stalls();
+        c.serving = self.membership.serving();
+        c.joining = !self.membership.ready();
+        (c.reachable_members, c.members) = self.members();
+        for (kind, n) in [("malformed", &self.codec_stats.malformed), ("oversized", &self.codec_stats.oversized)] {
+            let n = n.load(Ordering::Relaxed);
+            if n > 0 {
+                *c.inbound_failures.entry(kind).or_default() += n;
+            }
+        }
+        c
+    }
+
+    /// Sizes of the per-lock and per-peer state.
+    pub fn state_sizes(&self) -> StateSizes {
+        StateSizes {
+            replicas: self.replicas.len(),
+            acquisitions: self.acquisitions.len(),
+            hosts: self.hosts.len(),
+            finished: self.finished.len(),
+            pending: self.pending.len(),
+            lookups: self.lookups.len(),
+            entries: self.entries_total,
+            ownership: self.ownership.len(),
+        }
+    }
+
+    fn wake(&mut self) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    fn on_inner(&mut self, event: InnerEvent) {
+        match &event {
+            InnerEvent::Rr(request_response::Event::Message { peer, .. })
+            | InnerEvent::Gossip(request_response::Event::Message { peer, .. }) => self.used(*peer),
+            _ => {}
+        }
+        match event {
+            InnerEvent::Rr(request_response::Event::Message { peer, message, .. }) => match message {
+                request_response::Message::Request { request, channel, .. } => self.on_request(peer, request, channel),
+                request_response::Message::Response { request_id, response } => {
+                    self.on_reply(peer, request_id, response)
+                }
+            },
+            InnerEvent::Rr(request_response::Event::OutboundFailure { request_id, error, .. }) => {
+                self.on_outbound_failure(request_id, &error)
+            }
+            InnerEvent::Rr(request_response::Event::InboundFailure { peer, error, .. }) => {
+                use request_response::InboundFailure as F;
+                let kind = match &error {
+                    F::Timeout => "timeout",
+                    F::ConnectionClosed => "connection_closed",
+                    F::UnsupportedProtocols => "unsupported_protocols",
+                    F::ResponseOmission => "response_omission",
+                    F::Io(_) => "io",
+                };
+                Counters::bump(&mut self.counters.inbound_failures, kind);
+                tracing::debug!(%peer, %error, "inbound sigma request failed");
+            }
+            InnerEvent::Rr(request_response::Event::ResponseSent { .. }) => {}
+            InnerEvent::Kad(kad::Event::RoutablePeer { peer, address }) => self.add_address(&peer, address),
+            InnerEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
+                if self.routable.insert(peer) {
+                    self.hand_over(peer);
+                }
+            }
+            InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
+                id,
+                result: kad::QueryResult::GetClosestPeers(result),
+                step,
+                ..
+            }) => {
+                if !step.last {
+                    return;
+                }
+                let complete = result.is_ok();
+                let peers = match result {
+                    Ok(ok) => ok.peers,
+                    Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
+                };
+                if self.neighbourhood_query == Some(id) {
+                    self.neighbourhood_query = None;
+                    // Only a lookup that finished counts (a timed-out one may have
+                    // missed closer peers).
+                    if complete {
+                        let peers: Vec<KBucketKey<PeerId>> = peers
+                            .iter()
+                            .filter(|i| i.peer_id != self.local)
+                            .map(|i| KBucketKey::from(i.peer_id))
+                            .collect();
+                        let radius = (peers.len() >= kad::K_VALUE.get())
+                            .then(|| peers.iter().map(|p| p.distance(&self.local_key)).max())
+                            .flatten();
+                        self.neighbourhood = Some(Neighbourhood { peers, radius, at: self.clock.now() });
+                    }
+                }
+                for info in &peers {
+                    for a in &info.addrs {
+                        self.add_address(&info.peer_id, a.clone());
+                    }
+                }
+                if let Some(key) = self.checks.remove(&id) {
+                    shrink_if_sparse(&mut self.checks);
+                    self.ownership_checked(key, &peers);
+                    return;
+                }
+                let Some((resource, index)) = self.lookups.remove(&id) else { return };
+                let key = Self::key(&resource, index);
+                let best = peers
+                    .iter()
+                    .map(|i| i.peer_id)
+                    .chain(self.dialable().then_some(self.local))
+                    .map(|p| (KBucketKey::from(p).distance(&key), p))
+                    .min()
+                    .map_or(self.local, |(_, p)| p);
+                self.cache_host(&resource, index, best);
+            }
+            // The first step of a bootstrap to succeed (its self-lookup, usually) joins:
+            // this peer's neighbourhood knows it and it knows its neighbourhood. The
+            // refresh of farther buckets that follows is not waited for (it may take
+            // long in a busy swarm, and a step that times out fails the whole bootstrap).
+            InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
+                result: kad::QueryResult::Bootstrap(Ok(_)), ..
+            }) => {
+                let was_ready = self.membership.ready();
+                self.membership.bootstrapped();
+                if !was_ready && self.membership.ready() {
+                    tracing::info!("joined the swarm: ready");
+                    let now = self.clock.now();
+                    self.housekeeping(now);
+                }
+            }
+            InnerEvent::Kad(_) => {}
+            InnerEvent::Gossip(request_response::Event::Message { peer, message, .. }) => match message {
+                request_response::Message::Request { request, channel, .. } => {
+                    if !self.take_token(peer) {
+                        Counters::bump(&mut self.counters.rejected, Rejection::RateLimited.as_str());
+                        return;
+                    }
+                    self.merge_gossip(peer, request);
+                    let now = self.clock.now();
+                    let table = self.gossip_table(now);
+                    let _ = self.inner.gossip.send_response(channel, table);
+                }
+                request_response::Message::Response { response, .. } => self.merge_gossip(peer, response),
+            },
+            InnerEvent::Gossip(request_response::Event::InboundFailure { .. }) => {
+                Counters::bump(&mut self.counters.inbound_failures, "gossip");
+            }
+            InnerEvent::Gossip(request_response::Event::OutboundFailure { .. }) => {
+                Counters::bump(&mut self.counters.outbound_failures, "gossip");
+            }
+            InnerEvent::Gossip(request_response::Event::ResponseSent { .. }) => {}
+            // A peer that does not speak ping (a light client, a probe) is not judged.
+            InnerEvent::Ping(ping::Event { result: Err(ping::Failure::Unsupported), .. }) => {}
+            InnerEvent::Ping(ping::Event { peer, connection, result: Err(error) }) => {
+                tracing::debug!(%peer, %error, "liveness ping failed: closing the connection");
+                self.counters.ping_failures += 1;
+                self.to_close.push_back((peer, connection));
+            }
+            InnerEvent::Ping(_) => {}
+        }
+    }
+
+    /// Runs the core's due timers, and drops replicas that have become disposable.
+    fn handle_timeouts(&mut self, now: Time) {
+        // Collected first: a replica re-filed at `now` waits for the next pass.
+        for key in self.replica_due.due(now) {
+            let mut outputs = Vec::new();
+            if let Some(r) = self.replicas.get_mut(&key) {
+                r.handle_timeout(now);
+                while let Some(out) = r.poll_transmit() {
+                    outputs.push(out);
+                }
+            }
+            self.reindex_replica(&key, now);
+            for (to, resp) in outputs {
+                self.notify(to, &key.0, key.1, resp);
+            }
+        }
+        for id in self.acquisition_due.due(now) {
+            if let Some(a) = self.acquisitions.get_mut(&id) {
+                a.client.handle_timeout(now);
+            }
+            self.drain_acquisition(id);
+        }
+        for key in self.ownership_due.due(now) {
+            self.ownership_due(key, now);
+        }
+        for key in self.idle_hosts.due(now) {
+            self.idle_hosts.set(&key, None);
+            self.hosts.remove(&key);
+        }
+        if now >= self.next_gossip {
+            self.next_gossip = now + self.config.gossip_interval;
+            self.gossip_round(now);
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Time> {
+        [
+            self.replica_due.first(),
+            self.acquisition_due.first(),
+            self.ownership_due.first(),
+            self.idle_hosts.first(),
+            Some(self.next_gossip),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+}
+
+/// The Kademlia protocol of sigma's DHT for the default n = 32.
+pub const KAD_PROTOCOL: libp2p::StreamProtocol = libp2p::StreamProtocol::new("/sigma/kad/1.0.0");
+
+/// The Kademlia protocol of a swarm whose locks have `n` replicas. Peers configured
+/// with another n speak another protocol, so they never join the swarm's DHT nor host
+/// its replicas: two clients of one lock always share one replica set.
+pub fn kad_protocol(n: usize) -> libp2p::StreamProtocol {
+    if n == 32 {
+        return KAD_PROTOCOL;
+    }
+    libp2p::StreamProtocol::try_from_owned(format!("/sigma/kad/1.0.0/n{n}")).unwrap_or(KAD_PROTOCOL)
+}
+
+impl NetworkBehaviour for Behaviour {
+    type ConnectionHandler = <Inner as NetworkBehaviour>::ConnectionHandler;
+    type ToSwarm = Event;
+
+    fn handle_pending_inbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        local_addr: &Multiaddr,
+        remote_addr: &Multiaddr,
+    ) -> Result<(), ConnectionDenied> {
+        self.inner.handle_pending_inbound_connection(connection_id, local_addr, remote_addr)
+    }
+
+    fn handle_established_inbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        peer: PeerId,
+        local_addr: &Multiaddr,
+        remote_addr: &Multiaddr,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.inner.handle_established_inbound_connection(connection_id, peer, local_addr, remote_addr)
+    }
+
+    fn handle_pending_outbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        maybe_peer: Option<PeerId>,
+        addresses: &[Multiaddr],
+        effective_role: Endpoint,
+    ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
+        let mut addrs =
+            self.inner.handle_pending_outbound_connection(connection_id, maybe_peer, addresses, effective_role)?;
+        if let Some(extra) = maybe_peer.and_then(|p| self.extra_addrs.get(&p)) {
+            let new: Vec<Multiaddr> =
+                extra.iter().filter(|a| !addresses.contains(a) && !addrs.contains(a)).cloned().collect();
+            addrs.extend(new);
+        }
+        Ok(addrs)
+    }
+
+    fn handle_established_outbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        peer: PeerId,
+        addr: &Multiaddr,
+        role_override: Endpoint,
+        port_use: PortUse,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.inner.handle_established_outbound_connection(connection_id, peer, addr, role_override, port_use)
+    }
+
+    fn on_swarm_event(&mut self, event: FromSwarm) {
+        match &event {
+            FromSwarm::ConnectionEstablished(e) => {
+                *self.connected.entry(e.peer_id).or_default() += 1;
+                self.last_used.insert(e.peer_id, self.clock.now());
+                self.hand_over(e.peer_id);
+            }
+            FromSwarm::ExternalAddrConfirmed(e) => {
+                if !self.externals.contains(e.addr) && self.externals.len() < MAX_EXTERNALS {
+                    self.externals.push(e.addr.clone());
+                    self.reachability_changed();
+                }
+            }
+            FromSwarm::ExternalAddrExpired(e) => {
+                if let Some(i) = self.externals.iter().position(|a| a == e.addr) {
+                    self.externals.remove(i);
+                    self.reachability_changed();
+                }
+            }
+            FromSwarm::ConnectionClosed(e) => {
+                if let Some(c) = self.connected.get_mut(&e.peer_id) {
+                    *c = c.saturating_sub(1);
+                    if *c == 0 {
+                        self.connected.remove(&e.peer_id);
+                        self.last_used.remove(&e.peer_id);
+                        self.trimming.remove(&e.peer_id);
+                        self.buckets.remove(&e.peer_id);
+                        let now = self.clock.now();
+                        self.membership.disconnected(e.peer_id, now);
+                        self.housekeeping(now);
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.inner.on_swarm_event(event);
+    }
+
+    fn on_connection_handler_event(
+        &mut self,
+        peer_id: PeerId,
+        connection_id: ConnectionId,
+        event: THandlerOutEvent<Self>,
+    ) {
+        self.inner.on_connection_handler_event(peer_id, connection_id, event)
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
+        let now = self.clock.now();
+        self.housekeeping(now);
+        loop {
+            if let Some(e) = self.events.pop_front() {
+                return Poll::Ready(ToSwarm::GenerateEvent(e));
+            }
+            if let Some((peer_id, id)) = self.to_close.pop_front() {
+                return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::One(id) });
+            }
+            if let Some(peer_id) = self.to_trim.pop_front() {
+                return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::All });
+            }
+            if let Some(peer) = self.to_dial.pop_front() {
+                let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                    .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+                    .build();
+                return Poll::Ready(ToSwarm::Dial { opts });
+            }
+            match self.inner.poll(cx) {
+                Poll::Ready(ToSwarm::GenerateEvent(e)) => {
+                    self.on_inner(e);
+                    continue;
+                }
+                Poll::Ready(other) => {
+                    return Poll::Ready(other.map_out(|_: InnerEvent| unreachable!("GenerateEvent is handled above")))
+                }
+                Poll::Pending => {}
+            }
+            // What the events handled so far queued for other peers goes now, a
+            // transport request per peer; request-response picks it up on the next pass.
+            if self.flush_outbox() {
+                continue;
+            }
+            // One timer, reset only when the core's next deadline comes before it; at
+            // most MAX_TIMER away (see there; the membership housekeeping also needs a
+            // wake-up at least that often). Waking early is harmless.
+            let cap = self.clock.now() + MAX_TIMER;
+            let at = self.next_deadline().map_or(cap, |at| at.min(cap));
+            if self.timer.as_ref().is_none_or(|(t, _)| *t > at) {
+                let deadline = tokio::time::Instant::from_std(self.clock.instant(at));
+                self.timer = Some((at, Box::pin(tokio::time::sleep_until(deadline))));
+            }
+            if let Some((_, sleep)) = self.timer.as_mut() {
+                if sleep.as_mut().poll(cx).is_ready() {
+                    self.timer = None;
+                    let now = self.clock.now();
+                    self.housekeeping(now);
+                    self.handle_timeouts(now);
+                    continue;
+                }
+            }
+            self.waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+    }
+}

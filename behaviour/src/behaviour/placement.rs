@@ -1,0 +1,556 @@
+//! Where each replica lives. The routing table and other peers' addresses; the host of
+//! a replica key as a client sees it (cached, found by a Kademlia lookup, corrected by
+//! redirects); and ownership on the host side: a key is served only while
+//! [`Ownership::Owned`] (a lookup, or the last self-lookup's neighbourhood, found no
+//! closer peer), and requests for a key being checked are parked, boundedly, until then.
+
+use libp2p::kad::{self, KBucketKey};
+use libp2p::request_response::ResponseChannel;
+use libp2p::{Multiaddr, PeerId};
+
+use super::{kad_protocol, shrink_if_sparse, Behaviour, Counters};
+use crate::addr::Scope;
+use crate::proto::{Time, ToReplica};
+use crate::wire::{self, Rejection, Reply};
+
+#[cfg(doc)]
+use super::Config;
+
+/// Peers outside the routing table whose addresses are kept for dialling.
+pub const MAX_EXTRA_ADDRESSES: usize = 4096;
+
+/// Ownership lookups running at once; past it a request for a key not yet checked is
+/// refused (`RateLimited`: retry later).
+pub const MAX_OWNERSHIP_CHECKS: usize = 1024;
+/// Requests that may wait for one key's ownership lookup.
+pub const MAX_PARKED_PER_KEY: usize = 64;
+/// Peers an ownership lookup looks for: enough that one unreachable neighbour of the
+/// key does not decide it.
+const OWNERSHIP_LOOKUP_PEERS: std::num::NonZeroUsize = std::num::NonZeroUsize::new(3).expect("non-zero");
+
+/// Whether this peer may serve a key it would host (see [`Config::with_ownership`]).
+pub(super) enum Ownership {
+    /// A lookup runs; the key's requests wait for its answer.
+    Checking { query: kad::QueryId, parked: Vec<Parked> },
+    /// The last lookup found no closer peer; `recheck` runs while the replica is served.
+    Owned { recheck: Option<kad::QueryId> },
+}
+
+/// A client message waiting for its key's ownership lookup: a remote peer's (answered
+/// on `channel`) or a local acquisition's (`channel` none).
+pub(super) struct Parked {
+    pub(super) from: PeerId,
+    /// When the message reached this peer: the replica's grant delay counts from then.
+    pub(super) heard: Time,
+    pub(super) n: u16,
+    pub(super) msg: ToReplica<PeerId>,
+    pub(super) hops: u8,
+    pub(super) reply_to: ReplyTo,
+}
+
+/// This peer's Kademlia neighbourhood, as a self-lookup found it.
+#[derive(Debug)]
+pub(super) struct Neighbourhood {
+    /// The closest peers that answered (up to k).
+    pub(super) peers: Vec<KBucketKey<PeerId>>,
+    /// The distance to the farthest of them when the lookup found k (else every peer
+    /// there is was found: no bound).
+    pub(super) radius: Option<kad::KBucketDistance>,
+    /// When the lookup finished.
+    pub(super) at: Time,
+}
+
+/// Where the answer to a remote peer's message goes.
+#[derive(Debug)]
+pub(super) enum ReplyTo {
+    /// A local acquisition's message: no answer (the core retries on its timers).
+    Local,
+    /// A request that came alone.
+    Channel(ResponseChannel<Reply>),
+    /// Item `slot` of inbound batch `batch` ([`Behaviour::inbound_batches`]).
+    Slot { batch: u64, slot: usize },
+}
+
+impl Behaviour {
+    /// Adds a known address of a peer (bootstrap, identify, a connected Kademlia peer).
+    /// A peer new to a full k-bucket is left out: the bucket keeps its old peers.
+    /// Only addresses at least as wide as this peer's own external ones are kept
+    /// ([`crate::addr`]): a public peer forgets the loopback and LAN addresses others
+    /// report, and never hands them on.
+    pub fn add_address(&mut self, peer: &PeerId, addr: Multiaddr) {
+        if *peer == self.local {
+            return;
+        }
+        if !Scope::keeps(self.reach(), &addr) {
+            self.counters.addresses_ignored += 1;
+            return;
+        }
+        let full =
+            self.inner.kad.kbucket(*peer).is_some_and(|b| {
+                b.num_entries() >= kad::K_VALUE.get() && !b.iter().any(|e| e.node.key.preimage() == peer)
+            });
+        if full {
+            self.remember_address(*peer, addr);
+            return;
+        }
+        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) && self.routable.insert(*peer)
+        {
+            self.hand_over(*peer);
+        }
+    }
+
+    /// What identify told of `peer`: the protocols it speaks and its addresses. A sigma
+    /// peer whose Kademlia serves (it has an external address) is a host candidate: its
+    /// addresses go to the routing table. One that speaks sigma without serving
+    /// Kademlia is a client only (no peer can dial it): it leaves the routing table,
+    /// and so the membership, if it was there.
+    pub fn identified(&mut self, peer: &PeerId, protocols: &[libp2p::StreamProtocol], addrs: Vec<Multiaddr>) {
+        if !protocols.contains(&wire::PROTOCOL) {
+            return;
+        }
+        let kad = kad_protocol(self.config.proto.n());
+        if protocols.contains(&kad) {
+            for addr in addrs {
+                self.add_address(peer, addr);
+            }
+        } else if self.routable.remove(peer) {
+            self.inner.kad.remove_peer(peer);
+            tracing::debug!(%peer, "a sigma peer without an external address: not a host");
+        }
+    }
+
+    /// Keeps an address of a peer that the routing table has no room for (a host found
+    /// by a lookup or named by a redirect), so that a dial to it can still be made.
+    /// Bounded: past [`MAX_EXTRA_ADDRESSES`] peers the longest-known is forgotten.
+    fn remember_address(&mut self, peer: PeerId, addr: Multiaddr) {
+        if let Some(addrs) = self.extra_addrs.get_mut(&peer) {
+            if !addrs.contains(&addr) {
+                if addrs.len() >= wire::MAX_REDIRECT_ADDRS {
+                    addrs.remove(0);
+                }
+                addrs.push(addr);
+            }
+            return;
+        }
+        if self.extra_addrs.len() >= MAX_EXTRA_ADDRESSES {
+            if let Some(old) = self.extra_order.pop_front() {
+                self.extra_addrs.remove(&old);
+            }
+        }
+        self.extra_addrs.insert(peer, vec![addr]);
+        self.extra_order.push_back(peer);
+    }
+
+    /// A Kademlia bootstrap, unless the last one started here is still running (then
+    /// its id): a peer that retries while joining does not pile bootstraps (each one a
+    /// lookup per bucket) onto a busy swarm.
+    pub fn bootstrap(&mut self) -> Result<kad::QueryId, kad::NoKnownPeers> {
+        if let Some(q) = self.bootstrap_query.filter(|q| self.inner.kad.query(q).is_some()) {
+            return Ok(q);
+        }
+        let q = self.inner.kad.bootstrap()?;
+        self.bootstrap_query = Some(q);
+        Ok(q)
+    }
+
+    /// A Kademlia lookup of this peer's own id: cheaper than a bootstrap (one query, not
+    /// one per bucket), and what makes peers that joined at about the same time learn
+    /// of each other. Fails only with an empty routing table.
+    pub fn lookup_self(&mut self) -> Result<kad::QueryId, kad::NoKnownPeers> {
+        if self.inner.kad.kbuckets().all(|b| b.num_entries() == 0) {
+            return Err(kad::NoKnownPeers());
+        }
+        Ok(self.inner.kad.get_closest_peers(self.local))
+    }
+
+    /// Whether a self-lookup has found this peer's neighbourhood, younger than the
+    /// ownership TTL (keys near this peer are then decided without lookups).
+    pub fn has_neighbourhood(&self) -> bool {
+        let now = self.clock.now();
+        self.neighbourhood.as_ref().is_some_and(|nb| now < nb.at + self.config.ownership_ttl)
+    }
+
+    /// The widest scope of this peer's confirmed external addresses (`None`: none yet).
+    pub fn reach(&self) -> Option<Scope> {
+        Scope::widest(&self.externals)
+    }
+
+    /// The swarm's confirmed external addresses, as this behaviour was told of them.
+    pub fn external_addresses(&self) -> &[Multiaddr] {
+        &self.externals
+    }
+
+    /// Whether other peers can dial this one: an external address is confirmed, or none
+    /// is required ([`Config::with_external_address_required`]). A peer that cannot
+    /// hosts nothing and never counts itself as a host.
+    pub(super) fn dialable(&self) -> bool {
+        !self.config.external_address_required || !self.externals.is_empty()
+    }
+
+    /// This peer among the candidate hosts of a key, when others can dial it.
+    pub(super) fn self_as_host(&self) -> Option<&PeerId> {
+        self.dialable().then_some(&self.local)
+    }
+
+    /// Peers in the routing table as seen by this behaviour.
+    pub fn routable_peers(&self) -> usize {
+        self.routable.len()
+    }
+
+    /// Peers with an open connection.
+    pub fn connected_peers(&self) -> impl Iterator<Item = &PeerId> {
+        self.connected.keys()
+    }
+
+    pub(super) fn key(resource: &str, index: u16) -> KBucketKey<Vec<u8>> {
+        KBucketKey::new(wire::replica_name(resource, index).into_bytes())
+    }
+
+    /// The live sigma peer closest to the replica's key, if closer than this peer. Live:
+    /// an alive member (connected, or its heartbeat fresh through gossip); members are
+    /// sigma peers (one that merely connects, such as a light client or another
+    /// protocol's peer, hosts nothing).
+    pub(super) fn closer_live_peer(&self, resource: &str, index: u16) -> Option<PeerId> {
+        self.membership.closest_alive(&Self::key(resource, index), &self.local_key)
+    }
+
+    /// Drops the hosted replicas that `peer` is closer to, once it is a live sigma peer
+    /// (connected and in the routing table): it hosts them now. A copy kept here would
+    /// go on expiring leases and promoting waiters that have moved to the new host,
+    /// granting those votes a second time; if `peer` leaves, this peer starts them again
+    /// with empty memory (a reset).
+    pub(super) fn hand_over(&mut self, peer: PeerId) {
+        if !self.connected.contains_key(&peer) || !self.routable.contains(&peer) {
+            return;
+        }
+        let now = self.clock.now();
+        self.membership.connected(peer, now);
+        self.hand_over_to(peer);
+    }
+
+    /// Drops the hosted replicas whose key `peer`, alive now, is closer to.
+    pub(super) fn hand_over_to(&mut self, peer: PeerId) {
+        let theirs = KBucketKey::from(peer);
+        let local_key = &self.local_key;
+        let gone: Vec<(String, u16)> = self
+            .replicas
+            .keys()
+            .filter(|(resource, index)| {
+                let key = Self::key(resource, *index);
+                local_key.distance(&key) >= theirs.distance(&key)
+            })
+            .cloned()
+            .collect();
+        for key in &gone {
+            self.drop_replica(key);
+        }
+        let dropped = gone.len();
+        if dropped > 0 {
+            self.counters.replicas_handed_over += dropped as u64;
+            tracing::debug!(%peer, dropped, "replicas handed over to a closer peer");
+        }
+    }
+
+    /// The host of a replica: cached, else the closest of this peer and its routing table.
+    pub(super) fn host(&mut self, resource: &str, index: u16) -> PeerId {
+        if let Some(p) = self.hosts.get(&(resource.to_owned(), index)) {
+            return *p;
+        }
+        let key = Self::key(resource, index);
+        let best = self
+            .routable
+            .iter()
+            .chain(self.dialable().then_some(&self.local))
+            .map(|p| (KBucketKey::from(*p).distance(&key), *p))
+            .min()
+            .map_or(self.local, |(_, p)| p);
+        self.cache_host(resource, index, best);
+        best
+    }
+
+    /// Caches the host of a replica of a lock with a live local acquisition (at most n
+    /// entries per such lock); other locks' hosts are computed per message.
+    pub(super) fn cache_host(&mut self, resource: &str, index: u16, peer: PeerId) {
+        if self.live_locks.contains_key(resource) {
+            self.hosts.insert((resource.to_owned(), index), peer);
+        }
+    }
+
+    pub(super) fn lookup(&mut self, resource: &str, index: u16) {
+        if self.lookups.values().any(|(r, i)| r == resource && *i == index) {
+            return;
+        }
+        let q = self.inner.kad.get_closest_peers(wire::replica_name(resource, index).into_bytes());
+        self.counters.lookups += 1;
+        self.lookups.insert(q, (resource.to_owned(), index));
+    }
+
+    /// Whether this peer may serve the key now: its last ownership lookup found no
+    /// closer peer. A peer that knows no other sigma peer (a one-node swarm) owns every
+    /// key without asking.
+    pub(super) fn owns(&mut self, resource: &str, index: u16) -> bool {
+        let key = (resource.to_owned(), index);
+        match self.ownership.get(&key) {
+            Some(Ownership::Owned { .. }) => true,
+            Some(Ownership::Checking { .. }) => false,
+            None if self.routable.is_empty() => {
+                let at = self.clock.now() + self.config.ownership_ttl;
+                self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
+                self.ownership_due.set(&key, Some(at));
+                true
+            }
+            None => match self.provably_mine(resource, index) {
+                Some(until) => {
+                    self.counters.ownership_by_neighbourhood += 1;
+                    self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
+                    self.ownership_due.set(&key, Some(until));
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+
+    /// Whether the key is this peer's by its neighbourhood alone, and until when: the
+    /// last self-lookup is younger than the ownership TTL, neither a peer it found nor a
+    /// peer in the routing table nor a live member is closer to the key, and the key is
+    /// within half the distance to the farthest of the k peers it found. Then no peer
+    /// outside them can be closer (XOR distances obey the triangle inequality:
+    /// d(p, key) ≥ d(p, self) − d(self, key) ≥ radius − d(self, key) > d(self, key)), and
+    /// a lookup of the key's own would find what the self-lookup found. The verdict
+    /// expires with the self-lookup (its time plus the TTL), so a second host unknown to
+    /// this one serves no longer than with a lookup per key.
+    fn provably_mine(&mut self, resource: &str, index: u16) -> Option<Time> {
+        let now = self.clock.now();
+        let nb = self.neighbourhood.as_ref()?;
+        let until = nb.at + self.config.ownership_ttl;
+        if now >= until {
+            return None;
+        }
+        let key = Self::key(resource, index);
+        let mine = self.local_key.distance(&key);
+        let inside = match (mine.ilog2(), nb.radius.and_then(|r| r.ilog2())) {
+            (None, _) => true, // the key is this peer's id
+            (Some(_), None) => nb.radius.is_none(),
+            // mine < 2^(a+1) ≤ 2^(b-1) ≤ radius / 2
+            (Some(a), Some(b)) => a + 2 <= b,
+        };
+        let closer = |p: &KBucketKey<PeerId>| p.distance(&key) < mine;
+        if !inside
+            || nb.peers.iter().any(closer)
+            || self.routable.iter().any(|p| closer(&KBucketKey::from(*p)))
+            || self.closer_live_peer(resource, index).is_some()
+        {
+            return None;
+        }
+        if now.saturating_sub(nb.at) >= self.config.ownership_ttl / 2 {
+            self.refresh_neighbourhood();
+        }
+        Some(until)
+    }
+
+    /// Starts a self-lookup (one at a time) when the neighbourhood is older than half
+    /// the ownership TTL: keys that come next are decided without lookups of their own.
+    fn refresh_neighbourhood(&mut self) {
+        let now = self.clock.now();
+        let fresh =
+            self.neighbourhood.as_ref().is_some_and(|nb| now.saturating_sub(nb.at) < self.config.ownership_ttl / 2);
+        if fresh || self.neighbourhood_query.is_some() || self.routable.is_empty() {
+            return;
+        }
+        self.neighbourhood_query = Some(self.inner.kad.get_closest_peers(self.local));
+    }
+
+    /// Whether a request from `from` may wait for the key's ownership lookup: the
+    /// lookups and the requests waiting are bounded, and a remote peer's request that
+    /// would create a replica past the caps is refused before any lookup.
+    pub(super) fn room_to_check(&self, from: PeerId, resource: &str, index: u16) -> Result<(), Rejection> {
+        let key = (resource.to_owned(), index);
+        match self.ownership.get(&key) {
+            Some(Ownership::Checking { parked, .. }) if parked.len() >= MAX_PARKED_PER_KEY => {
+                return Err(Rejection::RateLimited)
+            }
+            Some(Ownership::Checking { .. }) => {}
+            _ if self.checks.len() >= MAX_OWNERSHIP_CHECKS => return Err(Rejection::RateLimited),
+            _ => {}
+        }
+        if from != self.local && !self.replicas.contains_key(&key) {
+            if self.replicas.len() >= self.config.max_replicas {
+                return Err(Rejection::TooManyReplicas);
+            }
+            if self.created_by.get(&from).is_some_and(|c| *c >= self.config.max_replicas_per_peer) {
+                return Err(Rejection::PeerQuota);
+            }
+        }
+        Ok(())
+    }
+
+    /// Holds a client message until the key's ownership lookup answers (starting one).
+    pub(super) fn park(&mut self, resource: &str, index: u16, parked: Parked) {
+        let key = (resource.to_owned(), index);
+        if let Some(Ownership::Checking { parked: waiting, .. }) = self.ownership.get_mut(&key) {
+            waiting.push(parked);
+            return;
+        }
+        let query = self.check_ownership(&key);
+        self.ownership.insert(key, Ownership::Checking { query, parked: vec![parked] });
+    }
+
+    /// Starts an ownership lookup for `key`: the few peers closest to it.
+    fn check_ownership(&mut self, key: &(String, u16)) -> kad::QueryId {
+        let name = wire::replica_name(&key.0, key.1).into_bytes();
+        let query = self.inner.kad.get_n_closest_peers(name, OWNERSHIP_LOOKUP_PEERS);
+        self.counters.ownership_checks += 1;
+        self.refresh_neighbourhood();
+        self.checks.insert(query, key.clone());
+        let at = self.clock.now() + self.config.ownership_timeout;
+        self.ownership_due.set(key, Some(at));
+        query
+    }
+
+    /// An ownership lookup answered with `peers` (those it heard from): the key is this
+    /// peer's if none of them, nor any live peer it knows, is closer. Waiting requests
+    /// are served, or sent to the closer peer; a hosted replica goes to it.
+    pub(super) fn ownership_checked(&mut self, key: (String, u16), peers: &[kad::PeerInfo]) {
+        let k = Self::key(&key.0, key.1);
+        let mine = self.local_key.distance(&k);
+        let closer = peers
+            .iter()
+            .map(|i| (KBucketKey::from(i.peer_id).distance(&k), i.peer_id))
+            .filter(|(d, p)| *d < mine && *p != self.local)
+            .min()
+            .map(|(_, p)| p)
+            .or_else(|| self.closer_live_peer(&key.0, key.1));
+        let now = self.clock.now();
+        let parked = match self.ownership.remove(&key) {
+            Some(Ownership::Checking { parked, .. }) => parked,
+            _ => Vec::new(),
+        };
+        match closer {
+            None => {
+                self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
+                self.ownership_due.set(&key, Some(now + self.config.ownership_ttl));
+                for p in parked {
+                    self.serve_parked(&key, p);
+                }
+            }
+            Some(peer) => {
+                self.counters.ownership_lost += 1;
+                self.ownership_due.set(&key, None);
+                shrink_if_sparse(&mut self.ownership);
+                if self.replicas.contains_key(&key) {
+                    self.drop_replica(&key);
+                    self.counters.replicas_handed_over += 1;
+                }
+                tracing::debug!(resource = %key.0, index = key.1, %peer, "ownership lookup: a closer peer hosts the key");
+                for p in parked {
+                    match p.reply_to {
+                        to @ (ReplyTo::Channel(_) | ReplyTo::Slot { .. }) => {
+                            let reply = self.redirect(peer);
+                            self.respond(to, reply);
+                        }
+                        ReplyTo::Local => {
+                            self.cache_host(&key.0, key.1, peer);
+                            if p.hops < self.config.max_redirects {
+                                Counters::bump(&mut self.counters.messages_out, "redirected");
+                                self.send_to_replica(key.0.clone(), p.n, key.1, p.msg, p.hops + 1);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serves a message that waited for its key's ownership lookup, which found the
+    /// key this peer's.
+    fn serve_parked(&mut self, key: &(String, u16), p: Parked) {
+        if let ReplyTo::Local = p.reply_to {
+            if self.membership.serving() {
+                self.serve_local(&key.0, key.1, p.msg, p.heard);
+            }
+            return;
+        }
+        let reply = if !self.membership.serving() {
+            Reply::Rejected(Rejection::NotServing)
+        } else {
+            match self.handle_replica(p.from, &key.0, key.1, p.msg, p.heard) {
+                Ok(responses) => Reply::Responses(responses),
+                Err(r) => Reply::Rejected(r),
+            }
+        };
+        if let Reply::Rejected(r) = &reply {
+            Counters::bump(&mut self.counters.rejected, r.as_str());
+        }
+        self.respond(p.reply_to, reply);
+    }
+
+    /// An ownership entry is due: a lookup that ran too long is decided on what it has
+    /// heard (finished now, its answer comes as an event); a hosted key is looked up
+    /// again; an entry whose replica has gone is forgotten.
+    pub(super) fn ownership_due(&mut self, key: (String, u16), now: Time) {
+        let running = match self.ownership.get(&key) {
+            Some(Ownership::Checking { query, .. }) | Some(Ownership::Owned { recheck: Some(query) }) => Some(*query),
+            Some(Ownership::Owned { recheck: None }) => None,
+            None => {
+                self.ownership_due.set(&key, None);
+                return;
+            }
+        };
+        if let Some(query) = running {
+            match self.inner.kad.query_mut(&query) {
+                Some(mut q) => {
+                    q.finish();
+                    self.ownership_due.set(&key, Some(now + self.config.ownership_timeout));
+                }
+                None => {
+                    // Already finished; its answer was lost: decide on nothing heard.
+                    self.checks.remove(&query);
+                    self.ownership_checked(key, &[]);
+                }
+            }
+        } else if self.replicas.contains_key(&key) && !self.routable.is_empty() {
+            if let Some(until) = self.provably_mine(&key.0, key.1) {
+                self.counters.ownership_by_neighbourhood += 1;
+                self.ownership_due.set(&key, Some(until));
+                return;
+            }
+            let query = self.check_ownership(&key);
+            self.ownership.insert(key, Ownership::Owned { recheck: Some(query) });
+        } else if self.replicas.contains_key(&key) {
+            self.ownership_due.set(&key, Some(now + self.config.ownership_ttl));
+        } else {
+            self.ownership.remove(&key);
+            self.ownership_due.set(&key, None);
+            shrink_if_sparse(&mut self.ownership);
+        }
+    }
+
+    /// A redirect to `closer`, with the addresses this peer knows for it.
+    pub(super) fn redirect(&mut self, closer: PeerId) -> Reply {
+        self.counters.redirects_sent += 1;
+        let mut addrs: Vec<Multiaddr> = Vec::new();
+        for b in self.inner.kad.kbuckets() {
+            for e in b.iter() {
+                if *e.node.key.preimage() == closer {
+                    addrs.extend(e.node.value.iter().cloned());
+                }
+            }
+        }
+        addrs.truncate(wire::MAX_REDIRECT_ADDRS);
+        Reply::Redirect { peer: closer, addrs }
+    }
+
+    /// Forgets a key's ownership verdict (its replica has gone); a running check stays:
+    /// requests wait for it.
+    pub(super) fn forget_ownership(&mut self, key: &(String, u16)) {
+        if let Some(Ownership::Owned { recheck }) = self.ownership.get(key) {
+            if let Some(q) = recheck {
+                self.checks.remove(q);
+            }
+            self.ownership.remove(key);
+            self.ownership_due.set(key, None);
+            shrink_if_sparse(&mut self.ownership);
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Small helpers every role uses: [`Clock`], the core's time (wall-aligned, counting
+//! through suspends); [`DeadlineIndex`], keys filed by their next deadline so that a
+//! timer costs O(log n), not a walk over all state; and [`shrink_if_sparse`], which gives
+//! a map's memory back after a burst.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::BootClock;
+use crate::proto::Time;
+
+#[cfg(doc)]
+use super::MAX_TIMER;
+
+/// The core's `Time`: the wall clock at start (so hybrid timestamps and grant stamps
+/// are wall-aligned µs), advanced by a clock that keeps counting while the machine is
+/// suspended (`CLOCK_BOOTTIME` on Linux). `Instant` (`CLOCK_MONOTONIC`) stops during a
+/// suspend: a laptop suspended for a minute while holding a 10 s lease would resume
+/// still "valid" beside the next holder.
+#[derive(Clone, Debug)]
+pub(super) struct Clock {
+    source: BootClock,
+    boot: Duration,
+    wall: Duration,
+}
+
+impl Clock {
+    pub(super) fn new(source: BootClock) -> Self {
+        let boot = source.read();
+        Clock { source, boot, wall: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default() }
+    }
+    pub(super) fn now(&self) -> Time {
+        self.wall + self.source.read().saturating_sub(self.boot)
+    }
+    /// The `Instant` at which `now()` will read `t`, as far as the monotonic clock can
+    /// tell (a suspend in between makes it later; see [`MAX_TIMER`]).
+    pub(super) fn instant(&self, t: Time) -> Instant {
+        let (now, instant) = (self.now(), Instant::now());
+        if t >= now {
+            instant + (t - now)
+        } else {
+            instant.checked_sub(now - t).unwrap_or(instant)
+        }
+    }
+}
+
+/// Keys filed under their next deadline, in time order, each at most once.
+#[derive(Debug)]
+pub(super) struct DeadlineIndex<K> {
+    by_time: BTreeSet<(Time, K)>,
+    at: HashMap<K, Time>,
+}
+
+impl<K> Default for DeadlineIndex<K> {
+    fn default() -> Self {
+        DeadlineIndex { by_time: BTreeSet::new(), at: HashMap::new() }
+    }
+}
+
+impl<K: Clone + Ord + std::hash::Hash> DeadlineIndex<K> {
+    /// Files `key` under `at`, or takes it out (`None`).
+    pub(super) fn set(&mut self, key: &K, at: Option<Time>) {
+        if let Some(old) = self.at.remove(key) {
+            self.by_time.remove(&(old, key.clone()));
+            if at.is_none() {
+                shrink_if_sparse(&mut self.at);
+            }
+        }
+        if let Some(at) = at {
+            self.by_time.insert((at, key.clone()));
+            self.at.insert(key.clone(), at);
+        }
+    }
+
+    /// The keys due at `now` (collected: handling one may re-file it).
+    pub(super) fn due(&self, now: Time) -> Vec<K> {
+        self.by_time.iter().take_while(|(at, _)| *at <= now).map(|(_, k)| k.clone()).collect()
+    }
+
+    /// The earliest deadline.
+    pub(super) fn first(&self) -> Option<Time> {
+        self.by_time.first().map(|(t, _)| *t)
+    }
+
+    /// The key filed under the earliest deadline.
+    pub(super) fn first_key(&self) -> Option<K> {
+        self.by_time.first().map(|(_, k)| k.clone())
+    }
+
+    /// Keys filed.
+    pub(super) fn len(&self) -> usize {
+        self.at.len()
+    }
+
+    pub(super) fn clear(&mut self) {
+        *self = DeadlineIndex::default();
+    }
+}
+
+/// Gives a map's memory back once it holds less than a quarter of its capacity: a
+/// `HashMap` never shrinks by itself, so a burst of lock names would keep its table for
+/// good. Amortised O(1) per removal (the next shrink needs the length to halve again).
+pub(super) fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_map_emptied_after_a_burst_gives_its_table_back() {
+        let mut map: HashMap<u64, [u8; 256]> = HashMap::new();
+        for k in 0..100_000 {
+            map.insert(k, [0; 256]);
+        }
+        let burst = map.capacity();
+        for k in 0..99_990 {
+            map.remove(&k);
+            shrink_if_sparse(&mut map);
+        }
+        assert_eq!(map.len(), 10);
+        assert!(map.capacity() <= 64, "capacity {} after the burst (was {burst})", map.capacity());
+    }
+
+    #[test]
+    fn a_deadline_index_shrinks_with_its_keys() {
+        let mut index = DeadlineIndex::default();
+        for k in 0..10_000u64 {
+            index.set(&k, Some(Time::from_micros(k)));
+        }
+        for k in 0..10_000u64 {
+            index.set(&k, None);
+        }
+        assert_eq!(index.first(), None);
+        assert!(index.at.capacity() <= 64, "capacity {}", index.at.capacity());
+    }
+}

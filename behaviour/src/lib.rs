@@ -6,12 +6,15 @@
 //!   no clock reads, no global randomness: the simulator and the tests drive it too.
 //! - [`addr`]: address scopes (loopback, private, global): which addresses of other
 //!   peers are kept and handed on.
+//! - [`latency`]: one-way latency distributions (the simulator's, and the test-only
+//!   message delay of [`Config::with_message_delay`]).
 //! - [`wire`]: the `/sigma/1.1.0` request-response messages and their validation.
 //! - [`Behaviour`]: the libp2p `NetworkBehaviour` that places replicas in the DHT and
 //!   drives the core.
 
 pub mod addr;
 mod behaviour;
+pub mod latency;
 pub mod membership;
 pub use membership::Readiness;
 pub mod proto;

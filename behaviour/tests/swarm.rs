@@ -10,6 +10,7 @@ use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::{Swarm, SwarmEvent};
 use libp2p::PeerId;
 use libp2p_swarm_test::SwarmExt;
+use sigma_behaviour::latency::Latency;
 use sigma_behaviour::proto::{self, Timestamp, ToReplica};
 use sigma_behaviour::wire::{self, Rejection, Reply, Request};
 use sigma_behaviour::{Behaviour, Config, Event};
@@ -736,4 +737,38 @@ async fn keys_close_to_a_known_neighbourhood_need_no_lookup_of_their_own() {
     }
     assert_eq!(checks(&s), before, "no lookup for the next locks' keys");
     assert!(by_neighbourhood(&s) > 0);
+}
+
+// Reference: the test-only message delay (`Config::with_message_delay`, for the paper's
+// Fig. 7 on real nodes): every protocol message is held for its own drawn latency, the
+// messages to and from replicas hosted here too, and nothing is batched (a batch would
+// share one latency among its items).
+#[tokio::test]
+async fn the_message_delay_holds_every_protocol_message_on_its_own() {
+    let delay = Duration::from_millis(40);
+    let mut s = swarms_with(3, config().with_message_delay(Some(Latency::Constant(delay)))).await;
+    let peers: Vec<PeerId> = s.iter().map(|x| *x.local_peer_id()).collect();
+    let host_of = |name: &str, i: u16| {
+        let key = KBucketKey::new(wire::replica_name(name, i).into_bytes());
+        *peers.iter().min_by_key(|p| KBucketKey::from(**p).distance(&key)).expect("peers")
+    };
+    // A lock with two of its replicas on one remote peer: batched without the delay.
+    let name = (0..)
+        .map(|k| format!("delayed-{k}"))
+        .find(|n| {
+            let remote: Vec<PeerId> = (0..5).map(|i| host_of(n, i)).filter(|h| *h != peers[0]).collect();
+            remote.iter().any(|h| remote.iter().filter(|x| *x == h).count() >= 2)
+        })
+        .expect("some lock has two replicas on one remote peer");
+    let started = std::time::Instant::now();
+    let id = s[0].behaviour_mut().acquire(&name, None).expect("valid");
+    let (who, event) = with_timeout(next_event(&mut s)).await;
+    assert!(who == 0 && matches!(event, Event::Acquired { id: got, .. } if got == id), "{event:?}");
+    let took = started.elapsed();
+    // A vote is a REQUEST one way and its RESPONSE back, each held for 40 ms, whether
+    // the replica is hosted here or not: no vote comes sooner.
+    assert!(took >= 2 * delay, "acquired after {took:?}, under two delays");
+    let c = s[0].behaviour().counters();
+    assert_eq!(c.messages_out.get("request").copied(), Some(5), "{:?}", c.messages_out);
+    assert_eq!(c.batches_out, 0, "no batch while delaying: {c:?}");
 }

@@ -233,6 +233,12 @@ struct RunArgs {
     /// how many replicas this peer holds.
     #[arg(long, value_parser = parse_duration, default_value = "5s", env = "SIGMA_REPLICA_IDLE_TTL")]
     replica_idle_ttl: Duration,
+    /// Test only: holds each protocol message this node sends for a one-way latency drawn
+    /// from u:LO,HI | const:MS | exp:MEAN (milliseconds), as the simulator delays its
+    /// messages, and batches none (how `sigma-testnet run --message-delay` reproduces the
+    /// paper's Fig. 7 on real nodes). Never on a real swarm.
+    #[arg(long, value_name = "DIST", hide = true, env = "SIGMA_TEST_MESSAGE_DELAY")]
+    test_message_delay: Option<sigma_behaviour::latency::Latency>,
     /// Most queue entries (owners and waiters of other peers' acquisitions, ~100 bytes
     /// each) in all the replicas this peer hosts; past it a new one is refused.
     #[arg(long, value_name = "N", default_value_t = sigma_behaviour::DEFAULT_MAX_ENTRIES, env = "SIGMA_MAX_QUEUE_ENTRIES")]
@@ -634,7 +640,11 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         .with_gossip(args.gossip_interval, args.gossip_fanout, args.gossip_liveness)
         .with_limits(args.max_replicas, args.max_replicas_per_peer, (args.peer_rate, args.peer_rate.saturating_mul(2)))
         .with_entry_limits(args.max_queue_entries, args.max_queue_entries_per_peer)
-        .with_admin(admin_policy(&args.admin_peer)?);
+        .with_admin(admin_policy(&args.admin_peer)?)
+        .with_message_delay(args.test_message_delay);
+    if let Some(delay) = args.test_message_delay {
+        tracing::warn!(%delay, "test-only message delay: every protocol message is held");
+    }
 
     // One registry for /metrics: libp2p's metrics (prefix libp2p_), recorded by the
     // node's event loop from the swarm's events, and ours (sigma_).

@@ -101,6 +101,12 @@ struct NetArgs {
     /// incoming: three quarters of it).
     #[arg(long, default_value_t = 64, value_name = "N")]
     max_connections: u32,
+    /// Test only: every node holds each protocol message it sends for a one-way latency
+    /// drawn from u:LO,HI | const:MS | exp:MEAN (milliseconds), as the simulator does
+    /// (`sigma run --test-message-delay`); `run` then prints the simulator's throughput for
+    /// the same setting beside its own (the paper's Fig. 7 on real nodes).
+    #[arg(long, value_name = "DIST")]
+    message_delay: Option<Latency>,
 }
 
 #[derive(Args)]
@@ -441,10 +447,27 @@ fn up_options(nodes: usize, net: &NetArgs, lease_ms: Option<u64>) -> Result<UpOp
         nodes,
         base_port: net.base_port,
         dir: net.dir.clone(),
-        params: Params { n: net.n, m: net.m, lease_ms, max_connections: Some(net.max_connections), swarm_size: nodes },
+        params: Params {
+            n: net.n,
+            m: net.m,
+            lease_ms,
+            max_connections: Some(net.max_connections),
+            swarm_size: nodes,
+            message_delay: net.message_delay.map(|l| l.to_string()),
+        },
         sigma_bin: locate_sigma(net.sigma_bin.as_deref())?,
         form_timeout: Duration::try_from_secs_f64(net.form_timeout.unwrap_or(default_form_timeout(nodes)))?,
     })
+}
+
+/// The simulator's saturated throughput (λ = 10/s, the paper's highest rate) for the
+/// setting of a `run` with `--message-delay`: Sigma, the same n, m, lease and CS time.
+fn simulated_throughput(n: usize, m: usize, latency: Latency, lease: Duration, cs: Duration, seed: u64) -> Result<f64> {
+    let config = Config::default().with_quorum(n, m).with_lease(lease);
+    config.validate()?;
+    let cfg = SimConfig { cs, ..SimConfig::paper(10.0, latency, seed) };
+    let params = ProtocolParams { config, backoff: Duration::from_secs(1) };
+    Ok(compare::run_protocol("sigma", &params, cfg)?.throughput)
 }
 
 fn main() -> ExitCode {
@@ -504,6 +527,17 @@ fn real_main() -> Result<ExitCode> {
             let runtime = tokio::runtime::Runtime::new()?;
             let (report, summary) = runtime.block_on(net_run::run(&opts))?;
             print!("{summary}");
+            if let Some(latency) = a.net.message_delay {
+                let (n, m) = (a.net.n.unwrap_or(32), a.net.m.unwrap_or(24));
+                let simulated = simulated_throughput(n, m, latency, lease, opts.hold, a.seed)?;
+                let measured = report.cs_per_s / a.resources.max(1) as f64;
+                println!(
+                    "message delay {latency}: {measured:.2} CS/s per lock here; the simulator, same setting (n = {n}, \
+                     m = {m}, CS {} ms, λ = 10/s, saturated; 600 s): {simulated:.2} CS/s ({:+.1}%)",
+                    opts.hold.as_millis(),
+                    100.0 * (measured / simulated - 1.0)
+                );
+            }
             if let Some(path) = &a.json {
                 std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
             }

@@ -393,7 +393,14 @@ pub async fn run(opts: &VersusOptions) -> Result<(VersusReport, String)> {
             nodes,
             base_port: None,
             dir: opts.dir.join(format!("sigma-{nodes}")),
-            params: Params { n: None, m: None, lease_ms: opts.lease_ms, max_connections: Some(64), swarm_size: nodes },
+            params: Params {
+                n: None,
+                m: None,
+                lease_ms: opts.lease_ms,
+                max_connections: Some(64),
+                swarm_size: nodes,
+                message_delay: None,
+            },
             sigma_bin: opts.sigma_bin.clone(),
             form_timeout: Duration::from_secs(60.max(2 * nodes as u64)),
         };

@@ -13,6 +13,7 @@ use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::PeerId;
 
 use super::config::MAX_IDLE_HOSTS;
+use super::delay::Held;
 use super::placement::{Parked, ReplyTo};
 use super::{
     shrink_if_sparse, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Counters, Event, ProbeId, ReplicaAnswer,
@@ -231,8 +232,21 @@ impl Behaviour {
         v
     }
 
-    /// Sends a client message to the host of replica `index` (locally if that is us).
+    /// Sends a client message to the host of replica `index` (locally if that is us),
+    /// after the test-only delay if it is on.
     pub(super) fn send_to_replica(&mut self, resource: String, n: u16, index: u16, msg: ToReplica<PeerId>, hops: u8) {
+        self.send_or_hold(Held::ToReplica { resource, n, index, msg, hops });
+    }
+
+    /// [`Behaviour::send_to_replica`] at once.
+    pub(super) fn send_to_replica_now(
+        &mut self,
+        resource: String,
+        n: u16,
+        index: u16,
+        msg: ToReplica<PeerId>,
+        hops: u8,
+    ) {
         let mut host = self.host(&resource, index);
         if host == self.local {
             // The local estimate may predate a closer peer's connection.
@@ -286,7 +300,9 @@ impl Behaviour {
         for peer in std::mem::take(&mut self.outbox_order) {
             let Some(mut items) = self.outbox.remove(&peer) else { continue };
             while !items.is_empty() {
-                let rest = items.split_off(items.len().min(wire::MAX_BATCH));
+                // The test-only delay draws each message's latency on its own: no batches.
+                let most = if self.delaying() { 1 } else { wire::MAX_BATCH };
+                let rest = items.split_off(items.len().min(most));
                 let chunk = std::mem::replace(&mut items, rest);
                 self.counters.requests_out += 1;
                 if chunk.len() == 1 {

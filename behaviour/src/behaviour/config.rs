@@ -46,6 +46,7 @@ pub struct Config {
     pub(super) gossip_fanout: usize,
     pub(super) gossip_liveness: Duration,
     pub(super) connection_watermarks: Option<(usize, usize)>,
+    pub(super) message_delay: Option<crate::latency::Latency>,
 }
 
 /// Which remote peers may revoke a lock held through this peer ([`wire::Request::Revoke`]).
@@ -180,6 +181,7 @@ impl Default for Config {
             gossip_fanout: DEFAULT_GOSSIP_FANOUT,
             gossip_liveness: DEFAULT_GOSSIP_LIVENESS,
             connection_watermarks: None,
+            message_delay: None,
         }
     }
 }

@@ -12,6 +12,7 @@ use libp2p::kad::KBucketKey;
 use libp2p::request_response::ResponseChannel;
 use libp2p::PeerId;
 
+use super::delay::Held;
 use super::placement::{Parked, ReplyTo};
 use super::{shrink_if_sparse, Behaviour, Counters, ReplicaInfo, ReplicaTotals};
 use crate::proto::{client::Phase, Replica, ReplicaError, Response, Time, Timestamp, ToReplica};
@@ -86,6 +87,9 @@ impl Behaviour {
     pub(super) fn serve_local(&mut self, resource: &str, index: u16, msg: ToReplica<PeerId>, heard: Time) {
         let local = self.local;
         match self.handle_replica(local, resource, index, msg, heard) {
+            Ok(responses) if self.delaying() => {
+                responses.into_iter().for_each(|r| self.notify(local, resource, index, r))
+            }
             Ok(responses) => responses.into_iter().for_each(|r| self.deliver(local, resource, index, r)),
             Err(r) => {
                 // Counted like a remote peer's (a full replica table refuses this
@@ -97,8 +101,16 @@ impl Behaviour {
     }
 
     /// Sends the answer to a remote peer's message: alone, or into its batch's reply
-    /// (which goes once every item is answered).
+    /// (which goes once every item is answered); after the test-only delay if it is on.
     pub(super) fn respond(&mut self, to: ReplyTo, reply: Reply) {
+        if self.delaying() && !matches!(to, ReplyTo::Local) {
+            return self.send_or_hold(Held::Reply { to, reply });
+        }
+        self.respond_now(to, reply);
+    }
+
+    /// [`Behaviour::respond`] at once.
+    pub(super) fn respond_now(&mut self, to: ReplyTo, reply: Reply) {
         match to {
             ReplyTo::Local => {}
             ReplyTo::Channel(channel) => {
@@ -247,8 +259,17 @@ impl Behaviour {
         Ok(mine)
     }
 
-    /// Sends an unsolicited RESPONSE from a hosted replica to its client.
+    /// Sends an unsolicited RESPONSE from a hosted replica to its client (after the
+    /// test-only delay if it is on).
     pub(super) fn notify(&mut self, to: PeerId, resource: &str, index: u16, resp: Response<PeerId>) {
+        if self.delaying() {
+            return self.send_or_hold(Held::Response { to, resource: resource.to_owned(), index, resp });
+        }
+        self.notify_now(to, resource, index, resp);
+    }
+
+    /// [`Behaviour::notify`] at once.
+    pub(super) fn notify_now(&mut self, to: PeerId, resource: &str, index: u16, resp: Response<PeerId>) {
         if to == self.local {
             self.deliver(self.local, resource, index, resp);
             return;

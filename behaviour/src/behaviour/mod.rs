@@ -57,6 +57,7 @@ use crate::wire::{self, Rejection, Reply, Request};
 
 mod client;
 mod config;
+mod delay;
 mod host;
 mod members;
 mod placement;
@@ -236,6 +237,8 @@ pub struct Behaviour {
     next_gossip: Time,
     /// Picks gossip targets (seeded from the peer id and the start time).
     rng: rand_chacha::ChaCha8Rng,
+    /// Messages held by the test-only delay ([`Config::with_message_delay`]).
+    delayed: delay::DelayQueue,
     /// Acquisitions started while joining (their start is deferred) since last ready.
     deferred: usize,
     /// Frames the codec refused (shared with every connection's codec).
@@ -360,6 +363,7 @@ impl Behaviour {
                 }
                 rand_chacha::ChaCha8Rng::from_seed(seed)
             },
+            delayed: delay::DelayQueue::default(),
             deferred: 0,
             codec_stats,
             next_id: 0,
@@ -547,6 +551,7 @@ impl Behaviour {
 
     /// Runs the core's due timers, and drops replicas that have become disposable.
     fn handle_timeouts(&mut self, now: Time) {
+        self.release_held(now);
         // Collected first: a replica re-filed at `now` waits for the next pass.
         for key in self.replica_due.due(now) {
             let mut outputs = Vec::new();
@@ -586,6 +591,7 @@ impl Behaviour {
             self.acquisition_due.first(),
             self.ownership_due.first(),
             self.idle_hosts.first(),
+            self.delayed.first(),
             Some(self.next_gossip),
         ]
         .into_iter()

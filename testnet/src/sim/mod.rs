@@ -4,6 +4,6 @@
 pub mod analysis;
 pub mod compare;
 pub mod engine;
-pub mod latency;
+pub use sigma_behaviour::latency;
 pub mod paper;
 pub mod protocol;

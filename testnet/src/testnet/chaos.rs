@@ -403,7 +403,7 @@ impl Supervisor {
             self.cluster.members.iter().filter(|m| m.record.state == State::Killed).map(|m| m.record.index).collect();
         let Some(&node) = killed.choose(&mut self.rng) else { return };
         let old = self.cluster.members[node].record.clone();
-        let mut spec = proc::Spec::new(&self.cluster.opts.dir, node, self.cluster.opts.params);
+        let mut spec = proc::Spec::new(&self.cluster.opts.dir, node, self.cluster.opts.params.clone());
         spec.tcp_port = old.tcp_port;
         spec.api_port = old.api.port();
         spec.append_log = true;

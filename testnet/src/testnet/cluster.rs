@@ -234,7 +234,7 @@ fn refuse_if_running(dir: &Path) -> Result<()> {
 impl Cluster {
     /// The spec of node `index` (ports from `--base-port` if given).
     pub fn spec(opts: &UpOptions, index: usize) -> Result<Spec> {
-        let mut spec = Spec::new(&opts.dir, index, opts.params);
+        let mut spec = Spec::new(&opts.dir, index, opts.params.clone());
         if let Some(base) = opts.base_port {
             let port = |off: usize| -> Result<u16> {
                 u16::try_from(usize::from(base) + off).ok().filter(|p| *p != 0).with_context(|| {
@@ -384,7 +384,7 @@ impl Cluster {
         Manifest {
             dir: self.opts.dir.clone(),
             sigma_bin: self.opts.sigma_bin.clone(),
-            params: self.opts.params,
+            params: self.opts.params.clone(),
             base_port: self.opts.base_port,
             started_unix_ms: self.started_unix_ms,
             nodes: self.members.iter().map(|m| m.record.clone()).collect(),

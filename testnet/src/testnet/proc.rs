@@ -72,7 +72,7 @@ fn build_sigma_next_to(path: &Path) -> Result<()> {
 }
 
 /// Protocol parameters passed to every node (`None`: the daemon's default).
-#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Params {
     /// Replicas per lock (with `m`).
     pub n: Option<usize>,
@@ -88,6 +88,10 @@ pub struct Params {
     /// less often, so that two cores can host them all.
     #[serde(default)]
     pub swarm_size: usize,
+    /// Test only: the one-way latency each node holds its protocol messages for
+    /// (`sigma run --test-message-delay`), as text (`U(0,200)ms`).
+    #[serde(default)]
+    pub message_delay: Option<String>,
 }
 
 /// Swarms larger than this run their nodes with the daemon's liveness pings (1 s, 3 s
@@ -220,6 +224,9 @@ pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
     }
     if let Some(ms) = spec.params.lease_ms {
         cmd.arg("--lease-ms").arg(ms.to_string());
+    }
+    if let Some(delay) = &spec.params.message_delay {
+        cmd.arg("--test-message-delay").arg(delay);
     }
     // Loopback: a dead peer is noticed within 1.25 s, and a peer cut off from the
     // gossip within 1.5 s, which keeps the takeover delay (lease + liveness timeout +

@@ -1,4 +1,6 @@
-//! One-way message latency distributions for the simulator.
+//! One-way message latency distributions: the simulator's, and the node's test-only
+//! message delay ([`crate::Config::with_message_delay`]), so that a run on real nodes
+//! and a simulation draw their delays the same way.
 //!
 //! The paper's experiments (§5, Fig. 7) draw every one-way delay from a uniform
 //! distribution such as U(0,200) ms; the constant and exponential cases are

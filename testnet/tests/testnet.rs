@@ -454,27 +454,21 @@ fn trailing_json(text: &str) -> Value {
     serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
+/// `bench --vs etcd` on 3 daemons with small counts (3 waiters for 1 s, 1.5 s leases).
+fn bench_vs_etcd(etcd_bin: &str, rounds: u32) -> Output {
+    let rounds = rounds.to_string();
+    #[rustfmt::skip]
+    let args = [
+        "bench", "--vs", "etcd", "--etcd-bin", etcd_bin, "--daemons", "3", "--rounds", &rounds, "--waiters", "3",
+        "--seconds", "1", "--lease-ms", "1500", "--json",
+    ];
+    testnet(&args)
+}
+
 #[test]
 fn bench_vs_etcd_without_etcd_says_how_to_get_it_and_measures_sigma_alone() {
     let _serial = serial();
-    let out = testnet(&[
-        "bench",
-        "--vs",
-        "etcd",
-        "--etcd-bin",
-        "/nonexistent/etcd",
-        "--daemons",
-        "3",
-        "--rounds",
-        "5",
-        "--waiters",
-        "3",
-        "--seconds",
-        "1",
-        "--lease-ms",
-        "1500",
-        "--json",
-    ]);
+    let out = bench_vs_etcd("/nonexistent/etcd", 5);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(stderr(&out).contains("apt-get install etcd-server"), "{}", stderr(&out));
@@ -515,24 +509,7 @@ fn bench_vs_etcd_measures_both_when_etcd_is_installed() {
         return;
     };
     let _serial = serial();
-    let out = testnet(&[
-        "bench",
-        "--vs",
-        "etcd",
-        "--etcd-bin",
-        path(&etcd),
-        "--daemons",
-        "3",
-        "--rounds",
-        "10",
-        "--waiters",
-        "3",
-        "--seconds",
-        "1",
-        "--lease-ms",
-        "1500",
-        "--json",
-    ]);
+    let out = bench_vs_etcd(path(&etcd), 10);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("| etcd, 3 members"), "{text}");

@@ -780,7 +780,7 @@ const TRIM_INTERVAL: Duration = Duration::from_secs(10);
 
 /// glibc's malloc keeps freed memory in its arenas: after a burst of lock names the
 /// daemon's RSS would stay at its peak although the idle replicas are gone (dropped
-/// after 60 s). Every [`TRIM_INTERVAL`] the free pages go back (`malloc_trim`, off the
+/// 5 s after their last release). Every [`TRIM_INTERVAL`] the free pages go back (`malloc_trim`, off the
 /// runtime's threads).
 fn spawn_heap_trimmer() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

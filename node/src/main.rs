@@ -249,6 +249,10 @@ struct RunArgs {
     /// Requests per second one remote peer may send (token bucket, burst twice that).
     #[arg(long, value_name = "N", default_value_t = 20_000, env = "SIGMA_PEER_RATE")]
     peer_rate: u32,
+    /// How often free heap memory goes back to the system (`malloc_trim`; glibc keeps
+    /// what a burst of lock names freed); 0s: never.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", env = "SIGMA_HEAP_TRIM_INTERVAL")]
+    heap_trim_interval: Duration,
     /// A peer whose operator may revoke the locks held through this one (`sigma
     /// release NAME --token T` run there); repeatable, or `any` for every peer of the
     /// swarm. Default: none (only this node's own API may).
@@ -718,7 +722,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         tracing::warn!(%e, "cannot notify systemd of readiness");
     }
 
-    spawn_heap_trimmer();
+    spawn_heap_trimmer(args.heap_trim_interval);
     let which = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
@@ -775,17 +779,17 @@ fn raise_open_file_limit() {
     }
 }
 
-/// How often the daemon gives free heap memory back to the system.
-const TRIM_INTERVAL: Duration = Duration::from_secs(10);
-
 /// glibc's malloc keeps freed memory in its arenas: after a burst of lock names the
 /// daemon's RSS would stay at its peak although the idle replicas are gone (dropped
-/// 5 s after their last release). Every [`TRIM_INTERVAL`] the free pages go back (`malloc_trim`, off the
-/// runtime's threads).
-fn spawn_heap_trimmer() {
+/// 5 s after their last release). Every `interval` (`--heap-trim-interval`, 10 s; zero:
+/// never) the free pages go back (`malloc_trim`, off the runtime's threads).
+fn spawn_heap_trimmer(interval: Duration) {
+    if interval.is_zero() {
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tokio::spawn(async {
-        let mut tick = tokio::time::interval(TRIM_INTERVAL);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
         loop {
             tick.tick().await;
             // SAFETY: malloc_trim takes no pointer; it only returns the allocator's free

@@ -87,10 +87,8 @@ impl Behaviour {
     pub(super) fn serve_local(&mut self, resource: &str, index: u16, msg: ToReplica<PeerId>, heard: Time) {
         let local = self.local;
         match self.handle_replica(local, resource, index, msg, heard) {
-            Ok(responses) if self.delaying() => {
-                responses.into_iter().for_each(|r| self.notify(local, resource, index, r))
-            }
-            Ok(responses) => responses.into_iter().for_each(|r| self.deliver(local, resource, index, r)),
+            // To this peer's own client: delivered at once, or after the test-only delay.
+            Ok(responses) => responses.into_iter().for_each(|r| self.notify(local, resource, index, r)),
             Err(r) => {
                 // Counted like a remote peer's (a full replica table refuses this
                 // peer's own clients too); the core retries on its timers.

@@ -26,6 +26,7 @@ use tokio::signal::unix::{signal, SignalKind};
 mod cli {
     pub mod config_file;
 }
+mod heap;
 use cli::config_file;
 
 /// Exit code of `sigma lock` when the lock was not acquired within `--timeout`.
@@ -249,8 +250,9 @@ struct RunArgs {
     /// Requests per second one remote peer may send (token bucket, burst twice that).
     #[arg(long, value_name = "N", default_value_t = 20_000, env = "SIGMA_PEER_RATE")]
     peer_rate: u32,
-    /// How often free heap memory goes back to the system (`malloc_trim`; glibc keeps
-    /// what a burst of lock names freed); 0s: never.
+    /// How often the daemon looks whether a burst of lock names freed heap memory (4 MB
+    /// more free than at the last look) and gives it back to the system (`malloc_trim`;
+    /// glibc keeps it otherwise); 0s: never.
     #[arg(long, value_parser = parse_duration, default_value = "10s", env = "SIGMA_HEAP_TRIM_INTERVAL")]
     heap_trim_interval: Duration,
     /// A peer whose operator may revoke the locks held through this one (`sigma
@@ -523,7 +525,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Cmd::Run(_) => one_heap_arena(),
+        Cmd::Run(_) => heap::one_arena(),
         Cmd::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -722,7 +724,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         tracing::warn!(%e, "cannot notify systemd of readiness");
     }
 
-    spawn_heap_trimmer(args.heap_trim_interval);
+    heap::spawn_trimmer(args.heap_trim_interval);
     let which = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
@@ -738,24 +740,6 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     node.shutdown().await.context("stopping the node")?;
     tracing::info!("stopped");
     Ok(0)
-}
-
-/// One glibc heap arena for the daemon, set before any thread starts (unless
-/// `MALLOC_ARENA_MAX` says otherwise): with one arena per thread, each keeps its own
-/// fragments of a burst of replicas and `malloc_trim` gives back little. Measured with
-/// `sigma-testnet soak` (5 nodes, 3,000 names, peaks of 12,700–51,000 replicas): RSS
-/// 60 s after the burst +16 to +25 MB above the start with the default arenas, +7.5 to
-/// +8.9 MB with one. The daemon's hot path is one event-loop task, so one arena costs
-/// little contention.
-fn one_heap_arena() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt takes two integers and changes an allocator setting; called
-        // before the runtime's threads exist.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 1);
-        }
-    }
 }
 
 /// Raises the soft limit on open files to the hard limit: every peer connection and API
@@ -777,26 +761,6 @@ fn raise_open_file_limit() {
         Ok(()) => tracing::info!(from = soft, to = hard, "raised the open-file limit"),
         Err(e) => tracing::warn!(%e, from = soft, to = hard, "cannot raise the open-file limit"),
     }
-}
-
-/// glibc's malloc keeps freed memory in its arenas: after a burst of lock names the
-/// daemon's RSS would stay at its peak although the idle replicas are gone (dropped
-/// 5 s after their last release). Every `interval` (`--heap-trim-interval`, 10 s; zero:
-/// never) the free pages go back (`malloc_trim`, off the runtime's threads).
-fn spawn_heap_trimmer(interval: Duration) {
-    if interval.is_zero() {
-        return;
-    }
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        loop {
-            tick.tick().await;
-            // SAFETY: malloc_trim takes no pointer; it only returns the allocator's free
-            // pages to the system.
-            let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
-        }
-    });
 }
 
 // ---------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ use tokio::signal::unix::{signal, SignalKind};
 mod cli {
     pub mod config_file;
 }
+#[cfg(target_os = "linux")]
 mod heap;
 use cli::config_file;
 
@@ -250,11 +251,6 @@ struct RunArgs {
     /// Requests per second one remote peer may send (token bucket, burst twice that).
     #[arg(long, value_name = "N", default_value_t = 20_000, env = "SIGMA_PEER_RATE")]
     peer_rate: u32,
-    /// How often the daemon looks whether a burst of lock names freed heap memory (4 MB
-    /// more free than at the last look) and gives it back to the system (`malloc_trim`;
-    /// glibc keeps it otherwise); 0s: never.
-    #[arg(long, value_parser = parse_duration, default_value = "10s", env = "SIGMA_HEAP_TRIM_INTERVAL")]
-    heap_trim_interval: Duration,
     /// A peer whose operator may revoke the locks held through this one (`sigma
     /// release NAME --token T` run there); repeatable, or `any` for every peer of the
     /// swarm. Default: none (only this node's own API may).
@@ -525,7 +521,6 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Cmd::Run(_) => heap::one_arena(),
         Cmd::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -724,7 +719,6 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         tracing::warn!(%e, "cannot notify systemd of readiness");
     }
 
-    heap::spawn_trimmer(args.heap_trim_interval);
     let which = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",

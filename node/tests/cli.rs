@@ -536,3 +536,16 @@ async fn inspect_and_release_from_another_daemon() {
     let out = lock_cmd_with(&b.api, "broken", &["--try"], "echo ran").output().await.unwrap();
     assert!(out.status.success(), "free after the revoke: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The daemon runs on jemalloc with its own options (one arena, pages returned by a
+/// background thread): jemalloc prints its options at exit when asked to.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_binary_runs_on_jemalloc_with_one_arena_and_background_purging() {
+    let out =
+        Command::new(SIGMA).arg("--version").env("_RJEM_MALLOC_CONF", "stats_print:true").output().await.unwrap();
+    assert!(out.status.success());
+    let stats = String::from_utf8_lossy(&out.stderr);
+    assert!(stats.contains("opt.narenas: 1\n"), "jemalloc's options: {stats}");
+    assert!(stats.contains("opt.background_thread: true"), "jemalloc's options: {stats}");
+}

@@ -103,6 +103,11 @@ impl Drop for EtcdCluster {
 }
 
 impl EtcdCluster {
+    /// The members' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members.iter().map(|m| m.child.id()).collect()
+    }
+
     /// Starts the members under `dir` (created; removed on drop) and waits until each
     /// answers `GET /health` with `"health":"true"`.
     pub async fn start(bin: &Path, dir: &Path, http: &reqwest::Client) -> Result<EtcdCluster> {

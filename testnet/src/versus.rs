@@ -18,6 +18,12 @@
 //! Without etcd (not on `PATH`, or `--etcd-bin` missing) the summary says how to get it
 //! and sigma runs alone. The goals of issue 13 are printed, not asserted: uncontended
 //! p50 ≤ 0.5× etcd's, contended handoffs ≥ 3× etcd's.
+//!
+//! Beside the times, the CPU time the system's server processes used (user + system,
+//! every thread of every member or daemon, from `/proc/PID/stat` before and after each
+//! phase) per uncontended round and per contended entry: on a loaded 2-core machine a
+//! latency ratio moves with the load, the CPU cost much less. The driver's own CPU is
+//! not counted (the same client code drives both).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -30,7 +36,7 @@ use serde::Serialize;
 use crate::etcd::{self, EtcdCluster};
 use crate::testnet::api::{self, Acquire, Release};
 use crate::testnet::cluster::{Cluster, UpOptions};
-use crate::testnet::proc::Params;
+use crate::testnet::proc::{self, Params};
 
 /// Parameters of a run.
 #[derive(Clone, Debug)]
@@ -224,6 +230,10 @@ pub struct Row {
     pub handoffs_per_s: f64,
     /// Contended entries.
     pub entries: u64,
+    /// CPU time of all the system's server processes per uncontended lock+unlock (ms).
+    pub cpu_ms_per_round: f64,
+    /// CPU time of all the system's server processes per contended handoff (ms).
+    pub cpu_ms_per_handoff: f64,
     /// Hold intervals overlapping another worker's (must be 0).
     pub overlaps: u64,
     /// Holds whose fencing token is not above the previous hold's (must be 0).
@@ -259,7 +269,15 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
 }
 
 /// Both phases against one system.
-async fn measure(system: &System, label: String, opts: &VersusOptions, http: &reqwest::Client) -> Result<Row> {
+/// Both phases against one system whose server processes are `pids` (their CPU time is
+/// read before and after each phase).
+async fn measure(
+    system: &System,
+    pids: &[u32],
+    label: String,
+    opts: &VersusOptions,
+    http: &reqwest::Client,
+) -> Result<Row> {
     let tag = if matches!(system, System::Etcd(_)) { "etcd" } else { "sigma" };
     // Uncontended: one lock, one client, round k through endpoint k mod N; a first
     // round per endpoint warms the connections and is not counted.
@@ -274,6 +292,7 @@ async fn measure(system: &System, label: String, opts: &VersusOptions, http: &re
         system.unlock(s, &name, held).await?;
     }
     let (mut both, mut lock) = (Vec::new(), Vec::new());
+    let cpu0 = proc::total_cpu_time(pids);
     for k in 0..opts.rounds {
         let s = &sessions[k % n];
         let t0 = Instant::now();
@@ -282,6 +301,7 @@ async fn measure(system: &System, label: String, opts: &VersusOptions, http: &re
         system.unlock(s, &name, held).await?;
         both.push(t0.elapsed().as_secs_f64() * 1e3);
     }
+    let cpu_round = proc::total_cpu_time(pids).saturating_sub(cpu0);
     let mut leftover = system.leftover(http, &name).await?;
     for s in sessions {
         system.close(s).await?;
@@ -293,6 +313,7 @@ async fn measure(system: &System, label: String, opts: &VersusOptions, http: &re
     for w in 0..opts.workers {
         sessions.push(system.session(http, w).await?);
     }
+    let cpu0 = proc::total_cpu_time(pids);
     let t0 = Instant::now();
     let stop = t0 + opts.contended;
     let mut tasks = Vec::new();
@@ -323,6 +344,7 @@ async fn measure(system: &System, label: String, opts: &VersusOptions, http: &re
         }
     }
     let elapsed = t0.elapsed().as_secs_f64();
+    let cpu_contended = proc::total_cpu_time(pids).saturating_sub(cpu0);
     if let Some(e) = failure {
         return Err(e.context(format!("{label}: a contending worker failed")));
     }
@@ -342,6 +364,8 @@ async fn measure(system: &System, label: String, opts: &VersusOptions, http: &re
         lock_p50_ms: pct(&mut lock, 0.5),
         handoffs_per_s: holds.len() as f64 / elapsed,
         entries: holds.len() as u64,
+        cpu_ms_per_round: cpu_round.as_secs_f64() * 1e3 / opts.rounds as f64,
+        cpu_ms_per_handoff: cpu_contended.as_secs_f64() * 1e3 / holds.len().max(1) as f64,
         overlaps: count_overlaps(&holds),
         token_regressions: count_regressions(&holds),
         leftover,
@@ -373,7 +397,8 @@ pub async fn run(opts: &VersusOptions) -> Result<(VersusReport, String)> {
                 etcd::MEMBERS
             )?;
             let system = System::Etcd(cluster.endpoints());
-            let row = measure(&system, format!("etcd, {} members", etcd::MEMBERS), opts, &http).await?;
+            let row =
+                measure(&system, &cluster.pids(), format!("etcd, {} members", etcd::MEMBERS), opts, &http).await?;
             drop(cluster);
             Some(row)
         }
@@ -406,7 +431,8 @@ pub async fn run(opts: &VersusOptions) -> Result<(VersusReport, String)> {
         };
         let mut cluster = Cluster::up(up).await?;
         let apis = cluster.members.iter().map(|m| m.record.api).collect();
-        let row = measure(&System::Sigma(apis), format!("sigma, {nodes} daemons"), opts, &http).await;
+        let pids: Vec<u32> = cluster.members.iter().map(|m| m.record.pid).collect();
+        let row = measure(&System::Sigma(apis), &pids, format!("sigma, {nodes} daemons"), opts, &http).await;
         cluster.down(Duration::from_secs(5)).await;
         sigma.push(row?);
     }
@@ -439,20 +465,22 @@ fn render(opts: &VersusOptions, r: &VersusReport, head: &str) -> Result<String> 
     let w = r.etcd.iter().chain(&r.sigma).map(|row| row.label.len() + " / etcd".len()).max().unwrap_or(0);
     writeln!(
         s,
-        "| {:<w$} | {:>19} | {:>9} | {:>9} | {:>12} | {:>7} | {:>8} | lock free at the end |",
-        "", "lock+unlock p50", "p99", "lock p50", "handoffs/s", "entries", "overlaps"
+        "| {:<w$} | {:>19} | {:>9} | {:>9} | {:>12} | {:>7} | {:>15} | {:>13} | {:>8} | lock free at the end |",
+        "", "lock+unlock p50", "p99", "lock p50", "handoffs/s", "entries", "CPU per round", "CPU per entry", "overlaps"
     )?;
-    writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- |")?;
+    writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")?;
     for row in r.etcd.iter().chain(&r.sigma) {
         writeln!(
             s,
-            "| {:<w$} | {:>16.2} ms | {:>6.2} ms | {:>6.2} ms | {:>12.1} | {:>7} | {:>8} | {} |",
+            "| {:<w$} | {:>16.2} ms | {:>6.2} ms | {:>6.2} ms | {:>12.1} | {:>7} | {:>12.2} ms | {:>10.2} ms | {:>8} | {} |",
             row.label,
             row.lock_unlock_p50_ms,
             row.lock_unlock_p99_ms,
             row.lock_p50_ms,
             row.handoffs_per_s,
             row.entries,
+            row.cpu_ms_per_round,
+            row.cpu_ms_per_handoff,
             row.overlaps,
             row.leftover.as_deref().unwrap_or("yes"),
         )?;
@@ -465,13 +493,15 @@ fn render(opts: &VersusOptions, r: &VersusReport, head: &str) -> Result<String> 
             let h = row.handoffs_per_s / e.handoffs_per_s;
             writeln!(
                 s,
-                "| {:<w$} | {:>19} | {:>9} | {:>9} | {:>12} | {:>7} | {:>8} | |",
+                "| {:<w$} | {:>19} | {:>9} | {:>9} | {:>12} | {:>7} | {:>15} | {:>13} | {:>8} | |",
                 format!("{} / etcd", row.label),
                 faster(u),
                 "",
                 "",
                 format!("{h:.2}x"),
                 "",
+                format!("{:.2}x", row.cpu_ms_per_round / e.cpu_ms_per_round),
+                format!("{:.2}x", row.cpu_ms_per_handoff / e.cpu_ms_per_handoff),
                 ""
             )?;
         }

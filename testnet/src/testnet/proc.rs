@@ -304,6 +304,24 @@ pub fn signal(pid: u32, sig: Signal) -> bool {
     pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).is_ok()
 }
 
+/// The CPU time (user + system, all threads) `pid` has used so far, from
+/// `/proc/PID/stat`, in the kernel's clock ticks (usually 10 ms); None if it is gone.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ...": utime and stime are fields 14 and 15, the 12th and 13th
+    // after the command.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().filter(|&h| h > 0).unwrap_or(100);
+    Some(Duration::from_secs_f64((utime + stime) as f64 / hz as f64))
+}
+
+/// The CPU time all of `pids` have used so far (those gone count nothing).
+pub fn total_cpu_time(pids: &[u32]) -> Duration {
+    pids.iter().filter_map(|&p| cpu_time(p)).sum()
+}
+
 /// Whether `pid` is a live (not zombie) process.
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

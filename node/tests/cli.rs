@@ -542,8 +542,7 @@ async fn inspect_and_release_from_another_daemon() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_binary_runs_on_jemalloc_with_one_arena_and_background_purging() {
-    let out =
-        Command::new(SIGMA).arg("--version").env("_RJEM_MALLOC_CONF", "stats_print:true").output().await.unwrap();
+    let out = Command::new(SIGMA).arg("--version").env("_RJEM_MALLOC_CONF", "stats_print:true").output().await.unwrap();
     assert!(out.status.success());
     let stats = String::from_utf8_lossy(&out.stderr);
     assert!(stats.contains("opt.narenas: 1\n"), "jemalloc's options: {stats}");

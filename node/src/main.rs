@@ -253,7 +253,7 @@ struct RunArgs {
     peer_rate: u32,
     /// Worker threads of the daemon's async runtime. The hot path is one event-loop
     /// task, so more threads mostly add wake-ups between them (`bench --vs etcd`, 3 and 8
-    /// daemons on 2 cores: 8–20% less CPU per lock with 1 than with 2); more may help a
+    /// daemons on 2 cores: 6–25% less CPU per lock with 1 than with 2); more may help a
     /// daemon with many busy connections on a machine of its own.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024), env = "SIGMA_WORKER_THREADS")]
     worker_threads: u16,

@@ -71,6 +71,13 @@ pub struct BenchReport {
     pub hosts: usize,
 }
 
+impl BenchReport {
+    /// No two critical sections overlapped (the goals are only printed).
+    pub fn pass(&self) -> bool {
+        self.overlaps == 0
+    }
+}
+
 fn pct(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -247,27 +254,29 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
         "  transport requests per CS entry (contended; a batch to one peer counts one): {:.1}; the lock's replicas on {} peers",
         r.requests_per_entry, r.hosts
     )?;
-    let check = |ok: bool| if ok { "PASS" } else { "FAIL" };
+    // Goals are printed; the safety check decides the exit status (`BenchReport::pass`).
+    let goal = |ok: bool| if ok { "goal met" } else { "goal missed" };
     writeln!(
         s,
-        "[{}] uncontended acquire within 2x the floor: {:.2}x",
-        check(r.acquire_over_floor <= 2.0),
+        "[{}] uncontended acquire <= 1.2x the floor: {:.2}x",
+        goal(r.acquire_over_floor <= 1.2),
         r.acquire_over_floor
     )?;
     writeln!(
         s,
         "[{}] messages per CS entry <= 4n: {:.1} vs {}",
-        check(r.messages_per_entry <= r.four_n as f64),
+        goal(r.messages_per_entry <= r.four_n as f64),
         r.messages_per_entry,
         r.four_n
     )?;
     writeln!(
         s,
         "[{}] transport requests per CS entry <= 4 x hosts: {:.1} vs {}",
-        check(r.requests_per_entry <= 4.0 * r.hosts as f64),
+        goal(r.requests_per_entry <= 4.0 * r.hosts as f64),
         r.requests_per_entry,
         4 * r.hosts
     )?;
-    writeln!(s, "[{}] no overlapping critical sections: {}", check(r.overlaps == 0), r.overlaps)?;
+    let check = if r.pass() { "PASS" } else { "FAIL" };
+    writeln!(s, "[{check}] no overlapping critical sections: {}", r.overlaps)?;
     Ok((report, s))
 }

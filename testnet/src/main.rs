@@ -58,7 +58,8 @@ enum Command {
     /// Exit status: 0 PASS, 1 FAIL, 2 error (e.g. the nodes did not start), 130 interrupted.
     Run(NetRunArgs),
     /// Benchmark real nodes on loopback (latency floor, lock/release, handoffs, messages);
-    /// with --vs etcd: `sigma run` daemons against a 3-member etcd, side by side.
+    /// with --vs etcd: `sigma run` daemons against a 3-member etcd, side by side. Goals
+    /// are printed; exit status 1 if two holds overlapped.
     Bench(BenchArgs),
     /// Does a swarm give its memory back? A stream of distinct lock names (each locked and
     /// released once) through `sigma run` processes, optionally with a hostile peer
@@ -618,6 +619,9 @@ fn real_main() -> Result<ExitCode> {
             print!("{summary}");
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+            if !report.pass() {
+                return Ok(ExitCode::from(1));
             }
         }
         Command::Soak(a) => {

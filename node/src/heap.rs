@@ -3,8 +3,9 @@
 //!
 //! A burst of lock names builds tens of thousands of replicas, dropped 5 s after their
 //! last release. With glibc's malloc their memory stayed in the heap, scattered among the
-//! few chunks that outlived the burst: `malloc_trim` gave the pages back, but the next
-//! locks' allocations wandered over the freed pages and faulted them in again.
+//! few chunks that outlived the burst: `malloc_trim` gave the pages back, and the locks
+//! after the burst were slower the more often it trimmed, most likely because their
+//! allocations faulted those pages in again (the faults were not counted).
 //! `sigma-testnet soak --nodes 3 --names 5000` (RSS at the end over the warmed-up start;
 //! lock+release p50 after the burst against before it):
 //!

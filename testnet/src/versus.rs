@@ -268,7 +268,6 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * q).round() as usize]
 }
 
-/// Both phases against one system.
 /// Both phases against one system whose server processes are `pids` (their CPU time is
 /// read before and after each phase).
 async fn measure(

@@ -373,6 +373,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cpu_time_grows_with_work_and_is_none_for_no_process() {
+        let me = std::process::id();
+        let start = cpu_time(me).expect("this process's CPU time");
+        assert_eq!(cpu_time(u32::MAX), None);
+        assert!(total_cpu_time(&[u32::MAX]).is_zero(), "a missing pid counts nothing");
+        // Work until the kernel's tick counts it (10 ms at 100 Hz), within a generous bound.
+        let began = Instant::now();
+        let mut x = 0u64;
+        while cpu_time(me).expect("still here") <= start {
+            for i in 0..100_000u64 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+            }
+            std::hint::black_box(x);
+            assert!(began.elapsed() < Duration::from_secs(30), "no CPU time counted after 30 s of work");
+        }
+    }
+
+    #[test]
     fn ready_lines_are_parsed() {
         let id = "12D3KooWS9B3dcm1KwPfCybJExn8vfkJfXPadaAvTSEddzVzGTuk";
         let text = format!(

@@ -307,10 +307,9 @@ pub fn signal(pid: u32, sig: Signal) -> bool {
 /// The CPU time (user + system, all threads) `pid` has used so far, from
 /// `/proc/PID/stat`, in the kernel's clock ticks (usually 10 ms); None if it is gone.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) state ...": utime and stime are fields 14 and 15, the 12th and 13th
-    // after the command.
-    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    // utime and stime are fields 14 and 15, the 12th and 13th after the command.
+    let stat = stat_after_comm(pid)?;
+    let mut fields = stat.split_whitespace();
     let utime: u64 = fields.nth(11)?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().filter(|&h| h > 0).unwrap_or(100);
@@ -324,13 +323,16 @@ pub fn total_cpu_time(pids: &[u32]) -> Duration {
 
 /// Whether `pid` is a live (not zombie) process.
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // "pid (comm) S ...": the state follows the last ')'.
-        Ok(stat) => {
-            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|s| s != "Z")
-        }
-        Err(_) => false,
-    }
+    // The state is the first field after the command.
+    stat_after_comm(pid).is_some_and(|rest| rest.split_whitespace().next().is_some_and(|s| s != "Z"))
+}
+
+/// `/proc/PID/stat` from the field after the command on ("pid (comm) state ..."; the
+/// command may hold spaces and parentheses, so it ends at the last ')'); None if there
+/// is no such process.
+fn stat_after_comm(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')').map(|(_, rest)| rest.to_owned())
 }
 
 /// Whether `pid` is alive and is `sigma run` with this key file: a pid from a manifest

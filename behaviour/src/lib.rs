@@ -8,7 +8,7 @@
 //!   peers are kept and handed on.
 //! - [`latency`]: one-way latency distributions (the simulator's, and the test-only
 //!   message delay of [`Config::with_message_delay`]).
-//! - [`wire`]: the `/sigma/1.1.0` request-response messages and their validation.
+//! - [`wire`]: the `/sigma/1.2.0` request-response messages and their validation.
 //! - [`Behaviour`]: the libp2p `NetworkBehaviour` that places replicas in the DHT and
 //!   drives the core.
 

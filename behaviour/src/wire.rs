@@ -1,4 +1,4 @@
-//! The wire protocol: request-response over `/sigma/1.1.0`, CBOR-encoded (libp2p's
+//! The wire protocol: request-response over `/sigma/1.2.0`, CBOR-encoded (libp2p's
 //! `request_response::cbor`, which uses cbor4ii).
 //!
 //! Two requests travel in both directions between any two peers:
@@ -37,8 +37,9 @@ use crate::proto::{Response, Timestamp, ToReplica, MAX_REPLICAS, RELAY_DEPTH};
 
 /// Protocol name; the version is part of it. A peer speaking another version is not
 /// offered this protocol and the exchange fails with `UnsupportedProtocols`.
-/// (1.1.0: batches; a 1.0.0 peer would not decode them.)
-pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/1.1.0");
+/// (1.1.0: batches, which a 1.0.0 peer would not decode; 1.2.0: RELAYs of up to three
+/// names, which a 1.1.0 peer refuses, and RELEASEs naming the next waiters.)
+pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/1.2.0");
 
 /// Most items in a [`Request::Batch`] (a step that sends more to one peer is split):
 /// the default lock's 32 REQUESTs to one peer go as one.
@@ -219,7 +220,7 @@ pub enum Rejection {
     /// A [`Request::Batch`] that is empty, longer than [`MAX_BATCH`], or holds something
     /// else than messages about one replica (a batch in a batch, an operator's question).
     BadBatch,
-    /// A RELAY naming more acquisitions than [`RELAY_DEPTH`].
+    /// A RELAY, or a RELEASE, naming more acquisitions than [`RELAY_DEPTH`].
     BadRelay,
 }
 
@@ -318,7 +319,9 @@ impl Request {
     /// Validates what can be checked without state.
     pub fn validate(&self) -> Result<(), Rejection> {
         match self {
-            Request::Replica { msg: ToReplica::Relay { next, .. }, .. } if next.len() > RELAY_DEPTH => {
+            Request::Replica { msg: ToReplica::Relay { next, .. } | ToReplica::Release { next, .. }, .. }
+                if next.len() > RELAY_DEPTH =>
+            {
                 Err(Rejection::BadRelay)
             }
             Request::Replica { resource, index, n, .. }
@@ -374,7 +377,7 @@ pub struct CodecStats {
     pub oversized: AtomicU64,
 }
 
-/// The `/sigma/1.1.0` codec: libp2p's CBOR codec (cbor4ii) with our size limits, counting
+/// The `/sigma/1.2.0` codec: libp2p's CBOR codec (cbor4ii) with our size limits, counting
 /// what it refuses.
 #[derive(Clone, Default)]
 pub struct Codec {

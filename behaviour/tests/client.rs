@@ -227,7 +227,7 @@ fn no_spurious_yield_while_promotions_arrive_after_a_handoff() {
     let release = T0 + ms(100);
     let notices: Vec<(usize, Response<u32>)> = (0..n)
         .map(|i| {
-            replicas[i].handle(release, &prev.client, ToReplica::Release { ts: prev, token: 0 }).unwrap();
+            replicas[i].handle(release, &prev.client, ToReplica::Release { ts: prev, token: 0, next: vec![] }).unwrap();
             let (to, r) = replicas[i].poll_transmit().expect("a promotion");
             assert_eq!(to, ME.client);
             (i, r)
@@ -394,7 +394,7 @@ fn release_sends_release_to_all_and_is_idempotent() {
     let out = drain(&mut c);
     assert_eq!(out.len(), 5);
     for (k, (i, m)) in out.iter().enumerate() {
-        assert_eq!((*i, m), (k, &ToReplica::Release { ts: ME, token: 300 }));
+        assert_eq!((*i, m), (k, &ToReplica::Release { ts: ME, token: 300, next: vec![] }));
     }
     assert_eq!(c.phase(), Phase::Released);
     assert_eq!(c.poll_timeout(), None);
@@ -409,7 +409,7 @@ fn release_sends_release_to_all_and_is_idempotent() {
     // Abandoning a wait is a release too, with no token.
     let mut w = client(config());
     w.release(T0);
-    assert!(drain(&mut w).iter().all(|(_, m)| *m == ToReplica::Release { ts: ME, token: 0 }));
+    assert!(drain(&mut w).iter().all(|(_, m)| *m == ToReplica::Release { ts: ME, token: 0, next: vec![] }));
 }
 
 // Reference: error.rs: remote misbehaviour is a value and changes nothing.

@@ -253,6 +253,48 @@ fn a_reset_replica_rejoins_the_line_within_one_handoff() {
     assert!(reask < none, "re-ask {reask:?} vs none {none:?}");
 }
 
+// Reference: Fig. 8 (saturation with resets). One replica resets and a newcomer takes
+// its vote: the line wins without it (n − 1 ≥ m), so no owner of that replica relays the
+// line to it. The heads' RELEASEs name the waiters after them (`ToReplica::Release`'s
+// `next`): the replica asks for their REQUESTs and has each head queued a handoff before
+// its turn. Without that it stays out of the line until the waiters' informed-backoff
+// retries, and the line wins with one replica fewer (at saturation, a slower handoff).
+#[test]
+fn a_replica_the_line_wins_without_is_back_in_line_before_the_next_turn() {
+    let cfg = config(Recovery::Relay);
+    let mut net = Net::new(cfg, (ms(50), ms(50)), 0);
+    net.start(0);
+    net.run_until(net.now + ms(500));
+    assert_eq!(net.clients[&0].phase(), Phase::Holding, "the first client wins an idle lock");
+    let line: Id = 6;
+    for id in 1..=line {
+        net.start(id);
+        net.run_until(net.now + ms(200));
+    }
+    // The line has waited longer than a request timeout (no REQUEST of it in flight);
+    // the reset comes after the holder's renewal (every 3.3 s), which would repair it.
+    net.run_until(net.now + Duration::from_secs(2));
+    net.replicas[0] = Replica::new(net.cfg.clone());
+    let newcomer = 100;
+    net.start(newcomer);
+    net.run_until(net.now + ms(60));
+    assert_eq!(net.replicas[0].owner().map(|(t, _)| t.client), Some(newcomer), "the newcomer took the reset replica");
+    net.release(0);
+    for id in 1..line {
+        let from = net.now;
+        while !net.won.contains_key(&id) && net.now < from + Duration::from_secs(10) {
+            net.run_until(net.now + ms(10));
+        }
+        assert!(net.won.contains_key(&id), "head {id} did not win within 10 s of the release before it");
+        let next = net.clients[&(id + 1)].ts().clone();
+        if id >= 2 {
+            // Solicited at the RELEASE two turns earlier (depth 3): in time.
+            assert!(net.replicas[0].has(&next), "at head {id}'s win the reset replica lacks the next head {}", id + 1);
+        }
+        net.release(id);
+    }
+}
+
 /// Seeded random schedules without resets: arrivals, releases after random critical
 /// sections, random latencies; 0 exclusion violations, and everyone is served.
 fn random_schedule(recovery: Recovery, seed: u64) -> usize {

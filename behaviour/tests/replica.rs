@@ -47,7 +47,7 @@ fn request_floor(r: &mut Replica<u32>, now: Time, t: Ts, floor: u64) -> Result<(
 
 fn release(r: &mut Replica<u32>, now: Time, t: Ts, token: u64) -> Result<(), ReplicaError> {
     let from = t.client;
-    r.handle(now, &from, ToReplica::Release { ts: t, token })
+    r.handle(now, &from, ToReplica::Release { ts: t, token, next: vec![] })
 }
 
 fn yield_(r: &mut Replica<u32>, now: Time, t: Ts, stamp: u64) -> Result<(), ReplicaError> {
@@ -570,9 +570,9 @@ fn messages_about_another_clients_acquisition_are_rejected_and_change_nothing() 
     let before = snapshot(&r);
     let mallory = 66;
     for msg in [
-        ToReplica::Release { ts: a, token: 0 },
+        ToReplica::Release { ts: a, token: 0, next: vec![] },
         ToReplica::Yield { ts: a, stamp: s },
-        ToReplica::Release { ts: b, token: 0 },
+        ToReplica::Release { ts: b, token: 0, next: vec![] },
         ToReplica::Request { ts: b, sent: 0, floor: u64::MAX },
         ToReplica::Request { ts: ts(5, 7), sent: 0, floor: 0 },
     ] {

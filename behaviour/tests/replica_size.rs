@@ -48,7 +48,7 @@ fn an_idle_replica_keeps_little_memory() {
         let ts = Timestamp::new(k as u64 + 1, *peer);
         r.handle(t(0), peer, ToReplica::Request { ts, sent: 1, floor: 0 }).unwrap();
         while r.poll_transmit().is_some() {}
-        r.handle(t(5), peer, ToReplica::Release { ts, token: 0 }).unwrap();
+        r.handle(t(5), peer, ToReplica::Release { ts, token: 0, next: vec![] }).unwrap();
         while r.poll_transmit().is_some() {}
         r.handle_timeout(t(10));
         r.compact();

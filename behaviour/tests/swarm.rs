@@ -129,7 +129,7 @@ async fn bad_input_is_refused_counted_and_harmless() {
                 resource: owned.clone(),
                 index: 0,
                 n: 5,
-                msg: ToReplica::Release { ts: Timestamp::new(1, me), token: 0 },
+                msg: ToReplica::Release { ts: Timestamp::new(1, me), token: 0, next: vec![] },
             },
             Rejection::NotHolder,
         ),
@@ -548,7 +548,7 @@ async fn a_peer_filling_queues_is_held_to_its_entry_quota() {
         resource: "queue/a".to_owned(),
         index: 0,
         n: 5,
-        msg: ToReplica::Release { ts: Timestamp::new(7, me), token: 0 },
+        msg: ToReplica::Release { ts: Timestamp::new(7, me), token: 0, next: vec![] },
     };
     let released = ask(&mut probe, std::slice::from_mut(&mut node), target, release).await;
     assert_eq!(kind(&released), "served");

@@ -66,11 +66,11 @@ fn node() -> Swarm<Behaviour> {
     Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config))
 }
 
-fn probe(protocol: &'static str) -> Swarm<request_response::Behaviour<Raw>> {
+fn probe(protocol: StreamProtocol) -> Swarm<request_response::Behaviour<Raw>> {
     Swarm::new_ephemeral_tokio(|_| {
         request_response::Behaviour::with_codec(
             Raw,
-            [(StreamProtocol::new(protocol), ProtocolSupport::Outbound)],
+            [(protocol, ProtocolSupport::Outbound)],
             request_response::Config::default().with_request_timeout(Duration::from_secs(5)),
         )
     })
@@ -110,7 +110,7 @@ async fn exchange(
 async fn malformed_oversized_and_unknown_are_counted_and_harmless() {
     let mut n = node();
     n.listen().with_memory_addr_external().await;
-    let mut p = probe("/sigma/1.1.0");
+    let mut p = probe(wire::PROTOCOL);
     p.connect(&mut n).await;
 
     // Not CBOR at all; a CBOR map naming an unknown message kind; a frame over the
@@ -136,7 +136,7 @@ async fn malformed_oversized_and_unknown_are_counted_and_harmless() {
 async fn unknown_protocol_version_is_not_spoken() {
     let mut n = node();
     n.listen().with_memory_addr_external().await;
-    let mut p = probe("/sigma/2.0.0");
+    let mut p = probe(StreamProtocol::new("/sigma/2.0.0"));
     p.connect(&mut n).await;
     let r = exchange(&mut n, &mut p, vec![0xa0]).await;
     assert_eq!(r, Err("unsupported".to_string()));

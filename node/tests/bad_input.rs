@@ -72,8 +72,8 @@ impl request_response::Codec for Raw {
     }
 }
 
-/// One connection, three ways to talk over it: raw bytes on `/sigma/1.1.0`, the real
-/// codec on `/sigma/1.1.0`, raw bytes on `/sigma/2.0.0`. Outbound only: the client
+/// One connection, three ways to talk over it: raw bytes on `wire::PROTOCOL`, the real
+/// codec on `wire::PROTOCOL`, raw bytes on `/sigma/2.0.0`. Outbound only: the client
 /// serves nothing.
 #[derive(NetworkBehaviour)]
 struct Client {
@@ -279,7 +279,7 @@ async fn bad_input_on_the_wire_is_refused_counted_and_harmless() {
                 resource: owned.clone(),
                 index: 0,
                 n: N,
-                msg: ToReplica::Release { ts: Timestamp::new(1, me), token: 0 },
+                msg: ToReplica::Release { ts: Timestamp::new(1, me), token: 0, next: vec![] },
             },
             Rejection::NotHolder,
         ),

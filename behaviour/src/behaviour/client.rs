@@ -475,7 +475,7 @@ impl Behaviour {
                     // count (`Rejection::QuorumMismatch`), and a refused hand-back would
                     // leave the vote with nobody until its lease ran out.
                     let n = *n;
-                    let msg = ToReplica::Release { ts: resp.ts, token: 0 };
+                    let msg = ToReplica::Release { ts: resp.ts, token: 0, next: Vec::new() };
                     self.send_to_replica(resource.to_owned(), n, index, msg, 0);
                 }
             }

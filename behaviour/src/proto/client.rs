@@ -291,20 +291,21 @@ impl<C: Clone + Ord> Client<C> {
         if let Some(value) = [r.stamp, r.owner.counter].into_iter().find(|v| *v > bound) {
             return Err(ClientError::Ahead { value });
         }
-        if r.stamp < view.stamp || (r.owner == self.ts && view.yielded.is_some_and(|s| r.stamp <= s)) {
-            self.stats.stale += 1;
-            return Err(ClientError::Stale);
-        }
-        if self.phase == Phase::Released {
-            return Ok(());
-        }
         if r.solicit {
-            // Not about our place there: the replica asks for our REQUEST.
+            // Not about our place there (its owner and stamp are not read): the replica
+            // asks for our REQUEST.
             if self.phase == Phase::Waiting && !self.owns(&self.views[from]) && self.config.recovery.relays() {
                 self.stats.solicited += 1;
                 self.stats.retries += 1;
                 self.send_request(now, from);
             }
+            return Ok(());
+        }
+        if r.stamp < view.stamp || (r.owner == self.ts && view.yielded.is_some_and(|s| r.stamp <= s)) {
+            self.stats.stale += 1;
+            return Err(ClientError::Stale);
+        }
+        if self.phase == Phase::Released {
             return Ok(());
         }
         self.stats.responses += 1;
@@ -476,14 +477,17 @@ impl<C: Clone + Ord> Client<C> {
         if self.phase == Phase::Released {
             return;
         }
-        // The line behind us, to the replicas that lack it, before they serve the next.
-        self.relay(now);
+        // The line behind us rides on the RELEASE to every replica: one that lost it in a
+        // reset asks for the REQUESTs it lacks before they are needed.
+        let next =
+            if matches!(self.phase, Phase::Waiting | Phase::Holding) { self.successors(now) } else { Vec::new() };
         self.phase = Phase::Released;
         self.yield_at = None;
         self.reask_at = None;
         for i in 0..self.views.len() {
             self.views[i].next_contact = None;
-            self.outbox.push_back((i, ToReplica::Release { ts: self.ts.clone(), token: self.token }));
+            self.outbox
+                .push_back((i, ToReplica::Release { ts: self.ts.clone(), token: self.token, next: next.clone() }));
             self.stats.releases += 1;
         }
     }
@@ -606,17 +610,10 @@ impl<C: Clone + Ord> Client<C> {
     /// REQUESTs reached every replica that did not lose them) are named to each owned
     /// replica whose queue lacks them, once.
     fn relay(&mut self, now: Time) {
-        if !self.config.recovery.relays() || !matches!(self.phase, Phase::Waiting | Phase::Holding) {
+        if !matches!(self.phase, Phase::Waiting | Phase::Holding) {
             return;
         }
-        let old = micros(now).saturating_sub(micros(self.config.request_timeout));
-        let mut successors: Vec<Timestamp<C>> = Vec::new();
-        for v in self.views.iter().filter(|v| self.owns(v)) {
-            successors.extend(v.next.iter().filter(|t| t.counter <= old).cloned());
-        }
-        successors.sort_unstable();
-        successors.dedup();
-        successors.truncate(RELAY_DEPTH);
+        let successors = self.successors(now);
         if successors.is_empty() {
             return;
         }
@@ -629,6 +626,24 @@ impl<C: Clone + Ord> Client<C> {
             self.outbox.push_back((i, ToReplica::Relay { ts: self.ts.clone(), next: successors.clone() }));
             self.stats.relays += 1;
         }
+    }
+
+    /// The earliest waiters after us at the replicas we own that have waited longer than
+    /// the request timeout (at most [`RELAY_DEPTH`]; none without
+    /// [`Recovery::Relay`](crate::proto::Recovery::Relay)).
+    fn successors(&self, now: Time) -> Vec<Timestamp<C>> {
+        if !self.config.recovery.relays() {
+            return Vec::new();
+        }
+        let old = micros(now).saturating_sub(micros(self.config.request_timeout));
+        let mut successors: Vec<Timestamp<C>> = Vec::new();
+        for v in self.views.iter().filter(|v| self.owns(v)) {
+            successors.extend(v.next.iter().filter(|t| t.counter <= old).cloned());
+        }
+        successors.sort_unstable();
+        successors.dedup();
+        successors.truncate(RELAY_DEPTH);
+        successors
     }
 
     /// Re-sends the REQUEST to every replica whose vote this waiter lacks (and has not

@@ -32,6 +32,12 @@ pub enum ToReplica<C> {
         ts: Timestamp<C>,
         /// The client's fencing token (0 if it never won), so the next grant is above it.
         token: u64,
+        /// With [`super::config::Recovery::Relay`]: the acquisitions that come next at the
+        /// replicas the sender owned (at most [`RELAY_DEPTH`], earliest first). A replica
+        /// that does not know one asks it for its REQUEST, as on a RELAY: a replica that
+        /// lost the line in a reset gets it back at the next handoff, for no message.
+        #[serde(default = "Vec::new")]
+        next: Vec<Timestamp<C>>,
     },
     /// YIELD (Fig. 5, case 3): "RELEASE + REQUEST": hand the vote back and wait in the
     /// queue under the original timestamp.
@@ -56,9 +62,11 @@ pub enum ToReplica<C> {
     },
 }
 
-/// Most acquisitions named by a RELAY or by a RESPONSE's `next`: the line is relayed one
-/// handoff ahead of its head.
-pub const RELAY_DEPTH: usize = 2;
+/// Most acquisitions named by a RELAY, a RELEASE or a RESPONSE's `next`: the line is
+/// relayed two handoffs ahead of its head. (With two, a reset replica asked for the next
+/// head's REQUEST at the handoff before its turn often had it too late: the request and
+/// the REQUEST take two one-way delays, a handoff about one and a half.)
+pub const RELAY_DEPTH: usize = 3;
 
 impl<C> ToReplica<C> {
     /// The acquisition this message is about.
@@ -126,7 +134,9 @@ pub struct Response<C> {
     pub next: Vec<Timestamp<C>>,
     /// "Send me your REQUEST": an acquisition ahead of the addressee relayed that it
     /// comes next, and this replica does not know it. `owner` and `stamp` are the
-    /// replica's current ones; nothing else in this response is about the addressee.
+    /// replica's current ones (with no owner, the addressee and the last stamp issued);
+    /// nothing else in this response is about the addressee, and the client reads
+    /// nothing but this flag.
     #[serde(default)]
     pub solicit: bool,
 }

@@ -38,7 +38,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use super::clock::{micros, Timestamp};
-use super::config::{Config, Recovery};
+use super::config::Config;
 use super::error::ReplicaError;
 use super::message::{Response, ToReplica, RELAY_DEPTH};
 use super::Time;
@@ -46,9 +46,9 @@ use super::Time;
 /// Counters a replica keeps about itself (metrics and the simulator's reports).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplicaStats {
-    /// INQUIREs sent to an owner later than a waiter ([`Recovery::Inquire`]).
+    /// INQUIREs sent to an owner later than a waiter ([`Recovery::Inquire`](super::config::Recovery::Inquire)).
     pub inquiries: u64,
-    /// REQUESTs solicited on a RELAY ([`Recovery::Relay`]).
+    /// REQUESTs solicited on a RELAY ([`Recovery::Relay`](super::config::Recovery::Relay)).
     pub solicits: u64,
     /// Votes granted (direct grants and promotions).
     pub grants: u64,
@@ -79,7 +79,7 @@ struct Owner<C> {
     /// lease started (`Response::grant_delay`), so it can bound the lease without
     /// assuming anything about how long the response spends in flight.
     heard_at: Time,
-    /// An INQUIRE was sent for this grant (once per grant: [`Recovery::Inquire`]).
+    /// An INQUIRE was sent for this grant (once per grant: [`Recovery::Inquire`](super::config::Recovery::Inquire)).
     inquired: bool,
 }
 
@@ -347,7 +347,7 @@ impl<C: Clone + Ord> Replica<C> {
         } else {
             match msg {
                 ToReplica::Request { ts, sent, floor } => self.on_request(now, heard, ts, sent, floor),
-                ToReplica::Release { ts, token } => self.on_release(now, ts, token),
+                ToReplica::Release { ts, token, next } => self.on_release(now, ts, token, next),
                 ToReplica::Yield { ts, stamp } => self.on_yield(now, ts, stamp),
                 ToReplica::Relay { ts, next } => self.on_relay(ts, next),
             }
@@ -364,7 +364,9 @@ impl<C: Clone + Ord> Replica<C> {
         let bound = micros(now).saturating_add(micros(self.config.max_clock_offset));
         let values = match msg {
             ToReplica::Request { ts, floor, .. } => [ts.counter, *floor],
-            ToReplica::Release { ts, token } => [ts.counter, *token],
+            ToReplica::Release { ts, token, next } => {
+                [ts.counter, (*token).max(next.iter().take(RELAY_DEPTH).map(|t| t.counter).max().unwrap_or(0))]
+            }
             ToReplica::Yield { ts, .. } => [ts.counter, 0],
             ToReplica::Relay { ts, next } => {
                 [ts.counter, next.iter().take(RELAY_DEPTH).map(|t| t.counter).max().unwrap_or(0)]
@@ -419,8 +421,7 @@ impl<C: Clone + Ord> Replica<C> {
             self.last_stamp = self.last_stamp.max(floor);
             self.enqueue(now, ts.clone(), sent, heard);
         }
-        let inquire =
-            self.config.recovery == Recovery::Inquire && self.owner.as_ref().is_some_and(|o| o.ts > ts && !o.inquired);
+        let inquire = self.config.recovery.inquires() && self.owner.as_ref().is_some_and(|o| o.ts > ts && !o.inquired);
         self.respond(ts, false);
         if inquire {
             // Maekawa's INQUIRE: an older acquisition waits here behind a later owner
@@ -436,8 +437,26 @@ impl<C: Clone + Ord> Replica<C> {
         Ok(())
     }
 
-    /// Fig. 6 `OnRelease`.
-    fn on_release(&mut self, now: Time, ts: Timestamp<C>, token: u64) -> Result<(), ReplicaError> {
+    /// Fig. 6 `OnRelease`, and the RELEASE's `next` ([`Recovery::Relay`](super::config::Recovery::Relay)): the waiters
+    /// after the releaser elsewhere that this replica does not know are asked for their
+    /// REQUESTs (before the vote moves on), whether or not it knew the releaser: a
+    /// replica reset since the releaser's REQUEST is the one that needs them.
+    fn on_release(
+        &mut self,
+        now: Time,
+        ts: Timestamp<C>,
+        token: u64,
+        next: Vec<Timestamp<C>>,
+    ) -> Result<(), ReplicaError> {
+        let repeated = self.tombstones.contains(&ts) && !self.has(&ts);
+        if !repeated && self.config.recovery.relays() {
+            self.solicit(&ts, next);
+        }
+        self.release(now, ts, token)
+    }
+
+    /// Fig. 6 `OnRelease` proper.
+    fn release(&mut self, now: Time, ts: Timestamp<C>, token: u64) -> Result<(), ReplicaError> {
         // Whoever releases, the next grant goes above its fencing token: a holder whose
         // vote here lapsed (and went to someone else) still moves the stamps past it.
         self.last_stamp = self.last_stamp.max(token);
@@ -492,7 +511,7 @@ impl<C: Clone + Ord> Replica<C> {
         Ok(())
     }
 
-    /// RELAY ([`Recovery::Relay`]): `ts` (owner or waiter here, or just released) names
+    /// RELAY ([`Recovery::Relay`](super::config::Recovery::Relay)): `ts` (owner or waiter here, or just released) names
     /// the acquisitions that come after it elsewhere; each one later than `ts` that this
     /// replica does not know (not owner, waiting, or released) is asked for its REQUEST,
     /// once. Nothing else changes: a vote is only ever granted on a REQUEST.
@@ -503,12 +522,17 @@ impl<C: Clone + Ord> Replica<C> {
         if !self.config.recovery.relays() {
             return Ok(());
         }
-        let Some(owner) = self.owner.as_ref() else {
-            return Ok(());
-        };
-        let (owner_ts, stamp) = (owner.ts.clone(), owner.stamp);
+        self.solicit(&ts, next);
+        Ok(())
+    }
+
+    /// Asks each acquisition of `next` later than `after` that this replica does not know
+    /// (not owner, waiting, released, or asked already) for its REQUEST: a RESPONSE with
+    /// `solicit`, naming the current owner (or, with none, the addressee itself under
+    /// the last stamp issued: the client reads nothing but the flag).
+    fn solicit(&mut self, after: &Timestamp<C>, next: Vec<Timestamp<C>>) {
         for t in next.into_iter().take(RELAY_DEPTH) {
-            if t <= ts || self.has(&t) || self.tombstones.contains(&t) || self.solicited.contains(&t) {
+            if t <= *after || self.has(&t) || self.tombstones.contains(&t) || self.solicited.contains(&t) {
                 continue;
             }
             if self.solicited.len() >= SOLICITED_KEPT {
@@ -516,9 +540,13 @@ impl<C: Clone + Ord> Replica<C> {
             }
             self.solicited.push_back(t.clone());
             self.stats.solicits += 1;
+            let (owner, stamp) = match self.owner.as_ref() {
+                Some(o) => (o.ts.clone(), o.stamp),
+                None => (t.clone(), self.last_stamp),
+            };
             let response = Response {
                 ts: t.clone(),
-                owner: owner_ts.clone(),
+                owner,
                 stamp,
                 position: 0,
                 advice: Duration::ZERO,
@@ -532,7 +560,6 @@ impl<C: Clone + Ord> Replica<C> {
             };
             self.outbox.push_back((t.client, response));
         }
-        Ok(())
     }
 
     /// Lease expiry (§4 failure 3) and silent waiters. Spurious calls are harmless.

@@ -1283,7 +1283,7 @@ fn fingerprints_leave_out_config_and_stats() {
     // A rejected message changes a replica's counters only.
     let fresh = Replica::<Id>::new(config(3, 2));
     let mut rejected = fresh.clone();
-    let foreign = ToReplica::Release { ts: Timestamp::new(1, 0), token: 0 };
+    let foreign = ToReplica::Release { ts: Timestamp::new(1, 0), token: 0, next: vec![] };
     assert!(rejected.handle(Duration::ZERO, &1, foreign).is_err());
     assert_ne!(format!("{fresh:?}"), format!("{rejected:?}"));
     assert_eq!(replica_fp(&fresh), replica_fp(&rejected));

@@ -478,9 +478,9 @@ impl<C: Clone + Ord> Client<C> {
             return;
         }
         // The line behind us rides on the RELEASE to every replica: one that lost it in a
-        // reset asks for the REQUESTs it lacks before they are needed.
-        let next =
-            if matches!(self.phase, Phase::Waiting | Phase::Holding) { self.successors(now) } else { Vec::new() };
+        // reset asks for the REQUESTs it lacks before they are needed. (A lost lock too:
+        // a reset that took its votes is what the line needs repaired.)
+        let next = self.successors(now);
         self.phase = Phase::Released;
         self.yield_at = None;
         self.reask_at = None;

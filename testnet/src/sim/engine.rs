@@ -428,8 +428,8 @@ struct Slot<C> {
     messages: u32,
     counters: Counters,
     clock: Clock,
-    /// Per replica, the incarnation of the last message the client applied from it
-    /// (empty until the first): where the grant it counts came from.
+    /// Per replica, the incarnation of the last message about its vote the client
+    /// applied from it (empty until the first): where the grant it counts came from.
     heard: Vec<u32>,
 }
 
@@ -659,13 +659,14 @@ impl<'p, P: Protocol> Sim<'p, P> {
                 let slot = &mut self.clients[client as usize];
                 let local = slot.clock.local(now);
                 let Some(c) = slot.client.as_mut() else { return };
-                if self.proto.client_handle(c, local, replica, msg, &mut self.rng) {
+                let about_the_vote = P::down_is_about_the_vote(&msg);
+                if !self.proto.client_handle(c, local, replica, msg, &mut self.rng) {
+                    self.report.rejected += 1;
+                } else if about_the_vote {
                     if slot.heard.len() != self.replicas.len() {
                         slot.heard = vec![0; self.replicas.len()];
                     }
                     slot.heard[replica] = incarnation;
-                } else {
-                    self.report.rejected += 1;
                 }
                 self.after_client(client);
             }

@@ -89,6 +89,14 @@ pub trait Protocol {
     /// Acquisition a client → replica message belongs to.
     fn up_owner(msg: &Self::Up) -> ClientId;
 
+    /// Whether a replica → client message is about the replica's vote (the client's
+    /// view of it may change); a request for the client's REQUEST (Sigma's
+    /// solicitation) is not. The budget check counts the incarnation each client last
+    /// heard about a vote from.
+    fn down_is_about_the_vote(_msg: &Self::Down) -> bool {
+        true
+    }
+
     /// A closed system: each acquisition runs on one of the `n` processes (the
     /// replicas), which it talks to locally; see [`Protocol::new_client_at`].
     const LOCAL_CLIENTS: bool = false;
@@ -212,6 +220,9 @@ impl Protocol for Sigma {
     }
     fn up_owner(msg: &Self::Up) -> ClientId {
         msg.ts().client
+    }
+    fn down_is_about_the_vote(msg: &Self::Down) -> bool {
+        !msg.solicit
     }
     delegate_uniform!();
 }

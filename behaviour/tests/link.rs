@@ -153,6 +153,55 @@ async fn pipelined_requests_are_answered_out_of_order() {
     assert_eq!(c.connected_peers().count(), 1);
 }
 
+/// Replies of tens of KiB (read over many reads) pipelined back to back come whole; a
+/// reply over the limit is not sent (reported on the server; the client times out).
+#[tokio::test]
+async fn large_replies_come_whole_and_one_over_the_limit_is_not_sent() {
+    let (mut c, mut s, target) = pair(config(Duration::from_millis(1500)), config(Duration::from_secs(10))).await;
+    let addr: libp2p::Multiaddr =
+        format!("/dns4/{}.example/tcp/65535/p2p/{}", "a".repeat(240), PeerId::random()).parse().unwrap();
+    let big = |items: usize| {
+        Reply::Batch(vec![Reply::Redirect { peer: PeerId::random(), addrs: vec![addr.clone(); 8] }; items])
+    };
+    let ids: Vec<RequestId> = (0..4).map(|k| c.behaviour_mut().send_request(&target, ping(k))).collect();
+    let got = requests(&mut c, &mut s, 4).await;
+    let mut expected = Vec::new();
+    for (k, (_, channel)) in got.into_iter().enumerate() {
+        // 20 items: ~47 KiB; 40: over the 64 KiB limit.
+        let reply = big(if k == 3 { 40 } else { 20 });
+        assert_eq!(wire::frame(wire::FrameKind::Reply, 0, &reply).is_ok(), k != 3);
+        expected.push(reply.clone());
+        s.behaviour_mut().send_response(channel, reply);
+    }
+    let mut answers = Vec::new();
+    let mut too_large = 0;
+    while answers.len() < 4 {
+        match next(&mut c, &mut s).await {
+            (Side::Client, Some(SwarmEvent::Behaviour(link::Event::Message { message, .. })), _) => {
+                let link::Message::Response { request_id, response } = message else { continue };
+                answers.push((request_id, Ok(response)));
+            }
+            (Side::Client, Some(SwarmEvent::Behaviour(link::Event::OutboundFailure { request_id, error, .. })), _) => {
+                answers.push((request_id, Err(error)));
+            }
+            (Side::Server, _, Some(SwarmEvent::Behaviour(link::Event::InboundFailure { error, .. }))) => {
+                assert_eq!(error, link::InboundFailure::TooLarge);
+                too_large += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(too_large, 1);
+    for (k, id) in ids.iter().enumerate() {
+        let (_, answer) = answers.iter().find(|(i, _)| i == id).unwrap();
+        if k == 3 {
+            assert_eq!(answer, &Err(OutboundFailure::Timeout));
+        } else {
+            assert_eq!(answer, &Ok(expected[k].clone()));
+        }
+    }
+}
+
 /// A request unanswered past the timeout fails with `Timeout`; its late reply is
 /// dropped; the stream serves the next request.
 #[tokio::test]

@@ -553,24 +553,58 @@ impl WriteBuf {
     }
 }
 
-/// Reads what is ready into `buf` (up to [`READ_CHUNK`] at a time): `Ok(0)` is the end.
-fn poll_fill(stream: &mut Stream, buf: &mut Vec<u8>, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-    let len = buf.len();
-    buf.resize(len + READ_CHUNK, 0);
-    let r = Pin::new(&mut *stream).poll_read(cx, &mut buf[len..]);
-    let n = match &r {
-        Poll::Ready(Ok(n)) => *n,
-        _ => 0,
-    };
-    buf.truncate(len + n);
-    r
+/// Bytes read from a stream and not yet parsed: `buf[start..end]`. Allocated (zeroed)
+/// once and grown only for a frame larger than what it holds, so a read costs no
+/// zeroing; a frame is refused from its header if over its limit, which bounds it.
+#[derive(Debug, Default)]
+struct ReadBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl ReadBuf {
+    fn data(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start >= self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > 4 * READ_CHUNK {
+                self.buf = Vec::new();
+            }
+        }
+    }
+
+    /// Reads what is ready (`Ok(0)` is the end of the stream).
+    fn poll_fill(&mut self, stream: &mut Stream, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.len() - self.end < READ_CHUNK / 4 {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            if self.buf.len() - self.end < READ_CHUNK / 4 {
+                let len = (self.buf.len() * 2).max(READ_CHUNK);
+                self.buf.resize(len, 0);
+            }
+        }
+        let r = Pin::new(&mut *stream).poll_read(cx, &mut self.buf[self.end..]);
+        if let Poll::Ready(Ok(n)) = r {
+            self.end += n;
+        }
+        r
+    }
 }
 
 /// A stream the peer opened: its requests in, our replies out.
 struct InStream {
     no: u64,
     stream: Stream,
-    read: Vec<u8>,
+    read: ReadBuf,
     write: WriteBuf,
     /// The peer closed its side: the stream goes once the replies owed are written.
     eof: bool,
@@ -595,7 +629,7 @@ pub struct Handler {
     opening: bool,
     unsupported: bool,
     out_write: WriteBuf,
-    out_read: Vec<u8>,
+    out_read: ReadBuf,
     /// Our requests awaiting replies; `out_due` in the order sent (= of their deadlines;
     /// entries answered meanwhile are skipped).
     waiting: HashSet<u64>,
@@ -618,7 +652,7 @@ impl Handler {
             opening: false,
             unsupported: false,
             out_write: WriteBuf::default(),
-            out_read: Vec::new(),
+            out_read: ReadBuf::default(),
             waiting: HashSet::new(),
             out_due: VecDeque::new(),
             inbound: Vec::new(),
@@ -634,7 +668,7 @@ impl Handler {
     fn fail_outbound(&mut self, error: OutboundFailure) {
         self.out = None;
         self.out_write.clear();
-        self.out_read = Vec::new();
+        self.out_read = ReadBuf::default();
         self.out_due.clear();
         let mut ids: Vec<u64> = self.waiting.drain().collect();
         ids.sort_unstable();
@@ -660,7 +694,7 @@ impl Handler {
         }
         for _ in 0..READS_PER_POLL {
             let Some(stream) = self.out.as_mut() else { return };
-            match poll_fill(stream, &mut self.out_read, cx) {
+            match self.out_read.poll_fill(stream, cx) {
                 Poll::Pending => return,
                 Poll::Ready(Ok(0)) => return self.fail_outbound(OutboundFailure::ConnectionClosed),
                 Poll::Ready(Err(e)) => {
@@ -671,10 +705,10 @@ impl Handler {
             }
             let mut start = 0;
             loop {
-                match wire::parse_frame(&self.out_read[start..], FrameKind::Reply) {
+                match wire::parse_frame(&self.out_read.data()[start..], FrameKind::Reply) {
                     Ok(None) => break,
                     Ok(Some((id, total))) => {
-                        let body = &self.out_read[start + wire::FRAME_HEADER..start + total];
+                        let body = &self.out_read.data()[start + wire::FRAME_HEADER..start + total];
                         start += total;
                         // A reply to a request that timed out is dropped unread.
                         if !self.waiting.contains(&id) {
@@ -697,7 +731,7 @@ impl Handler {
                     }
                 }
             }
-            self.out_read.drain(..start);
+            self.out_read.consume(start);
         }
         cx.waker().wake_by_ref();
     }
@@ -724,10 +758,10 @@ impl Handler {
                 if self.owed.len() >= self.config.max_inbound {
                     break;
                 }
-                match wire::parse_frame(&s.read[start..], FrameKind::Request) {
+                match wire::parse_frame(&s.read.data()[start..], FrameKind::Request) {
                     Ok(None) => break,
                     Ok(Some((id, total))) => {
-                        let body = &s.read[start + wire::FRAME_HEADER..start + total];
+                        let body = &s.read.data()[start + wire::FRAME_HEADER..start + total];
                         start += total;
                         let request = match wire::decode_body::<Request>(body) {
                             Ok(r) if !self.owed.contains(&(s.no, id)) => r,
@@ -751,17 +785,17 @@ impl Handler {
                     }
                 }
             }
-            s.read.drain(..start);
+            s.read.consume(start);
             // At the bound: read no more (the peer's requests wait in the stream's
             // window) until replies go.
             if s.eof || self.owed.len() >= self.config.max_inbound {
                 return Outcome::Fine;
             }
-            match poll_fill(&mut s.stream, &mut s.read, cx) {
+            match s.read.poll_fill(&mut s.stream, cx) {
                 Poll::Pending => return Outcome::Fine,
                 Poll::Ready(Ok(0)) => {
                     s.eof = true;
-                    if !s.read.is_empty() {
+                    if !s.read.data().is_empty() {
                         // A frame cut short.
                         self.stats.malformed.fetch_add(1, Ordering::Relaxed);
                         return Outcome::Drop;
@@ -890,7 +924,7 @@ impl ConnectionHandler for Handler {
                 self.inbound.push(InStream {
                     no,
                     stream,
-                    read: Vec::new(),
+                    read: ReadBuf::default(),
                     write: WriteBuf::default(),
                     eof: false,
                     owed: 0,

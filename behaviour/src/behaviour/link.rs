@@ -86,7 +86,8 @@ pub struct Config {
     pub max_inbound: usize,
     /// Most requests awaiting replies per connection, and queued per peer while dialled.
     pub max_outbound: usize,
-    /// Whether the peer's streams are served (a client-only tool may refuse them).
+    /// Whether the peer's streams are served (a client-only tool may refuse them: they
+    /// are negotiated, then dropped; the protocol is still listed).
     pub inbound: bool,
     /// The protocol (tests name an old one).
     pub protocol: StreamProtocol,

@@ -305,17 +305,13 @@ fn idle_peer(idle: Duration) -> Swarm<link::Behaviour> {
         .multiplex(yamux::Config::default())
         .boxed();
     let swarm_config = libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(idle);
-    Swarm::new(
-        transport,
-        link::Behaviour::new(config(Duration::from_secs(10)), Default::default()),
-        peer_id,
-        swarm_config,
-    )
+    let config = link::Config { linger: Duration::from_millis(200), ..config(Duration::from_secs(10)) };
+    Swarm::new(transport, link::Behaviour::new(config, Default::default()), peer_id, swarm_config)
 }
 
 /// The connection stays while a request waits for its reply (longer than the idle
-/// timeout), and closes by the idle timeout once nothing is pending, although both
-/// streams stay open.
+/// timeout), and closes by the idle timeout once nothing is pending (after the
+/// handler's linger), although both streams stay open.
 #[tokio::test]
 async fn pending_requests_keep_the_connection_and_idle_ones_let_it_close() {
     let idle = Duration::from_millis(500);

@@ -39,7 +39,9 @@
 //!   streams per connection (the oldest goes).
 //! - **Keep-alive**: the streams do not keep the connection alive by themselves
 //!   (`ignore_for_keep_alive`); the handler does while a request waits for its reply or a
-//!   reply is owed or unwritten, and otherwise leaves the connection to the swarm's idle
+//!   reply is owed or unwritten, and for a linger after (1 s, [`Config::linger`]: the swarm
+//!   starts a futures-timer delay each time keep-alive turns false, once per request on a
+//!   busy connection without it), then leaves the connection to the swarm's idle
 //!   timeout, as request-response did.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -91,6 +93,11 @@ pub struct Config {
     pub inbound: bool,
     /// The protocol (tests name an old one).
     pub protocol: StreamProtocol,
+    /// How long the handler keeps the connection alive after its last request or
+    /// reply, before leaving it to the swarm's idle timeout. The swarm starts a
+    /// `futures_timer::Delay` each time a connection's keep-alive turns false: without
+    /// the linger that was once per request on a busy connection.
+    pub linger: Duration,
 }
 
 impl Default for Config {
@@ -101,6 +108,7 @@ impl Default for Config {
             max_outbound: DEFAULT_MAX_OUTBOUND,
             inbound: true,
             protocol: wire::PROTOCOL,
+            linger: Duration::from_secs(1),
         }
     }
 }
@@ -641,6 +649,8 @@ pub struct Handler {
     owed: HashSet<(u64, u64)>,
     in_due: VecDeque<(Instant, (u64, u64))>,
     timer: Option<(Instant, Pin<Box<Sleep>>)>,
+    /// Kept alive until then (the last request or reply plus the linger).
+    linger_until: Option<Instant>,
     events: VecDeque<ToBehaviour>,
 }
 
@@ -661,8 +671,16 @@ impl Handler {
             owed: HashSet::new(),
             in_due: VecDeque::new(),
             timer: None,
+            linger_until: None,
             events: VecDeque::new(),
         }
+    }
+
+    fn busy(&self) -> bool {
+        !self.waiting.is_empty()
+            || !self.owed.is_empty()
+            || !self.out_write.idle()
+            || self.inbound.iter().any(|s| !s.write.idle())
     }
 
     /// Our stream failed (or was never had): every request waiting fails.
@@ -852,7 +870,16 @@ impl Handler {
             let owed = &self.owed;
             self.in_due.retain(|(_, key)| owed.contains(key));
         }
-        [self.out_due.front().map(|d| d.0), self.in_due.front().map(|d| d.0)].into_iter().flatten().min()
+        // Busy: the linger starts again from now; else it runs out.
+        if self.busy() {
+            self.linger_until = Some(now + self.config.linger);
+        } else if self.linger_until.is_some_and(|t| t <= now) {
+            self.linger_until = None;
+        }
+        [self.out_due.front().map(|d| d.0), self.in_due.front().map(|d| d.0), self.linger_until]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 
@@ -870,10 +897,7 @@ impl ConnectionHandler for Handler {
     }
 
     fn connection_keep_alive(&self) -> bool {
-        !self.waiting.is_empty()
-            || !self.owed.is_empty()
-            || !self.out_write.idle()
-            || self.inbound.iter().any(|s| !s.write.idle())
+        self.busy() || self.linger_until.is_some_and(|t| Instant::now() < t)
     }
 
     fn on_behaviour_event(&mut self, event: FromBehaviour) {
@@ -981,12 +1005,15 @@ impl ConnectionHandler for Handler {
                 continue;
             }
             // One sleep per connection, armed for the earliest deadline while there is one.
+            // A sleep armed earlier than needed is left to fire (and re-armed then): a
+            // reply moves the next deadline later, and resetting on each would cost a
+            // timer operation per message.
             let Some(next) = next else {
                 self.timer = None;
                 return Poll::Pending;
             };
             match &mut self.timer {
-                Some((at, sleep)) if *at != next => {
+                Some((at, sleep)) if next < *at || sleep.is_elapsed() => {
                     sleep.as_mut().reset(next);
                     *at = next;
                 }

@@ -15,8 +15,10 @@
 //!
 //! - **Timeouts without a timer per request**: requests are due in the order they were
 //!   sent (one timeout for all), so a handler keeps one tokio sleep, armed for its oldest
-//!   request (or owed reply) and only while there is one. A request unanswered after the
-//!   timeout fails with [`OutboundFailure::Timeout`]; its late reply is dropped.
+//!   request, owed reply or the end of its keep-alive linger, and only while there is
+//!   one (armed early, it fires and is re-armed: not reset on every reply). A request
+//!   unanswered after the timeout fails with [`OutboundFailure::Timeout`]; its late reply
+//!   is dropped.
 //! - **Failures**: a stream that fails (an I/O error, the peer closing it, a reply that
 //!   does not decode) fails every request waiting on it (`ConnectionClosed`); the next
 //!   request opens a new stream. A closed connection fails every request sent on it; a

@@ -8,7 +8,9 @@
 //!   peers are kept and handed on.
 //! - [`latency`]: one-way latency distributions (the simulator's, and the test-only
 //!   message delay of [`Config::with_message_delay`]).
-//! - [`wire`]: the `/sigma/1.2.0` request-response messages and their validation.
+//! - [`wire`]: the `/sigma/2.0.0` messages, their framing and their validation.
+//! - [`link`]: the transport (framed, pipelined requests and replies on one long-lived
+//!   stream per connection and direction).
 //! - [`Behaviour`]: the libp2p `NetworkBehaviour` that places replicas in the DHT and
 //!   drives the core.
 
@@ -20,6 +22,7 @@ pub use membership::Readiness;
 pub mod proto;
 pub mod wire;
 
+pub use behaviour::link;
 pub use behaviour::{
     kad_protocol, AcquireError, AcquisitionId, AcquisitionInfo, Admin, Behaviour, BootClock, Config, Counters, Event,
     Inner, InnerEvent, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals, StateSizes, DEFAULT_GOSSIP_FANOUT,

@@ -1,5 +1,7 @@
-//! The wire protocol: request-response over `/sigma/1.2.0`, CBOR-encoded (libp2p's
-//! `request_response::cbor`, which uses cbor4ii).
+//! The wire protocol: `/sigma/2.0.0`, CBOR-encoded (cbor4ii, as libp2p's
+//! `request_response::cbor`) requests and replies in length-prefixed frames with request
+//! ids, pipelined on one long-lived stream per connection and direction (the transport is
+//! `behaviour/src/behaviour/link.rs`; the framing is [`encode_frame`], [`parse_frame`]).
 //!
 //! Two requests travel in both directions between any two peers:
 //! - [`Request::Replica`]: a client's REQUEST, RELEASE or YIELD for replica `index` of
@@ -24,12 +26,8 @@
 //! [`Request::validate`] are applied before anything reaches the core. Size limits are
 //! deliberately small: a lock message is a few dozen bytes.
 
-use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
-use futures::{AsyncRead, AsyncReadExt, AsyncWrite};
-use libp2p::request_response;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use serde::{Deserialize, Serialize};
 
@@ -37,9 +35,13 @@ use crate::proto::{Response, Timestamp, ToReplica, MAX_REPLICAS, RELAY_DEPTH};
 
 /// Protocol name; the version is part of it. A peer speaking another version is not
 /// offered this protocol and the exchange fails with `UnsupportedProtocols`.
-/// (1.1.0: batches, which a 1.0.0 peer would not decode; 1.2.0: RELAYs of up to three
-/// names, which a 1.1.0 peer refuses, and RELEASEs naming the next waiters.)
-pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/1.2.0");
+/// (1.1.0: batches on request-response, a stream per request; 2.0.0: framed requests
+/// and replies on one long-lived stream, [`encode_frame`], and RELAYs and RELEASEs
+/// naming up to three waiters, which a 1.1.0 peer would refuse or drop.)
+pub const PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/2.0.0");
+
+/// The previous protocol (request-response, one stream per request): no longer spoken.
+pub const OLD_PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/1.1.0");
 
 /// Most items in a [`Request::Batch`] (a step that sends more to one peer is split):
 /// the default lock's 32 REQUESTs to one peer go as one.
@@ -367,81 +369,120 @@ impl Request {
     }
 }
 
-/// Inbound frames refused by the codec, before any message exists. request-response
-/// does not report a stream whose request fails to decode, so the codec counts them.
+/// Inbound frames refused before any message exists (shared by every connection of a
+/// behaviour; read into `Counters::inbound_failures`).
 #[derive(Debug, Default)]
 pub struct CodecStats {
-    /// Frames that are not a valid CBOR [`Request`] (garbage, unknown message kinds).
+    /// Frames that are not a valid CBOR [`Request`] (garbage, unknown message kinds), or
+    /// whose header is not a request's.
     pub malformed: AtomicU64,
     /// Frames over [`MAX_REQUEST_BYTES`].
     pub oversized: AtomicU64,
 }
 
-/// The `/sigma/1.2.0` codec: libp2p's CBOR codec (cbor4ii) with our size limits, counting
-/// what it refuses.
-#[derive(Clone, Default)]
-pub struct Codec {
-    inner: request_response::cbor::codec::Codec<Request, Reply>,
-    stats: Arc<CodecStats>,
+/// Bytes before a frame's body: its length (u32, big-endian, what follows it: the kind,
+/// the id and the body), its kind (u8) and its request id (u64, big-endian).
+pub const FRAME_HEADER: usize = 13;
+
+/// What a frame carries. A stream carries requests one way and their replies the other
+/// (the opener sends requests), so a reader knows which kind it expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    /// A [`Request`]: body at most [`MAX_REQUEST_BYTES`].
+    Request,
+    /// A [`Reply`] to the request of the same id: body at most [`MAX_REPLY_BYTES`].
+    Reply,
 }
 
-impl Codec {
-    /// A codec sharing `stats`.
-    pub fn new(stats: Arc<CodecStats>) -> Self {
-        let inner = request_response::cbor::codec::Codec::default()
-            .set_request_size_maximum(MAX_REQUEST_BYTES)
-            .set_response_size_maximum(MAX_REPLY_BYTES);
-        Codec { inner, stats }
+impl FrameKind {
+    fn byte(self) -> u8 {
+        match self {
+            FrameKind::Request => 0,
+            FrameKind::Reply => 1,
+        }
+    }
+
+    /// The largest body of this kind.
+    pub fn limit(self) -> u64 {
+        match self {
+            FrameKind::Request => MAX_REQUEST_BYTES,
+            FrameKind::Reply => MAX_REPLY_BYTES,
+        }
     }
 }
 
-impl request_response::Codec for Codec {
-    type Protocol = StreamProtocol;
-    type Request = Request;
-    type Response = Reply;
+/// Why a frame was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// The body is over its kind's limit.
+    Oversized,
+    /// A header that is not the expected kind's, or a body that does not decode.
+    Malformed,
+}
 
-    async fn read_request<T>(&mut self, protocol: &StreamProtocol, io: &mut T) -> io::Result<Request>
-    where
-        T: AsyncRead + Unpin + Send,
-    {
-        let mut frame = Vec::new();
-        io.take(MAX_REQUEST_BYTES + 1).read_to_end(&mut frame).await?;
-        if frame.len() as u64 > MAX_REQUEST_BYTES {
-            self.stats.oversized.fetch_add(1, Ordering::Relaxed);
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "sigma request over the size limit"));
-        }
-        let decoded = self.inner.read_request(protocol, &mut futures::io::Cursor::new(frame)).await;
-        if decoded.is_err() {
-            self.stats.malformed.fetch_add(1, Ordering::Relaxed);
-        }
-        decoded
+/// Appends one frame (`kind`, request `id`, `body` in CBOR) to `out`. A body over its
+/// kind's limit is not appended (`Oversized`).
+pub fn encode_frame<T: Serialize>(out: &mut Vec<u8>, kind: FrameKind, id: u64, body: &T) -> Result<(), FrameError> {
+    let body = cbor4ii::serde::to_vec(Vec::with_capacity(128), body).map_err(|_| FrameError::Malformed)?;
+    if body.len() as u64 > kind.limit() {
+        return Err(FrameError::Oversized);
     }
+    let len = u32::try_from(body.len() + FRAME_HEADER - 4).map_err(|_| FrameError::Oversized)?;
+    out.reserve(FRAME_HEADER + body.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.push(kind.byte());
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(())
+}
 
-    async fn read_response<T>(&mut self, protocol: &StreamProtocol, io: &mut T) -> io::Result<Reply>
-    where
-        T: AsyncRead + Unpin + Send,
-    {
-        self.inner.read_response(protocol, io).await
+/// The frame at the front of `buf`, if it is whole: its request id and its length in
+/// bytes (the body is `buf[FRAME_HEADER..length]`). `Ok(None)`: more bytes are needed.
+/// A header of another kind than `expect`, or announcing a body over the kind's limit,
+/// is refused as soon as its first five bytes are in (nothing more is read of it).
+pub fn parse_frame(buf: &[u8], expect: FrameKind) -> Result<Option<(u64, usize)>, FrameError> {
+    if buf.len() < 5 {
+        return Ok(None);
     }
+    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if buf[4] != expect.byte() || len < FRAME_HEADER - 4 {
+        return Err(FrameError::Malformed);
+    }
+    if (len - (FRAME_HEADER - 4)) as u64 > expect.limit() {
+        return Err(FrameError::Oversized);
+    }
+    let total = len + 4;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&buf[5..FRAME_HEADER]);
+    Ok(Some((u64::from_be_bytes(id), total)))
+}
 
-    async fn write_request<T>(&mut self, protocol: &StreamProtocol, io: &mut T, req: Request) -> io::Result<()>
-    where
-        T: AsyncWrite + Unpin + Send,
-    {
-        self.inner.write_request(protocol, io, req).await
-    }
+/// Decodes a frame's body.
+pub fn decode_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    cbor4ii::serde::from_slice(body).map_err(|_| FrameError::Malformed)
+}
 
-    async fn write_response<T>(&mut self, protocol: &StreamProtocol, io: &mut T, res: Reply) -> io::Result<()>
-    where
-        T: AsyncWrite + Unpin + Send,
-    {
-        self.inner.write_response(protocol, io, res).await
-    }
+/// One frame as bytes (tests and tools).
+pub fn frame<T: Serialize>(kind: FrameKind, id: u64, body: &T) -> Result<Vec<u8>, FrameError> {
+    let mut out = Vec::new();
+    encode_frame(&mut out, kind, id, body)?;
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `value` framed as `kind` and read back through the frame limits.
+    fn round_trip<T: Serialize + serde::de::DeserializeOwned>(kind: FrameKind, value: &T) -> (usize, T) {
+        let bytes = frame(kind, 7, value).expect("within the limit");
+        let (id, total) = parse_frame(&bytes, kind).expect("a valid header").expect("whole");
+        assert_eq!((id, total), (7, bytes.len()));
+        (bytes.len() - FRAME_HEADER, decode_body(&bytes[FRAME_HEADER..total]).expect("decodes"))
+    }
 
     #[test]
     fn resource_names() {
@@ -475,19 +516,9 @@ mod tests {
         assert!(relay(RELAY_DEPTH).validate().is_ok());
         assert_eq!(relay(RELAY_DEPTH + 1).validate(), Err(Rejection::BadRelay));
         let request = relay(RELAY_DEPTH);
-        let mut codec = Codec::new(Arc::default());
-        let mut io = futures::io::Cursor::new(Vec::new());
-        futures::executor::block_on(request_response::Codec::write_request(
-            &mut codec,
-            &PROTOCOL,
-            &mut io,
-            request.clone(),
-        ))
-        .unwrap();
-        assert!(io.get_ref().len() as u64 <= MAX_REQUEST_BYTES);
-        io.set_position(0);
-        let back = futures::executor::block_on(request_response::Codec::read_request(&mut codec, &PROTOCOL, &mut io));
-        assert_eq!(back.unwrap(), request);
+        let (len, back) = round_trip(FrameKind::Request, &request);
+        assert!(len as u64 <= MAX_REQUEST_BYTES);
+        assert_eq!(back, request);
         // A notice with INQUIRE, the next waiters and a solicitation: in
         // `a_full_batch_fits_the_frame_limits`.
     }
@@ -502,28 +533,15 @@ mod tests {
             held_back_ms: u64::MAX,
         };
         let reply = Reply::Replica(state);
-        let mut codec = Codec::new(Arc::default());
-        let mut io = futures::io::Cursor::new(Vec::new());
-        futures::executor::block_on(request_response::Codec::write_response(
-            &mut codec,
-            &PROTOCOL,
-            &mut io,
-            reply.clone(),
-        ))
-        .unwrap();
-        let len = io.get_ref().len();
+        let (len, back) = round_trip(FrameKind::Reply, &reply);
         assert!(len as u64 <= MAX_REPLY_BYTES, "{len} bytes");
-        io.set_position(0);
-        let back = futures::executor::block_on(request_response::Codec::read_response(&mut codec, &PROTOCOL, &mut io));
-        assert_eq!(back.unwrap(), reply, "read back through the size limit");
+        assert_eq!(back, reply, "read back through the size limit");
     }
 
     /// The largest batch a peer sends (every item the largest of its kind) and the
     /// largest reply fit the codec's limits; one item more is refused.
     #[test]
     fn a_full_batch_fits_the_frame_limits() {
-        use futures::executor::block_on;
-        use request_response::Codec as _;
         let name = "x".repeat(MAX_RESOURCE_LEN);
         let ts = || Timestamp::new(u64::MAX, PeerId::random());
         let resp = || Response {
@@ -552,25 +570,45 @@ mod tests {
         let batch = Request::Batch((0..MAX_BATCH).map(items).collect());
         assert!(batch.validate().is_ok());
         assert_eq!(Request::Batch((0..=MAX_BATCH).map(items).collect()).validate(), Err(Rejection::BadBatch));
-        let mut codec = Codec::new(Arc::default());
-        let mut io = futures::io::Cursor::new(Vec::new());
-        block_on(codec.write_request(&PROTOCOL, &mut io, batch.clone())).unwrap();
-        let len = io.get_ref().len() as u64;
-        assert!(len <= MAX_REQUEST_BYTES, "{len} bytes");
-        io.set_position(0);
-        assert_eq!(block_on(codec.read_request(&PROTOCOL, &mut io)).unwrap(), batch);
+        let (len, back) = round_trip(FrameKind::Request, &batch);
+        assert!(len as u64 <= MAX_REQUEST_BYTES, "{len} bytes");
+        assert_eq!(back, batch);
 
         let addr: Multiaddr =
             format!("/dns4/{}.example/tcp/65535/p2p/{}", "a".repeat(240), PeerId::random()).parse().unwrap();
         let redirect = || Reply::Redirect { peer: PeerId::random(), addrs: vec![addr.clone(); MAX_REDIRECT_ADDRS] };
         let replies = |i: usize| if i % 2 == 0 { redirect() } else { Reply::Responses(vec![resp(), resp()]) };
         let reply = Reply::Batch((0..MAX_BATCH).map(replies).collect());
-        let mut io = futures::io::Cursor::new(Vec::new());
-        block_on(codec.write_response(&PROTOCOL, &mut io, reply.clone())).unwrap();
-        let len = io.get_ref().len() as u64;
-        assert!(len <= MAX_REPLY_BYTES, "{len} bytes");
-        io.set_position(0);
-        assert_eq!(block_on(codec.read_response(&PROTOCOL, &mut io)).unwrap(), reply);
+        let (len, back) = round_trip(FrameKind::Reply, &reply);
+        assert!(len as u64 <= MAX_REPLY_BYTES, "{len} bytes");
+        assert_eq!(back, reply);
+    }
+
+    /// Frames are refused by their header: another kind, a body over the kind's limit
+    /// (as soon as the first five bytes are in), a length too short for the header; a
+    /// frame cut short waits for more bytes.
+    #[test]
+    fn frame_headers_are_checked() {
+        let ping = Request::Ping { resource: "a".into(), index: 0, n: 1 };
+        let bytes = frame(FrameKind::Request, 1, &ping).unwrap();
+        assert_eq!(parse_frame(&bytes, FrameKind::Reply), Err(FrameError::Malformed));
+        assert_eq!(parse_frame(&bytes[..bytes.len() - 1], FrameKind::Request), Ok(None));
+        assert_eq!(parse_frame(&bytes[..4], FrameKind::Request), Ok(None));
+        let mut big = ((MAX_REQUEST_BYTES as u32) + 10).to_be_bytes().to_vec();
+        big.push(0);
+        assert_eq!(parse_frame(&big, FrameKind::Request), Err(FrameError::Oversized));
+        let mut short = 3u32.to_be_bytes().to_vec();
+        short.extend_from_slice(&[0, 0, 0, 0]);
+        assert_eq!(parse_frame(&short, FrameKind::Request), Err(FrameError::Malformed));
+        let over = Request::Ping { resource: "x".repeat(MAX_REQUEST_BYTES as usize), index: 0, n: 1 };
+        assert_eq!(frame(FrameKind::Request, 1, &over), Err(FrameError::Oversized));
+        // A valid header over garbage: the body does not decode.
+        let mut garbage = frame(FrameKind::Request, 2, &ping).unwrap();
+        garbage.truncate(FRAME_HEADER);
+        garbage.extend_from_slice(b"\xff\xfe");
+        garbage[..4].copy_from_slice(&((FRAME_HEADER - 4 + 2) as u32).to_be_bytes());
+        let (_, total) = parse_frame(&garbage, FrameKind::Request).unwrap().unwrap();
+        assert_eq!(decode_body::<Request>(&garbage[FRAME_HEADER..total]), Err(FrameError::Malformed));
     }
 
     #[test]

@@ -6,14 +6,13 @@ use std::time::Duration;
 use futures::future::select_all;
 use futures::StreamExt;
 use libp2p::kad::KBucketKey;
-use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::{Swarm, SwarmEvent};
 use libp2p::PeerId;
 use libp2p_swarm_test::SwarmExt;
 use sigma_behaviour::latency::Latency;
 use sigma_behaviour::proto::{self, Timestamp, ToReplica};
 use sigma_behaviour::wire::{self, Rejection, Reply, Request};
-use sigma_behaviour::{Behaviour, Config, Event};
+use sigma_behaviour::{link, Behaviour, Config, Event};
 
 /// n = 5, m = 3, 5 s leases; no takeover delay (the tests of the split-brain rules set
 /// their own).
@@ -560,19 +559,14 @@ async fn a_peer_filling_queues_is_held_to_its_entry_quota() {
     node.behaviour().audit_entries().unwrap();
 }
 
-/// A bare request-response peer speaking the sigma wire (no Sigma behind it).
-fn probe() -> Swarm<request_response::cbor::Behaviour<Request, Reply>> {
-    Swarm::new_ephemeral_tokio(|_| {
-        request_response::cbor::Behaviour::<Request, Reply>::new(
-            [(wire::PROTOCOL, ProtocolSupport::Full)],
-            request_response::Config::default(),
-        )
-    })
+/// A bare peer speaking the sigma wire (no Sigma behind it).
+fn probe() -> Swarm<link::Behaviour> {
+    Swarm::new_ephemeral_tokio(|_| link::Behaviour::new(link::Config::default(), Default::default()))
 }
 
 /// Sends `request` from `probe` to `target`, driving `nodes`, and returns the reply.
 async fn ask(
-    probe: &mut Swarm<request_response::cbor::Behaviour<Request, Reply>>,
+    probe: &mut Swarm<link::Behaviour>,
     nodes: &mut [Swarm<Behaviour>],
     target: PeerId,
     request: Request,
@@ -583,8 +577,8 @@ async fn ask(
             let nodes_next = select_all(nodes.iter_mut().map(|x| Box::pin(x.select_next_some())));
             tokio::select! {
                 e = probe.select_next_some() => {
-                    if let SwarmEvent::Behaviour(request_response::Event::Message {
-                        message: request_response::Message::Response { response, .. }, ..
+                    if let SwarmEvent::Behaviour(link::Event::Message {
+                        message: link::Message::Response { response, .. }, ..
                     }) = e {
                         break response;
                     }

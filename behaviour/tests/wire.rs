@@ -66,11 +66,11 @@ fn node() -> Swarm<Behaviour> {
     Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config))
 }
 
-fn probe(protocol: StreamProtocol) -> Swarm<request_response::Behaviour<Raw>> {
+fn probe(protocol: &str) -> Swarm<request_response::Behaviour<Raw>> {
     Swarm::new_ephemeral_tokio(|_| {
         request_response::Behaviour::with_codec(
             Raw,
-            [(protocol, ProtocolSupport::Outbound)],
+            [(StreamProtocol::try_from_owned(protocol.to_owned()).unwrap(), ProtocolSupport::Outbound)],
             request_response::Config::default().with_request_timeout(Duration::from_secs(5)),
         )
     })
@@ -110,18 +110,34 @@ async fn exchange(
 async fn malformed_oversized_and_unknown_are_counted_and_harmless() {
     let mut n = node();
     n.listen().with_memory_addr_external().await;
-    let mut p = probe(wire::PROTOCOL);
+    let mut p = probe(wire::PROTOCOL.as_ref());
     p.connect(&mut n).await;
 
-    // Not CBOR at all; a CBOR map naming an unknown message kind; a frame over the
-    // request size limit.
+    // Control: a valid framed PING sent as raw bytes (the probe closes its side after
+    // writing) is answered with its reply frame, then the node closes the stream.
+    let ping = wire::Request::Ping { resource: "still-serving".into(), index: 0, n: 3 };
+    let bytes = wire::frame(wire::FrameKind::Request, 42, &ping).unwrap();
+    let back = exchange(&mut n, &mut p, bytes).await.expect("an answer");
+    let (id, total) = wire::parse_frame(&back, wire::FrameKind::Reply).unwrap().expect("a whole reply frame");
+    assert_eq!((id, total), (42, back.len()));
+    assert_eq!(wire::decode_body::<wire::Reply>(&back[wire::FRAME_HEADER..]).unwrap(), wire::Reply::Ack);
+
+    // Not a frame at all; a frame whose body is a CBOR map naming an unknown message
+    // kind; a header announcing a body over the request size limit.
     let unknown_kind = vec![0xa1, 0x65, b'B', b'o', b'g', b'u', b's', 0x01];
-    for bytes in [b"\xff\xfe garbage".to_vec(), unknown_kind, vec![0x42; wire::MAX_REQUEST_BYTES as usize + 1]] {
+    let mut framed_unknown = ((wire::FRAME_HEADER - 4 + unknown_kind.len()) as u32).to_be_bytes().to_vec();
+    framed_unknown.push(0);
+    framed_unknown.extend_from_slice(&7u64.to_be_bytes());
+    framed_unknown.extend_from_slice(&unknown_kind);
+    let mut oversized = ((wire::FRAME_HEADER - 4) as u32 + wire::MAX_REQUEST_BYTES as u32 + 1).to_be_bytes().to_vec();
+    oversized.push(0);
+    oversized.extend_from_slice(&[0x42; 64]);
+    for bytes in [b"\xff\xfe garbage".to_vec(), framed_unknown, oversized] {
         // The node drops the stream: the probe reads nothing back (or an error).
         let r = exchange(&mut n, &mut p, bytes).await;
         assert!(r.as_ref().map_or(true, |b| b.is_empty()), "the node answered garbage: {r:?}");
     }
-    // The codec counts what it refused, by kind.
+    // What was refused is counted, by kind.
     let counters = n.behaviour().counters();
     let kind = |k: &str| counters.inbound_failures.get(k).copied().unwrap_or(0);
     assert_eq!((kind("malformed"), kind("oversized")), (2, 1), "{:?}", counters.inbound_failures);
@@ -132,11 +148,13 @@ async fn malformed_oversized_and_unknown_are_counted_and_harmless() {
     assert!(matches!(event, Event::Acquired { id: got, .. } if got == id), "{event:?}");
 }
 
+/// An old peer (`/sigma/1.1.0`, request-response) is not spoken to: its request fails
+/// with `UnsupportedProtocols` at once, it does not hang.
 #[tokio::test]
 async fn unknown_protocol_version_is_not_spoken() {
     let mut n = node();
     n.listen().with_memory_addr_external().await;
-    let mut p = probe(StreamProtocol::new("/sigma/2.0.0"));
+    let mut p = probe(wire::OLD_PROTOCOL.as_ref());
     p.connect(&mut n).await;
     let r = exchange(&mut n, &mut p, vec![0xa0]).await;
     assert_eq!(r, Err("unsupported".to_string()));

@@ -2,7 +2,7 @@
 //!
 //! A [`Node`] runs a libp2p swarm (TCP + noise + yamux, QUIC) with the Sigma behaviour
 //! ([`sigma_behaviour::Behaviour`]: Kademlia placement of the lock replicas plus the
-//! `/sigma/1.2.0` wire) and identify, in an event loop on a tokio task. Programs talk to
+//! `/sigma/2.0.0` wire) and identify, in an event loop on a tokio task. Programs talk to
 //! it through a cloneable [`NodeHandle`]:
 //!
 //! ```no_run

@@ -84,7 +84,7 @@ impl ConnectionBounds {
     }
 }
 
-/// The behaviour of a sigma node: the Sigma protocol (Kademlia + the `/sigma/1.2.0`
+/// The behaviour of a sigma node: the Sigma protocol (Kademlia + the `/sigma/2.0.0`
 /// wire) and identify, which tells each peer the listen addresses of the others.
 /// Public so that an application can embed it in its own swarm; it must then feed
 /// `identify::Event::Received` listen addresses to [`sigma_behaviour::Behaviour::add_address`]

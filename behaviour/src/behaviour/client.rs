@@ -8,8 +8,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use super::link::{OutboundFailure, RequestId};
 use libp2p::kad::KBucketKey;
-use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::PeerId;
 
 use super::config::MAX_IDLE_HOSTS;
@@ -307,14 +307,14 @@ impl Behaviour {
                 self.counters.requests_out += 1;
                 if chunk.len() == 1 {
                     let Some((request, pending)) = chunk.into_iter().next() else { break };
-                    let id = self.inner.rr.send_request(&peer, request);
+                    let id = self.inner.link.send_request(&peer, request);
                     if let Some(p) = pending {
                         self.pending.insert(id, Sent::One(p));
                     }
                 } else {
                     self.counters.batches_out += 1;
                     let (requests, pendings): (Vec<Request>, Vec<Option<Pending>>) = chunk.into_iter().unzip();
-                    let id = self.inner.rr.send_request(&peer, Request::Batch(requests));
+                    let id = self.inner.link.send_request(&peer, Request::Batch(requests));
                     self.pending.insert(id, Sent::Batch(pendings));
                 }
             }
@@ -371,7 +371,7 @@ impl Behaviour {
             self.probes.insert(id, Probe { started: Instant::now(), kind: ProbeKind::Ask, outstanding: 1 });
             self.used(peer);
             self.counters.requests_out += 1;
-            let out = self.inner.rr.send_request(&peer, request);
+            let out = self.inner.link.send_request(&peer, request);
             let pending =
                 Pending { peer, resource: String::new(), index: 0, n: 0, msg: None, probe: Some(id), hops: 0 };
             self.pending.insert(out, Sent::One(pending));
@@ -594,7 +594,7 @@ impl Behaviour {
         }
     }
 
-    pub(super) fn on_reply(&mut self, peer: PeerId, id: OutboundRequestId, reply: Reply) {
+    pub(super) fn on_reply(&mut self, peer: PeerId, id: RequestId, reply: Reply) {
         match self.pending.remove(&id) {
             None => {}
             Some(Sent::One(p)) => self.on_item_reply(peer, p, reply),
@@ -667,16 +667,8 @@ impl Behaviour {
         }
     }
 
-    pub(super) fn on_outbound_failure(&mut self, id: OutboundRequestId, error: &request_response::OutboundFailure) {
-        use request_response::OutboundFailure as F;
-        let kind = match error {
-            F::DialFailure => "dial_failure",
-            F::Timeout => "timeout",
-            F::ConnectionClosed => "connection_closed",
-            F::UnsupportedProtocols => "unsupported_protocols",
-            F::Io(_) => "io",
-        };
-        Counters::bump(&mut self.counters.outbound_failures, kind);
+    pub(super) fn on_outbound_failure(&mut self, id: RequestId, error: &OutboundFailure) {
+        Counters::bump(&mut self.counters.outbound_failures, error.as_str());
         match self.pending.remove(&id) {
             None => {}
             Some(Sent::One(p)) => self.on_item_failure(p, error),
@@ -685,8 +677,8 @@ impl Behaviour {
     }
 
     /// A message sent alone or in a batch got no answer.
-    fn on_item_failure(&mut self, p: Pending, error: &request_response::OutboundFailure) {
-        use request_response::OutboundFailure as F;
+    fn on_item_failure(&mut self, p: Pending, error: &OutboundFailure) {
+        use OutboundFailure as F;
         if let Some(probe) = p.probe {
             self.probe_answered(probe, p.index, p.peer, None);
         }

@@ -116,9 +116,11 @@ impl std::fmt::Debug for BootClock {
     }
 }
 
-/// Default bound on concurrent request-response streams per connection: yamux's own
-/// stream limit. (libp2p's default, 100, drops inbound requests by the thousand when a
-/// paused peer comes back to a backlog of retries.)
+/// Default bound on a connection's inbound requests awaiting this peer's replies (the
+/// transport, `link.rs`, reads no more of the peer's stream past it). The name stays
+/// from request-response, where it bounded the streams per connection (yamux's own
+/// limit; libp2p's default, 100, dropped inbound requests by the thousand when a paused
+/// peer came back to a backlog of retries).
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: usize = 512;
 /// How often a hosted key's ownership is looked up again while its replica lives: a
 /// second host that neither knew of the other serves for at most this long.
@@ -192,14 +194,14 @@ impl Config {
         self.proto = proto;
         self
     }
-    /// Timeout of one request-response exchange.
+    /// Timeout of one request (its reply is due within it).
     pub fn with_request_timeout(mut self, d: Duration) -> Self {
         self.request_timeout = d;
         self
     }
-    /// Bound on concurrent request-response streams (inbound + outbound) per
-    /// connection; beyond it an inbound request is dropped and its sender times out and
-    /// retries.
+    /// Bound on the inbound requests awaiting this peer's replies per connection;
+    /// beyond it the peer's stream is not read until replies go (its requests wait in
+    /// the stream's window; a sender kept waiting past its timeout retries).
     pub fn with_max_concurrent_streams(mut self, n: usize) -> Self {
         self.max_concurrent_streams = n.max(1);
         self

@@ -9,10 +9,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use libp2p::kad::KBucketKey;
-use libp2p::request_response::ResponseChannel;
 use libp2p::PeerId;
 
 use super::delay::Held;
+use super::link::ResponseChannel;
 use super::placement::{Parked, ReplyTo};
 use super::{shrink_if_sparse, Behaviour, Counters, ReplicaInfo, ReplicaTotals};
 use crate::proto::{client::Phase, Replica, ReplicaError, Response, Time, Timestamp, ToReplica};
@@ -22,7 +22,7 @@ use crate::wire::{self, Rejection, Reply, Request};
 /// their key's ownership lookup).
 #[derive(Debug)]
 pub(super) struct InboundBatch {
-    channel: ResponseChannel<Reply>,
+    channel: ResponseChannel,
     replies: Vec<Option<Reply>>,
     missing: usize,
 }
@@ -112,7 +112,7 @@ impl Behaviour {
         match to {
             ReplyTo::Local => {}
             ReplyTo::Channel(channel) => {
-                let _ = self.inner.rr.send_response(channel, reply);
+                self.inner.link.send_response(channel, reply);
             }
             ReplyTo::Slot { batch, slot } => {
                 let Some(b) = self.inbound_batches.get_mut(&batch) else { return };
@@ -124,7 +124,7 @@ impl Behaviour {
                     if let Some(b) = self.inbound_batches.remove(&batch) {
                         let replies =
                             b.replies.into_iter().map(|r| r.unwrap_or(Reply::Rejected(Rejection::NotServing)));
-                        let _ = self.inner.rr.send_response(b.channel, Reply::Batch(replies.collect()));
+                        self.inner.link.send_response(b.channel, Reply::Batch(replies.collect()));
                     }
                     shrink_if_sparse(&mut self.inbound_batches);
                 }
@@ -277,7 +277,7 @@ impl Behaviour {
         self.enqueue(to, request, None);
     }
 
-    pub(super) fn on_request(&mut self, peer: PeerId, request: Request, channel: ResponseChannel<Reply>) {
+    pub(super) fn on_request(&mut self, peer: PeerId, request: Request, channel: ResponseChannel) {
         self.counters.requests_in += 1;
         if !matches!(request, Request::Batch(_)) {
             if let Some((to, reply)) = self.answer(peer, request, ReplyTo::Channel(channel)) {
@@ -289,7 +289,7 @@ impl Behaviour {
         if let Err(r) = request.validate() {
             Counters::bump(&mut self.counters.rejected, r.as_str());
             tracing::debug!(%peer, reason = r.as_str(), "rejected a sigma batch");
-            let _ = self.inner.rr.send_response(channel, Reply::Rejected(r));
+            self.inner.link.send_response(channel, Reply::Rejected(r));
             return;
         }
         let Request::Batch(items) = request else { return };

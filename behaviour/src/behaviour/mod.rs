@@ -1,8 +1,8 @@
 //! `sigma::Behaviour`: the Sigma protocol inside a Kademlia DHT.
 //!
 //! Thin glue around the sans-IO core ([`crate::proto`]): it composes
-//! `kad::Behaviour` (replica placement) with `request_response::cbor::Behaviour`
-//! (the wire, [`crate::wire`]), maps libp2p ids and events to core inputs, drives one
+//! `kad::Behaviour` (replica placement) with [`link::Behaviour`] (the wire,
+//! [`crate::wire`], on one long-lived stream per connection and direction), maps libp2p ids and events to core inputs, drives one
 //! timer from the core's next deadline, and turns core outputs into requests and
 //! replies.
 //!
@@ -27,8 +27,10 @@
 //! - `client.rs`: this peer's acquisitions and probes (the outbox, replies, failures);
 //! - `members.rs`: membership housekeeping, the gossip, connection trimming;
 //! - `util.rs`: the clock, the deadline index, shrinking maps;
-//! - here: [`Behaviour`] and its constructor, the composition with Kademlia,
-//!   request-response and ping ([`Inner`]), the dispatch of their events, and the one
+//! - `link.rs`: the transport (framed, pipelined requests and replies on long-lived
+//!   streams);
+//! - here: [`Behaviour`] and its constructor, the composition with Kademlia, the
+//!   transport, ping and the gossip's request-response ([`Inner`]), the dispatch of their events, and the one
 //!   timer.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -43,7 +45,7 @@ use libp2p::core::transport::PortUse;
 use libp2p::core::Endpoint;
 use libp2p::kad::{self, store::MemoryStore, KBucketKey};
 use libp2p::ping;
-use libp2p::request_response::{self, OutboundRequestId, ProtocolSupport};
+use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::{
     CloseConnection, ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, THandler, THandlerInEvent,
     THandlerOutEvent, ToSwarm,
@@ -53,12 +55,13 @@ use tokio::time::Sleep;
 
 use crate::membership::Membership;
 use crate::proto::{LamportClock, Replica, Time, Timestamp};
-use crate::wire::{self, Rejection, Reply, Request};
+use crate::wire::{self, Rejection, Request};
 
 mod client;
 mod config;
 mod delay;
 mod host;
+pub mod link;
 mod members;
 mod placement;
 mod types;
@@ -94,7 +97,7 @@ pub struct Inner {
     /// Replica placement.
     pub kad: kad::Behaviour<MemoryStore>,
     /// The sigma wire.
-    pub rr: request_response::Behaviour<wire::Codec>,
+    pub link: link::Behaviour,
     /// Liveness: a connection whose ping fails is closed.
     pub ping: ping::Behaviour,
     /// Membership gossip: heartbeats.
@@ -106,8 +109,8 @@ pub struct Inner {
 pub enum InnerEvent {
     /// From Kademlia.
     Kad(kad::Event),
-    /// From request-response.
-    Rr(request_response::Event<Request, Reply>),
+    /// From the sigma wire.
+    Link(link::Event),
     /// From ping.
     Ping(ping::Event),
     /// From the membership gossip.
@@ -132,9 +135,9 @@ impl From<kad::Event> for InnerEvent {
     }
 }
 
-impl From<request_response::Event<Request, Reply>> for InnerEvent {
-    fn from(e: request_response::Event<Request, Reply>) -> Self {
-        InnerEvent::Rr(e)
+impl From<link::Event> for InnerEvent {
+    fn from(e: link::Event) -> Self {
+        InnerEvent::Link(e)
     }
 }
 
@@ -199,7 +202,7 @@ pub struct Behaviour {
     entries_total: usize,
     /// Request budget per connected peer: (tokens, last refill).
     buckets: HashMap<PeerId, (f64, Time)>,
-    pending: HashMap<OutboundRequestId, Sent>,
+    pending: HashMap<link::RequestId, Sent>,
     /// Messages for other peers from the current step, sent (one transport request per
     /// peer, batched) before the behaviour next waits: drained on every poll.
     outbox: HashMap<PeerId, Vec<(Request, Option<Pending>)>>,
@@ -274,12 +277,13 @@ impl Behaviour {
         // routing tables) without.
         kad.set_mode((!config.external_address_required).then_some(kad::Mode::Server));
         let codec_stats = Arc::new(wire::CodecStats::default());
-        let rr = request_response::Behaviour::with_codec(
-            wire::Codec::new(codec_stats.clone()),
-            [(wire::PROTOCOL, ProtocolSupport::Full)],
-            request_response::Config::default()
-                .with_request_timeout(config.request_timeout)
-                .with_max_concurrent_streams(config.max_concurrent_streams),
+        let link = link::Behaviour::new(
+            link::Config {
+                request_timeout: config.request_timeout,
+                max_inbound: config.max_concurrent_streams,
+                ..link::Config::default()
+            },
+            codec_stats.clone(),
         );
         let ping = ping::Behaviour::new(
             ping::Config::new().with_interval(config.ping_interval).with_timeout(config.ping_timeout),
@@ -300,7 +304,7 @@ impl Behaviour {
         membership.set_dialable(!config.external_address_required);
         let clock = Clock::new(config.boot_clock.clone());
         Behaviour {
-            inner: Inner { kad, rr, ping, gossip },
+            inner: Inner { kad, link, ping, gossip },
             local,
             local_key: KBucketKey::from(local),
             config,
@@ -418,33 +422,22 @@ impl Behaviour {
 
     fn on_inner(&mut self, event: InnerEvent) {
         match &event {
-            InnerEvent::Rr(request_response::Event::Message { peer, .. })
+            InnerEvent::Link(link::Event::Message { peer, .. })
             | InnerEvent::Gossip(request_response::Event::Message { peer, .. }) => self.used(*peer),
             _ => {}
         }
         match event {
-            InnerEvent::Rr(request_response::Event::Message { peer, message, .. }) => match message {
-                request_response::Message::Request { request, channel, .. } => self.on_request(peer, request, channel),
-                request_response::Message::Response { request_id, response } => {
-                    self.on_reply(peer, request_id, response)
-                }
+            InnerEvent::Link(link::Event::Message { peer, message, .. }) => match message {
+                link::Message::Request { request, channel } => self.on_request(peer, request, channel),
+                link::Message::Response { request_id, response } => self.on_reply(peer, request_id, response),
             },
-            InnerEvent::Rr(request_response::Event::OutboundFailure { request_id, error, .. }) => {
+            InnerEvent::Link(link::Event::OutboundFailure { request_id, error, .. }) => {
                 self.on_outbound_failure(request_id, &error)
             }
-            InnerEvent::Rr(request_response::Event::InboundFailure { peer, error, .. }) => {
-                use request_response::InboundFailure as F;
-                let kind = match &error {
-                    F::Timeout => "timeout",
-                    F::ConnectionClosed => "connection_closed",
-                    F::UnsupportedProtocols => "unsupported_protocols",
-                    F::ResponseOmission => "response_omission",
-                    F::Io(_) => "io",
-                };
-                Counters::bump(&mut self.counters.inbound_failures, kind);
-                tracing::debug!(%peer, %error, "inbound sigma request failed");
+            InnerEvent::Link(link::Event::InboundFailure { peer, error, .. }) => {
+                Counters::bump(&mut self.counters.inbound_failures, error.as_str());
+                tracing::debug!(%peer, kind = error.as_str(), "inbound sigma request failed");
             }
-            InnerEvent::Rr(request_response::Event::ResponseSent { .. }) => {}
             InnerEvent::Kad(kad::Event::RoutablePeer { peer, address }) => self.add_address(&peer, address),
             InnerEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
                 if self.routable.insert(peer) {
@@ -741,7 +734,7 @@ impl NetworkBehaviour for Behaviour {
                 Poll::Pending => {}
             }
             // What the events handled so far queued for other peers goes now, a
-            // transport request per peer; request-response picks it up on the next pass.
+            // transport request per peer; the transport picks it up on the next pass.
             if self.flush_outbox() {
                 continue;
             }

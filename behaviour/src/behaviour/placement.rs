@@ -5,7 +5,6 @@
 //! closer peer), and requests for a key being checked are parked, boundedly, until then.
 
 use libp2p::kad::{self, KBucketKey};
-use libp2p::request_response::ResponseChannel;
 use libp2p::{Multiaddr, PeerId};
 
 use super::{kad_protocol, shrink_if_sparse, Behaviour, Counters};
@@ -66,7 +65,7 @@ pub(super) enum ReplyTo {
     /// A local acquisition's message: no answer (the core retries on its timers).
     Local,
     /// A request that came alone.
-    Channel(ResponseChannel<Reply>),
+    Channel(super::link::ResponseChannel),
     /// Item `slot` of inbound batch `batch` ([`Behaviour::inbound_batches`]).
     Slot { batch: u64, slot: usize },
 }

@@ -8,15 +8,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use futures::StreamExt as _;
+use sigma_behaviour::link;
 use sigma_behaviour::proto::message::ToReplica;
 use sigma_behaviour::proto::Timestamp;
-use sigma_behaviour::wire::{self, Reply, Request};
-use sigma_node::libp2p::request_response::{self, ProtocolSupport};
+use sigma_behaviour::wire::{Reply, Request};
 use sigma_node::libp2p::swarm::SwarmEvent;
 use sigma_node::libp2p::{noise, tcp, yamux, Multiaddr, PeerId, Swarm, SwarmBuilder};
 use tokio::sync::watch;
 
-type Wire = request_response::cbor::Behaviour<Request, Reply>;
+type Wire = link::Behaviour;
 
 /// What the flood did.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -44,9 +44,11 @@ pub async fn run(
         .with_tcp(tcp::Config::default(), noise::Config::new, yamux::Config::default)
         .context("flooder transport")?
         .with_behaviour(|_| {
+            // Client only: the hosts' notices to it are not served (as request-response
+            // with outbound support only did not).
             Wire::new(
-                [(wire::PROTOCOL, ProtocolSupport::Outbound)],
-                request_response::Config::default().with_request_timeout(Duration::from_secs(10)),
+                link::Config { request_timeout: Duration::from_secs(10), inbound: false, ..link::Config::default() },
+                Default::default(),
             )
         })
         .context("flooder behaviour")?
@@ -82,8 +84,8 @@ pub async fn run(
         }
         tokio::select! {
             event = swarm.select_next_some() => match event {
-                SwarmEvent::Behaviour(request_response::Event::Message {
-                    message: request_response::Message::Response { response, .. }, ..
+                SwarmEvent::Behaviour(link::Event::Message {
+                    message: link::Message::Response { response, .. }, ..
                 }) => {
                     in_flight -= 1;
                     let kind = match response {
@@ -95,7 +97,7 @@ pub async fn run(
                     };
                     *report.answers.entry(kind).or_default() += 1;
                 }
-                SwarmEvent::Behaviour(request_response::Event::OutboundFailure { .. }) => {
+                SwarmEvent::Behaviour(link::Event::OutboundFailure { .. }) => {
                     in_flight -= 1;
                     *report.answers.entry("failed".to_owned()).or_default() += 1;
                 }

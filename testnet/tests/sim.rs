@@ -351,18 +351,29 @@ fn the_takeover_delay_removes_the_violations_resets_cause() {
         takeover_delay,
         ..SimConfig::paper(2.0, Latency::Uniform { lo: Duration::ZERO, hi: Duration::from_millis(200) }, seed)
     };
-    let seed = 1_000_004;
-    let plain = run(&Sigma(config.clone()), sim(seed, false));
-    let delayed = run(&Sigma(config.clone()), sim(seed, true));
-    println!(
-        "seed {seed}: paper's rule {} violations in {} entries; takeover delay {} in {} entries",
-        plain.violations.len(),
-        plain.completed,
-        delayed.violations.len(),
-        delayed.completed
-    );
-    assert!(delayed.violations.is_empty(), "seed {seed}: violations with the takeover delay: {:?}", delayed.violations);
-    assert!(delayed.completed > 500, "seed {seed}: the delay blocked the lock: {} entries", delayed.completed);
-    let without = plain.violations.len();
+    // Violations need resets within one handoff on enough shared voters: rare, so seeds
+    // are tried in order until one shows them (the delay must hold on every one tried).
+    let mut without = 0;
+    for seed in 1_000_004..1_000_012 {
+        let plain = run(&Sigma(config.clone()), sim(seed, false));
+        let delayed = run(&Sigma(config.clone()), sim(seed, true));
+        println!(
+            "seed {seed}: paper's rule {} violations in {} entries; takeover delay {} in {} entries",
+            plain.violations.len(),
+            plain.completed,
+            delayed.violations.len(),
+            delayed.completed
+        );
+        assert!(
+            delayed.violations.is_empty(),
+            "seed {seed}: violations with the takeover delay: {:?}",
+            delayed.violations
+        );
+        assert!(delayed.completed > 500, "seed {seed}: the delay blocked the lock: {} entries", delayed.completed);
+        without += plain.violations.len();
+        if without > 0 {
+            break;
+        }
+    }
     assert!(without > 0, "the scenario must show violations under the paper's rule, or it tests nothing");
 }

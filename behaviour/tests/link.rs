@@ -2,7 +2,6 @@
 //! in any order, timeouts, a connection closing under requests in flight, bad frames,
 //! the bound on requests in flight, an unknown protocol, keep-alive and dialling.
 
-use std::io;
 use std::time::Duration;
 
 use futures::prelude::*;
@@ -11,7 +10,7 @@ use libp2p::core::upgrade::Version;
 use libp2p::core::Transport as _;
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::{NetworkBehaviour, Swarm, SwarmEvent};
-use libp2p::{noise, yamux, PeerId, StreamProtocol};
+use libp2p::{noise, yamux, PeerId};
 use libp2p_swarm_test::SwarmExt;
 use sigma_behaviour::link::{self, OutboundFailure, RequestId};
 use sigma_behaviour::wire::{self, ReplicaState, Reply, Request};
@@ -355,50 +354,9 @@ async fn pending_requests_keep_the_connection_and_idle_ones_let_it_close() {
 // Bad frames, sent by a raw request-response exchange on the protocol, next to a link
 // client on the same connection.
 
-/// Writes arbitrary bytes on a stream of the protocol, closes its side, reads the rest.
-#[derive(Clone, Default)]
-struct Raw;
-
-impl request_response::Codec for Raw {
-    type Protocol = StreamProtocol;
-    type Request = Vec<u8>;
-    type Response = Vec<u8>;
-
-    async fn read_request<T: AsyncRead + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-    ) -> io::Result<Vec<u8>> {
-        let mut v = Vec::new();
-        io.take(1 << 16).read_to_end(&mut v).await?;
-        Ok(v)
-    }
-    async fn read_response<T: AsyncRead + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-    ) -> io::Result<Vec<u8>> {
-        let mut v = Vec::new();
-        io.take(1 << 16).read_to_end(&mut v).await?;
-        Ok(v)
-    }
-    async fn write_request<T: AsyncWrite + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        req: Vec<u8>,
-    ) -> io::Result<()> {
-        io.write_all(&req).await
-    }
-    async fn write_response<T: AsyncWrite + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        res: Vec<u8>,
-    ) -> io::Result<()> {
-        io.write_all(&res).await
-    }
-}
+#[path = "support/raw.rs"]
+mod raw;
+use raw::Raw;
 
 #[derive(NetworkBehaviour)]
 struct Client {

@@ -2,61 +2,19 @@
 //! oversized frames, unknown message kinds and an unknown protocol version are refused,
 //! counted, and the node keeps serving everyone else. (Reference: DESIGN "Wire".)
 
-use std::io;
 use std::time::Duration;
 
 use futures::prelude::*;
-use libp2p::request_response::{self, Codec, OutboundFailure, ProtocolSupport};
+use libp2p::request_response::{self, OutboundFailure, ProtocolSupport};
 use libp2p::swarm::{Swarm, SwarmEvent};
 use libp2p::StreamProtocol;
 use libp2p_swarm_test::SwarmExt;
 use sigma_behaviour::{proto, wire};
 use sigma_behaviour::{Behaviour, Config, Event};
 
-/// Sends arbitrary bytes as a request and reads whatever comes back.
-#[derive(Clone, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Protocol = StreamProtocol;
-    type Request = Vec<u8>;
-    type Response = Vec<u8>;
-
-    async fn read_request<T: AsyncRead + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-    ) -> io::Result<Vec<u8>> {
-        let mut v = Vec::new();
-        io.take(1 << 16).read_to_end(&mut v).await?;
-        Ok(v)
-    }
-    async fn read_response<T: AsyncRead + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-    ) -> io::Result<Vec<u8>> {
-        let mut v = Vec::new();
-        io.take(1 << 16).read_to_end(&mut v).await?;
-        Ok(v)
-    }
-    async fn write_request<T: AsyncWrite + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        req: Vec<u8>,
-    ) -> io::Result<()> {
-        io.write_all(&req).await
-    }
-    async fn write_response<T: AsyncWrite + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        res: Vec<u8>,
-    ) -> io::Result<()> {
-        io.write_all(&res).await
-    }
-}
+#[path = "support/raw.rs"]
+mod raw;
+use raw::Raw;
 
 fn node() -> Swarm<Behaviour> {
     // No takeover delay: a lone node that just started would hold its first grants.

@@ -6,7 +6,6 @@
 //! Each is refused (and answered with the right rejection where there is an answer),
 //! counted under its label in `/metrics`, and the daemons keep serving everyone else.
 
-use std::io;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,7 @@ use futures::prelude::*;
 use libp2p::kad::KBucketKey;
 use libp2p::request_response::{self, OutboundFailure, OutboundRequestId, ProtocolSupport};
 use libp2p::swarm::{NetworkBehaviour, Swarm, SwarmEvent};
-use libp2p::{noise, tcp, yamux, PeerId, StreamProtocol, SwarmBuilder};
+use libp2p::{noise, tcp, yamux, PeerId, SwarmBuilder};
 use sigma_behaviour::link;
 use sigma_behaviour::proto::{Timestamp, ToReplica};
 use sigma_behaviour::wire::{self, FrameKind, Rejection, Reply, Request};
@@ -30,50 +29,10 @@ const N: u16 = 32;
 // ---------------------------------------------------------------------------------
 // The client swarm
 
-/// Sends arbitrary bytes as a request and reads whatever comes back (up to 64 KiB).
-#[derive(Clone, Default)]
-struct Raw;
-
-impl request_response::Codec for Raw {
-    type Protocol = StreamProtocol;
-    type Request = Vec<u8>;
-    type Response = Vec<u8>;
-
-    async fn read_request<T: AsyncRead + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-    ) -> io::Result<Vec<u8>> {
-        let mut v = Vec::new();
-        io.take(1 << 16).read_to_end(&mut v).await?;
-        Ok(v)
-    }
-    async fn read_response<T: AsyncRead + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-    ) -> io::Result<Vec<u8>> {
-        let mut v = Vec::new();
-        io.take(1 << 16).read_to_end(&mut v).await?;
-        Ok(v)
-    }
-    async fn write_request<T: AsyncWrite + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        req: Vec<u8>,
-    ) -> io::Result<()> {
-        io.write_all(&req).await
-    }
-    async fn write_response<T: AsyncWrite + Unpin + Send>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        res: Vec<u8>,
-    ) -> io::Result<()> {
-        io.write_all(&res).await
-    }
-}
+// The raw-bytes codec of the behaviour's wire tests.
+#[path = "../../behaviour/tests/support/raw.rs"]
+mod raw;
+use raw::Raw;
 
 /// One connection, three ways to talk over it: raw bytes on a stream of `/sigma/2.0.0`
 /// (written, closed, the rest read back), the real transport on `/sigma/2.0.0`, raw

@@ -838,3 +838,24 @@ fn a_replica_on_hold_or_with_a_waiter_is_not_disposable() {
     assert!(lapsed.is_idle(), "the lease ran out");
     assert!(lapsed.is_disposable(T0 + LEASE), "an expired lease leaves nothing to remember");
 }
+
+// Reference: §4 (reset recovery, ARCHITECTURE.md "Reset recovery"). A RELEASE names the
+// waiters after the releaser: the replica asks the ones it does not know for their
+// REQUEST, and a name ahead of its clock is skipped without refusing the release.
+#[test]
+fn a_release_solicits_the_unknown_waiters_it_names_and_skips_names_ahead() {
+    let mut r = replica();
+    let (a, b) = (ts(10, 1), ts(20, 2));
+    request(&mut r, T0, a.clone()).unwrap();
+    request(&mut r, T0, b.clone()).unwrap();
+    drain(&mut r);
+    let (unknown, ahead) = (ts(30, 3), ts(u64::MAX / 2, 4));
+    let next = vec![b.clone(), unknown.clone(), ahead];
+    let now = T0 + ms(100);
+    r.handle(now, &1, ToReplica::Release { ts: a, token: 0, next }).expect("the release is applied");
+    assert_eq!(r.owner().map(|(t, _)| t.clone()), Some(b.clone()), "the vote moved to the next waiter");
+    let out = drain(&mut r);
+    let solicited: Vec<u32> = out.iter().filter(|(_, resp)| resp.solicit).map(|(to, _)| *to).collect();
+    assert_eq!(solicited, vec![3], "only the unknown waiter is asked, once: {out:?}");
+    assert!(out.iter().any(|(to, resp)| *to == 2 && resp.promoted), "the next waiter is told: {out:?}");
+}

@@ -364,9 +364,8 @@ impl<C: Clone + Ord> Replica<C> {
         let bound = micros(now).saturating_add(micros(self.config.max_clock_offset));
         let values = match msg {
             ToReplica::Request { ts, floor, .. } => [ts.counter, *floor],
-            ToReplica::Release { ts, token, next } => {
-                [ts.counter, (*token).max(next.iter().take(RELAY_DEPTH).map(|t| t.counter).max().unwrap_or(0))]
-            }
+            // The names a RELEASE carries are hints: one ahead is skipped, not the release.
+            ToReplica::Release { ts, token, .. } => [ts.counter, *token],
             ToReplica::Yield { ts, .. } => [ts.counter, 0],
             ToReplica::Relay { ts, next } => {
                 [ts.counter, next.iter().take(RELAY_DEPTH).map(|t| t.counter).max().unwrap_or(0)]
@@ -450,7 +449,8 @@ impl<C: Clone + Ord> Replica<C> {
     ) -> Result<(), ReplicaError> {
         let repeated = self.tombstones.contains(&ts) && !self.has(&ts);
         if !repeated && self.config.recovery.relays() {
-            self.solicit(&ts, next);
+            let bound = micros(now).saturating_add(micros(self.config.max_clock_offset));
+            self.solicit(&ts, next.into_iter().filter(|t| t.counter <= bound).collect());
         }
         self.release(now, ts, token)
     }

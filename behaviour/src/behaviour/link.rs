@@ -833,44 +833,15 @@ impl Handler {
 
     /// Fails what is past its deadline; answers the next deadline.
     fn expire(&mut self, now: Instant) -> Option<Instant> {
-        let mut expired = Vec::new();
-        while let Some(&(at, id)) = self.out_due.front() {
-            if !self.waiting.contains(&id) {
-                self.out_due.pop_front();
-            } else if at <= now {
-                self.out_due.pop_front();
-                self.waiting.remove(&id);
-                expired.push(id);
-            } else {
-                break;
-            }
-        }
+        let expired = take_due(&mut self.out_due, &mut self.waiting, now);
         if !expired.is_empty() {
             self.events.push_back(ToBehaviour::Failed(expired, OutboundFailure::Timeout));
         }
-        while let Some(&(at, key)) = self.in_due.front() {
-            if !self.owed.contains(&key) {
-                self.in_due.pop_front();
-            } else if at <= now {
-                self.in_due.pop_front();
-                self.owed.remove(&key);
-                if let Some(s) = self.inbound.iter_mut().find(|s| s.no == key.0) {
-                    s.owed -= 1;
-                }
-                self.events.push_back(ToBehaviour::InboundFailed(InboundFailure::Timeout));
-            } else {
-                break;
+        for key in take_due(&mut self.in_due, &mut self.owed, now) {
+            if let Some(s) = self.inbound.iter_mut().find(|s| s.no == key.0) {
+                s.owed -= 1;
             }
-        }
-        // Entries answered meanwhile stay until they reach the front: compact when
-        // they dominate.
-        if self.out_due.len() > 2 * self.waiting.len() + 1024 {
-            let waiting = &self.waiting;
-            self.out_due.retain(|(_, id)| waiting.contains(id));
-        }
-        if self.in_due.len() > 2 * self.owed.len() + 1024 {
-            let owed = &self.owed;
-            self.in_due.retain(|(_, key)| owed.contains(key));
+            self.events.push_back(ToBehaviour::InboundFailed(InboundFailure::Timeout));
         }
         // Busy: the linger starts again from now; else it runs out.
         if self.busy() {
@@ -1030,4 +1001,30 @@ impl ConnectionHandler for Handler {
             return Poll::Pending;
         }
     }
+}
+
+/// Takes the keys of `due` (in deadline order) that are still `live` and due at `now`
+/// out of both. Entries no longer live (answered meanwhile) are dropped when they reach
+/// the front, and all at once when they dominate.
+fn take_due<K: Copy + Eq + std::hash::Hash>(
+    due: &mut VecDeque<(Instant, K)>,
+    live: &mut HashSet<K>,
+    now: Instant,
+) -> Vec<K> {
+    let mut taken = Vec::new();
+    while let Some(&(at, key)) = due.front() {
+        if !live.contains(&key) {
+            due.pop_front();
+        } else if at <= now {
+            due.pop_front();
+            live.remove(&key);
+            taken.push(key);
+        } else {
+            break;
+        }
+    }
+    if due.len() > 2 * live.len() + 1024 {
+        due.retain(|(_, key)| live.contains(key));
+    }
+    taken
 }

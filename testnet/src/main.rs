@@ -416,9 +416,9 @@ struct RunArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Informed-backoff slack in percent of T_w (Sigma).
-    #[arg(long, default_value_t = 25)]
-    slack: u32,
+    /// Informed-backoff slack in percent of T_w (Sigma); default: the core's.
+    #[arg(long)]
+    slack: Option<u32>,
     /// Reset recovery (Sigma): none, reask, inquire, relay (ARCHITECTURE.md, "Reset
     /// recovery"); default: the core's.
     #[arg(long, value_parser = parse_recovery)]
@@ -660,7 +660,10 @@ fn real_main() -> Result<ExitCode> {
         Command::Sim(SimCommand::Run(a)) => {
             // A closed system has n processes and no quorum parameter.
             let m = if compare::is_closed(&a.protocol) { a.n / 2 + 1 } else { a.m };
-            let mut config = Config::default().with_quorum(a.n, m).with_retry_slack_percent(a.slack);
+            let mut config = Config::default().with_quorum(a.n, m);
+            if let Some(slack) = a.slack {
+                config = config.with_retry_slack_percent(slack);
+            }
             if let Some(recovery) = a.recovery {
                 config = config.with_recovery(recovery);
             }

@@ -97,7 +97,7 @@ impl Default for Config {
             idle_ttl: Duration::from_secs(5),
             max_queue: 100_000,
             max_tombstones: 100_000,
-            retry_slack_percent: 25,
+            retry_slack_percent: 50,
             recovery: Recovery::Relay,
             max_clock_offset: Duration::from_secs(5),
             max_drift_ppm: 1_000,

@@ -42,8 +42,13 @@ pub const STRAWMAN_BACKOFF: Backoff = Backoff::Constant { window: Duration::from
 /// would cost minutes for a throughput of about zero.
 pub const STRAWMAN_MAX_BACKLOG: usize = 400;
 
-/// Sigma's default informed-backoff slack (percent of T_w).
-const DEFAULT_SLACK: u32 = 25;
+/// Sigma's default informed-backoff slack (percent of T_w): the core's
+/// ([`Config::retry_slack_percent`]; a test checks they agree).
+const DEFAULT_SLACK: u32 = 50;
+
+/// The slack of the rules measured before the default became 50% (issue 14): the
+/// no-recovery rule and INQUIRE keep it, so their curves are those of their time.
+const EARLIER_SLACK: u32 = 25;
 
 /// Name of Sigma runs with the paper's exact informed-backoff rule (retry at T_w).
 pub const PAPER_BACKOFF: &str = "sigma-paper-backoff";
@@ -98,7 +103,7 @@ const RULES: [Rule; 6] = [
         proto: NO_RECOVERY,
         label: "no recovery",
         file: "fig8-resets-no-recovery",
-        slack: DEFAULT_SLACK,
+        slack: EARLIER_SLACK,
         recovery: Recovery::None,
         delay: false,
     },
@@ -114,7 +119,7 @@ const RULES: [Rule; 6] = [
         proto: INQUIRE,
         label: "INQUIRE + re-ask",
         file: "fig8-resets-inquire",
-        slack: DEFAULT_SLACK,
+        slack: EARLIER_SLACK,
         recovery: Recovery::Inquire,
         delay: false,
     },
@@ -130,7 +135,7 @@ const RULES: [Rule; 6] = [
         proto: NO_RECOVERY_DELAY,
         label: "no recovery + delay",
         file: "fig8-resets-no-recovery-takeover-delay",
-        slack: DEFAULT_SLACK,
+        slack: EARLIER_SLACK,
         recovery: Recovery::None,
         delay: true,
     },
@@ -872,4 +877,17 @@ pub(crate) fn write_figure(chart: &Chart, dir: &Path, name: &str) -> Result<()> 
 /// Where `sim paper` writes by default.
 pub fn default_out() -> &'static Path {
     Path::new("results/paper")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_rule_runs_with_the_cores_slack() {
+        assert_eq!(DEFAULT_SLACK, Config::default().retry_slack_percent());
+        let sigma = RULES.iter().find(|r| r.proto == "sigma").expect("the default rule");
+        assert_eq!(sigma.slack, Config::default().retry_slack_percent());
+        assert_eq!(sigma.recovery, Config::default().recovery());
+    }
 }

@@ -10,6 +10,7 @@ use sigma_node::libp2p::Multiaddr;
 use sigma_node::{Node, NodeConfig};
 
 mod common;
+mod port;
 
 /// `node`'s TCP port on 127.0.0.1 as `/dns4/localhost/tcp/PORT/p2p/ID`.
 fn dns_addr(node: &Node) -> Multiaddr {
@@ -55,7 +56,7 @@ async fn a_node_no_peer_can_dial_hosts_nothing_and_its_locks_are_served_by_the_o
     // A node joining the same way, told the address it can be dialled at: it hosts,
     // and the others count it.
     hidden.shutdown().await.expect("clean shutdown");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = port::port_outside_ephemeral_range();
     let addr: Multiaddr = format!("/ip4/127.0.0.1/tcp/{port}").parse().unwrap();
     let told = Node::start(NodeConfig {
         bootstrap: vec![dns_addr(&nodes[0])],

@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokio::process::Command;
 
 mod daemon;
+mod port;
 
 use daemon::{daemon, daemon_with, eventually, get_json, http, Daemon, PATIENCE, SIGMA};
 
@@ -298,10 +299,8 @@ async fn completions_and_man_page() {
 async fn a_daemon_whose_bootstrap_peer_is_down_is_not_ready_until_it_joins() {
     let dir = tempfile::tempdir().unwrap();
     // A bootstrap peer that existed (key file, address), then went down.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    // The peer restarts at the same address.
+    let port = port::port_outside_ephemeral_range();
     let listen = format!("/ip4/127.0.0.1/tcp/{port}");
     let boot = daemon_with(dir.path(), "boot", &[], &["--listen", &listen]).await;
     let boot_addr = boot.listen[0].clone();

@@ -13,7 +13,14 @@ use futures::future::select_all;
 use futures::StreamExt;
 use libp2p::allow_block_list::{self, BlockedPeers};
 use libp2p::kad::KBucketKey;
-use libp2p::swarm::{NetworkBehaviour, Swarm, SwarmEvent};
+use std::task::{Context, Poll};
+
+use libp2p::core::transport::PortUse;
+use libp2p::core::Endpoint;
+use libp2p::swarm::{
+    dummy, ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, Swarm, SwarmEvent, THandler, THandlerInEvent,
+    THandlerOutEvent, ToSwarm,
+};
 use libp2p::{Multiaddr, PeerId};
 use libp2p_swarm_test::SwarmExt;
 use sigma_behaviour::proto::{self, LostReason};
@@ -25,6 +32,52 @@ struct Peer {
     // First: a denied connection must not reach the other behaviours.
     block: allow_block_list::Behaviour<BlockedPeers>,
     sigma: Behaviour,
+    dials: FailedDials,
+}
+
+/// Counts the dials that failed (a dial the block list refuses fails at once, and a
+/// swarm reports a behaviour's failed dial only to its behaviours).
+#[derive(Default)]
+struct FailedDials(usize);
+
+impl NetworkBehaviour for FailedDials {
+    type ConnectionHandler = dummy::ConnectionHandler;
+    type ToSwarm = std::convert::Infallible;
+
+    fn handle_established_inbound_connection(
+        &mut self,
+        _: ConnectionId,
+        _: PeerId,
+        _: &Multiaddr,
+        _: &Multiaddr,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        Ok(dummy::ConnectionHandler)
+    }
+
+    fn handle_established_outbound_connection(
+        &mut self,
+        _: ConnectionId,
+        _: PeerId,
+        _: &Multiaddr,
+        _: Endpoint,
+        _: PortUse,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        Ok(dummy::ConnectionHandler)
+    }
+
+    fn on_swarm_event(&mut self, event: FromSwarm) {
+        if let FromSwarm::DialFailure(_) = event {
+            self.0 += 1;
+        }
+    }
+
+    fn on_connection_handler_event(&mut self, _: PeerId, _: ConnectionId, e: THandlerOutEvent<Self>) {
+        match e {}
+    }
+
+    fn poll(&mut self, _: &mut Context<'_>) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
+        Poll::Pending
+    }
 }
 
 const LEASE: Duration = Duration::from_secs(2);
@@ -60,6 +113,7 @@ impl Net {
             let mut s = Swarm::new_ephemeral_tokio(|kp| Peer {
                 block: allow_block_list::Behaviour::default(),
                 sigma: Behaviour::new(kp.public().to_peer_id(), config(joining)),
+                dials: FailedDials::default(),
             });
             let (addr, _) = s.listen().with_memory_addr_external().await;
             swarms.push(s);
@@ -358,4 +412,33 @@ async fn members_alive_through_gossip_count_and_a_cut_off_peer_still_stops() {
     net.cut(&[0], &[1]);
     assert!(net.stops_serving(&[0], LIVENESS).await, "a cut-off peer stops serving within the liveness timeout");
     assert!(matches!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Minority { reachable: 1, members: 5 }));
+}
+
+/// Departed members are dialled again by a peer that does not serve, never by one that
+/// serves: a cut-off peer (a minority of one) keeps dialling the others so that a healed
+/// partition reconnects, while the majority side hears of its departed members through
+/// the gossip. (Every serving peer of a large swarm redialling members that merely
+/// looked departed made hundreds of dials a second, and lost the swarm its majority.)
+#[tokio::test]
+async fn only_a_peer_that_does_not_serve_dials_departed_members_again() {
+    let mut net = Net::new(3, false).await;
+    net.mesh(&[0, 1, 2]).await;
+    net.drive(Duration::from_secs(1), |_, _, _| false).await;
+    for i in 0..3 {
+        assert_eq!(net.swarms[i].behaviour().sigma.readiness(), Readiness::Serving, "peer {i}");
+    }
+    net.cut(&[2], &[0, 1]);
+    assert!(net.stops_serving(&[2], LIVENESS).await, "the cut-off peer still serves after {LIVENESS:?}");
+    // Past the liveness timeout on every side: peer 2 has departed for 0 and 1. Each
+    // dial of a blocked peer is refused at once.
+    let before: Vec<usize> = net.swarms.iter().map(|s| s.behaviour().dials.0).collect();
+    net.drive(Duration::from_secs(6), |_, _, _| false).await;
+    let dials: Vec<usize> = net.swarms.iter().zip(&before).map(|(s, b)| s.behaviour().dials.0 - b).collect();
+    for i in [0, 1] {
+        let b = &net.swarms[i].behaviour().sigma;
+        assert_eq!(b.readiness(), Readiness::Serving, "peer {i}");
+        assert_eq!(b.members(), (2, 3), "peer {i}: peer 2 departed");
+    }
+    assert_eq!(&dials[..2], &[0, 0], "serving peers dialled the departed member: {dials:?}");
+    assert!(dials[2] >= 2, "the cut-off peer dials its departed members every 2 s: {dials:?}");
 }

@@ -20,10 +20,10 @@ use crate::membership::Membership;
 /// Every this many gossip rounds, one target is a member that is not connected.
 const GOSSIP_MIXING: u64 = 4;
 
-/// How often departed members are dialled again, and how many at a time (picked at
-/// random): a healed partition reconnects without waiting for traffic, and a swarm
-/// under churn, where most departed members are dead for good, spends at most two
-/// dials a second on them.
+/// How often a peer that does not serve dials departed members again, and how many at
+/// a time (picked at random): a healed partition reconnects without waiting for
+/// traffic (the side that does not serve dials the other), and a peer under churn, where
+/// most departed members are dead for good, spends at most two dials a second on them.
 const REDIAL_INTERVAL: Duration = Duration::from_secs(2);
 const REDIAL_BATCH: usize = 4;
 
@@ -64,7 +64,11 @@ impl Behaviour {
     pub(super) fn housekeeping(&mut self, now: Time) {
         self.trim_connections(now);
         self.relax_diversity(now);
-        if now >= self.next_redial {
+        // Only while not serving: a serving peer hears of its departed members again by
+        // the gossip, and in a large swarm on a loaded machine, where members look
+        // departed whenever the gossip runs late, every serving peer redialling them made
+        // hundreds of dials a second, which made the gossip later still.
+        if now >= self.next_redial && !self.membership.serving() {
             use rand::seq::IteratorRandom;
             self.next_redial = now + REDIAL_INTERVAL;
             let departed = self.membership.departed().copied().choose_multiple(&mut self.rng, REDIAL_BATCH);

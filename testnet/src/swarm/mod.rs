@@ -208,6 +208,11 @@ pub struct ConnectionCounts {
     pub established: AtomicU64,
     pub denied: AtomicU64,
     pub dial_errors: AtomicU64,
+    /// Connections closed: idle (keep-alive timeout), on an I/O error, or closed here
+    /// (trimmed, a duplicate dropped, the peer leaving); each side counts its own.
+    pub closed_idle: AtomicU64,
+    pub closed_error: AtomicU64,
+    pub closed_local: AtomicU64,
 }
 
 /// A live peer as the clients see it.
@@ -517,6 +522,8 @@ pub struct Report {
     pub trimmed: u64,
     pub denied: u64,
     pub dial_errors: u64,
+    /// Connections closed (each side counts its own): idle, on an error, closed here.
+    pub closed: [u64; 3],
     pub max_established_p50: f64,
     pub max_established: f64,
     pub wall_s: f64,
@@ -766,6 +773,11 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         connections: shared.connections.established.load(Ordering::Relaxed),
         denied: shared.connections.denied.load(Ordering::Relaxed),
         dial_errors: shared.connections.dial_errors.load(Ordering::Relaxed),
+        closed: [
+            shared.connections.closed_idle.load(Ordering::Relaxed),
+            shared.connections.closed_error.load(Ordering::Relaxed),
+            shared.connections.closed_local.load(Ordering::Relaxed),
+        ],
         max_established_p50: quantile(&conns, 0.5),
         max_established: conns.last().copied().unwrap_or(f64::NAN),
         wall_s: shared.start.elapsed().as_secs_f64(),
@@ -913,13 +925,17 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(
         s,
         "  connections: {} established, {} denied by the limit ({} per peer), {} other dial failures, {} trimmed \
-         (least recently used, past {} per peer); most at once per peer p50 {:.0}, max {:.0}",
+         (least recently used, past {} per peer); closed {} idle, {} on an error, {} here (each side counts); \
+         most at once per peer p50 {:.0}, max {:.0}",
         r.connections,
         r.denied,
         r.max_connections,
         r.dial_errors,
         r.trimmed,
         r.max_connections * 3 / 4,
+        r.closed[0],
+        r.closed[1],
+        r.closed[2],
         r.max_established_p50,
         r.max_established
     );

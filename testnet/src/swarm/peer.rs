@@ -277,6 +277,15 @@ fn on_event(
         SwarmEvent::ConnectionEstablished { .. } => {
             shared.connections.established.fetch_add(1, Ordering::Relaxed);
         }
+        SwarmEvent::ConnectionClosed { cause, .. } => {
+            let c = &shared.connections;
+            let counter = match cause {
+                Some(libp2p::swarm::ConnectionError::KeepAliveTimeout) => &c.closed_idle,
+                Some(libp2p::swarm::ConnectionError::IO(_)) => &c.closed_error,
+                None => &c.closed_local,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
         SwarmEvent::OutgoingConnectionError { error: DialError::Denied { .. }, .. }
         | SwarmEvent::IncomingConnectionError { error: ListenError::Denied { .. }, .. } => {
             shared.connections.denied.fetch_add(1, Ordering::Relaxed);

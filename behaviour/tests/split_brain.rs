@@ -7,16 +7,15 @@
 //! acquisition counts itself its holder.
 
 use std::collections::HashMap;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::select_all;
 use futures::StreamExt;
 use libp2p::allow_block_list::{self, BlockedPeers};
-use libp2p::kad::KBucketKey;
-use std::task::{Context, Poll};
-
 use libp2p::core::transport::PortUse;
 use libp2p::core::Endpoint;
+use libp2p::kad::KBucketKey;
 use libp2p::swarm::{
     dummy, ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, Swarm, SwarmEvent, THandler, THandlerInEvent,
     THandlerOutEvent, ToSwarm,

@@ -435,10 +435,11 @@ impl EventLoop {
                     }
                 }
             }
-            // A bootstrap while joining (its success joins); once joined a lookup of
-            // this node's own id, one query instead of one per bucket (Kademlia's own
-            // periodic bootstrap refreshes the buckets every 5 minutes). Fails only
-            // with an empty routing table: nothing to do then.
+            // A bootstrap while joining (its success joins; the behaviour cuts it to
+            // its self-lookup); once joined a lookup of this node's own id, one query
+            // instead of one per bucket (Kademlia's own periodic bootstrap refreshes
+            // the buckets every `KAD_REFRESH`). Fails only with an empty routing
+            // table: nothing to do then.
             let query = if joining { self.sigma().bootstrap() } else { self.sigma().lookup_self() };
             if let Ok(query) = query {
                 tracing::debug!(?query, joining, next_in = ?self.bootstrap_interval, "Kademlia bootstrap or self-lookup");

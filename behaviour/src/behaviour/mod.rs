@@ -172,6 +172,11 @@ pub struct Behaviour {
     extra_order: VecDeque<PeerId>,
     /// The last bootstrap started through [`Behaviour::bootstrap`].
     bootstrap_query: Option<kad::QueryId>,
+    /// When Kademlia's buckets were last refreshed (a bootstrap let run past its
+    /// self-lookup), or this peer joined; and the bootstraps being cut to their
+    /// self-lookup ([`Behaviour::cut_bootstrap`]).
+    buckets_refreshed: Option<Time>,
+    cut_bootstraps: HashSet<kad::QueryId>,
     replicas: HashMap<(String, u16), Replica<PeerId>>,
     /// When each hosted replica next has work (a timer, or becoming disposable): an
     /// event costs O(log n), not a walk over every replica.
@@ -319,6 +324,8 @@ impl Behaviour {
             trim_active: false,
             gossip_rounds: 0,
             bootstrap_query: None,
+            buckets_refreshed: None,
+            cut_bootstraps: HashSet::new(),
             extra_addrs: HashMap::new(),
             extra_order: VecDeque::new(),
             replicas: HashMap::new(),
@@ -500,15 +507,21 @@ impl Behaviour {
             // refresh of farther buckets that follows is not waited for (it may take
             // long in a busy swarm, and a step that times out fails the whole bootstrap).
             InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
-                result: kad::QueryResult::Bootstrap(Ok(_)), ..
+                id,
+                result: kad::QueryResult::Bootstrap(result),
+                step,
+                ..
             }) => {
                 let was_ready = self.membership.ready();
-                self.membership.bootstrapped();
-                if !was_ready && self.membership.ready() {
-                    tracing::info!("joined the swarm: ready");
-                    let now = self.clock.now();
-                    self.housekeeping(now);
+                if result.is_ok() {
+                    self.membership.bootstrapped();
+                    if !was_ready && self.membership.ready() {
+                        tracing::info!("joined the swarm: ready");
+                        let now = self.clock.now();
+                        self.housekeeping(now);
+                    }
                 }
+                self.cut_bootstrap(id, step, was_ready);
             }
             InnerEvent::Kad(_) => {}
             InnerEvent::Gossip(request_response::Event::Message { peer, message, .. }) => match message {

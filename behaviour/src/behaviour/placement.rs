@@ -7,7 +7,7 @@
 use libp2p::kad::{self, KBucketKey};
 use libp2p::{Multiaddr, PeerId};
 
-use super::{kad_protocol, shrink_if_sparse, Behaviour, Counters};
+use super::{kad_protocol, shrink_if_sparse, Behaviour, Counters, KAD_REFRESH};
 use crate::addr::Scope;
 use crate::proto::{Time, ToReplica};
 use crate::wire::{self, Rejection, Reply};
@@ -150,6 +150,36 @@ impl Behaviour {
         let q = self.inner.kad.bootstrap()?;
         self.bootstrap_query = Some(q);
         Ok(q)
+    }
+
+    /// Cuts a bootstrap to its first step, the lookup of this peer's own id, when it
+    /// joins this peer (`was_ready` false) or comes sooner than half [`KAD_REFRESH`]
+    /// after the last refresh of the buckets: Kademlia's refresh of every bucket
+    /// farther than the closest peer is a lookup per bucket (~10 at 1,000 peers, each
+    /// asking ~30 peers, most of them not connected), and kad starts one of its own
+    /// whenever a peer enters a table of fewer than k peers, so a joining peer paid two
+    /// such refreshes (hundreds of connections) in a busy swarm. The far buckets fill
+    /// from the lookups that reach this peer, and kad's periodic bootstrap refreshes
+    /// them all every [`KAD_REFRESH`]. A cut step finishes before it sends anything.
+    pub(super) fn cut_bootstrap(&mut self, id: kad::QueryId, step: kad::ProgressStep, was_ready: bool) {
+        if step.count.get() == 1 && !step.last {
+            let now = self.clock.now();
+            let recent = self.buckets_refreshed.is_some_and(|t| now.saturating_sub(t) < KAD_REFRESH / 2);
+            if !was_ready || recent {
+                self.buckets_refreshed.get_or_insert(now);
+                self.cut_bootstraps.insert(id);
+                self.counters.bootstraps_cut += 1;
+            } else {
+                self.buckets_refreshed = Some(now);
+            }
+        }
+        if step.last {
+            self.cut_bootstraps.remove(&id);
+        } else if self.cut_bootstraps.contains(&id) {
+            if let Some(mut query) = self.inner.kad.query_mut(&id) {
+                query.finish();
+            }
+        }
     }
 
     /// A Kademlia lookup of this peer's own id: cheaper than a bootstrap (one query, not

@@ -232,6 +232,9 @@ pub struct Counters {
     /// Keys found this peer's from its neighbourhood (the last self-lookup), without a
     /// lookup of their own ([`Behaviour::provably_mine`]).
     pub ownership_by_neighbourhood: u64,
+    /// Kademlia bootstraps cut to their self-lookup: a join, or a refresh of every
+    /// bucket sooner than half [`KAD_REFRESH`](super::KAD_REFRESH) after the last.
+    pub bootstraps_cut: u64,
     /// Replicas this peer started hosting with empty memory (resets seen from inside).
     pub replicas_created: u64,
     /// Replicas dropped because a closer peer became live (it hosts them now).

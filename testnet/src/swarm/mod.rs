@@ -504,6 +504,8 @@ pub struct Report {
     pub dropped_not_serving: u64,
     pub ownership_checks: u64,
     pub ownership_lost: u64,
+    /// Kademlia bootstraps cut to their self-lookup (joins, and refreshes too soon).
+    pub bootstraps_cut: u64,
     pub handed_over: u64,
     pub replicas_held: u64,
     pub gossip_failures: u64,
@@ -572,7 +574,11 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         }
         if Instant::now() >= next_progress {
             next_progress += FORM_PROGRESS;
-            eprintln!("  forming: {serving}/{live} peers serving after {:.0} s", begin.elapsed().as_secs_f64());
+            let (joining, minority) = net.not_serving().await;
+            eprintln!(
+                "  forming: {serving}/{live} peers serving after {:.0} s ({joining} joining, {minority} in a minority)",
+                begin.elapsed().as_secs_f64()
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -762,6 +768,7 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         dropped_not_serving: sum(&|c| c.replicas_dropped_not_serving),
         ownership_checks: sum(&|c| c.ownership_checks),
         ownership_lost: sum(&|c| c.ownership_lost),
+        bootstraps_cut: sum(&|c| c.bootstraps_cut),
         handed_over: sum(&|c| c.replicas_handed_over),
         replicas_held: sum(&|c| c.replicas_held),
         gossip_failures: sum(&|c| c.outbound_failures.get("gossip").copied().unwrap_or(0)),
@@ -906,12 +913,14 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(
         s,
         "  peers (all incarnations): stalls {}, ping failures {}, replicas dropped when not serving {}, ownership \
-         lookups {} (closer peer found {}), hand-overs {}, replicas held by the takeover delay {}, gossip failures {}",
+         lookups {} (closer peer found {}), Kademlia bootstraps cut to their self-lookup {}, hand-overs {}, \
+         replicas held by the takeover delay {}, gossip failures {}",
         r.stalls,
         r.ping_failures,
         r.dropped_not_serving,
         r.ownership_checks,
         r.ownership_lost,
+        r.bootstraps_cut,
         r.handed_over,
         r.replicas_held,
         r.gossip_failures

@@ -301,17 +301,21 @@ impl Net {
         }
     }
 
-    /// Why the live peers that do not serve do not: (joining, in a minority).
+    /// Why the live peers that do not serve do not: (joining, in a minority). Every
+    /// peer is asked at once (one after the other, a busy 1,000-peer swarm took minutes
+    /// to answer).
     async fn not_serving(&self) -> (usize, usize) {
-        let mut why = (0, 0);
-        for p in self.live() {
+        let asks = self.live().into_iter().map(|p| async move {
             let (reply, answer) = oneshot::channel();
-            if p.commands.send(Command::Readiness { reply }).await.is_ok() {
-                match answer.await {
-                    Ok(Readiness::Joining) => why.0 += 1,
-                    Ok(Readiness::Minority { .. }) => why.1 += 1,
-                    _ => {}
-                }
+            p.commands.send(Command::Readiness { reply }).await.ok()?;
+            answer.await.ok()
+        });
+        let mut why = (0, 0);
+        for readiness in futures::future::join_all(asks).await {
+            match readiness {
+                Some(Readiness::Joining) => why.0 += 1,
+                Some(Readiness::Minority { .. }) => why.1 += 1,
+                _ => {}
             }
         }
         why
@@ -574,11 +578,11 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         }
         if Instant::now() >= next_progress {
             next_progress += FORM_PROGRESS;
-            let (joining, minority) = net.not_serving().await;
-            eprintln!(
-                "  forming: {serving}/{live} peers serving after {:.0} s ({joining} joining, {minority} in a minority)",
-                begin.elapsed().as_secs_f64()
-            );
+            let why = match tokio::time::timeout(FORM_PROGRESS, net.not_serving()).await {
+                Ok((joining, minority)) => format!("{joining} joining, {minority} in a minority"),
+                Err(_) => format!("no answer on readiness within {FORM_PROGRESS:?}"),
+            };
+            eprintln!("  forming: {serving}/{live} peers serving after {:.0} s ({why})", begin.elapsed().as_secs_f64());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

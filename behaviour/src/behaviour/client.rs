@@ -684,7 +684,9 @@ impl Behaviour {
         }
         // Timeout and ConnectionClosed mean "maybe delivered": the core's timers retry,
         // and every handler is idempotent. A host that cannot be reached is looked up
-        // (a question to one peer, `ask`, names no replica).
+        // (a question to one peer, `ask`, names no replica). A dial this peer's own
+        // connection limit refused (DialDenied) says nothing of the host: the core's
+        // timers retry it, by when trimming has made room.
         if matches!(error, F::DialFailure | F::UnsupportedProtocols) && !p.resource.is_empty() {
             let key = (p.resource.clone(), p.index);
             self.idle_hosts.set(&key, None);

@@ -22,7 +22,8 @@
 //! - **Failures**: a stream that fails (an I/O error, the peer closing it, a reply that
 //!   does not decode) fails every request waiting on it (`ConnectionClosed`); the next
 //!   request opens a new stream. A closed connection fails every request sent on it; a
-//!   peer not connected is dialled and a failed dial fails its requests (`DialFailure`).
+//!   peer not connected is dialled and a failed dial fails its requests (`DialFailure`;
+//!   `DialDenied` when a connection limit here refused it).
 //!   A peer that does not speak the protocol (an old `/sigma/1.1.0` one) refuses the
 //!   negotiation: the waiting requests fail with `UnsupportedProtocols`, and so does every
 //!   later one on that connection, at once.
@@ -146,6 +147,8 @@ impl ResponseChannel {
 pub enum OutboundFailure {
     /// The peer could not be dialled.
     DialFailure,
+    /// The dial was refused here, by a connection limit: nothing is known of the peer.
+    DialDenied,
     /// No reply within the request timeout.
     Timeout,
     /// The connection or the stream closed before the reply came (the request may have
@@ -164,6 +167,7 @@ impl OutboundFailure {
     pub fn as_str(&self) -> &'static str {
         match self {
             OutboundFailure::DialFailure => "dial_failure",
+            OutboundFailure::DialDenied => "dial_denied",
             OutboundFailure::Timeout => "timeout",
             OutboundFailure::ConnectionClosed => "connection_closed",
             OutboundFailure::UnsupportedProtocols => "unsupported_protocols",
@@ -464,8 +468,12 @@ impl NetworkBehaviour for Behaviour {
                 if self.is_connected(&peer) {
                     return;
                 }
+                let failure = match e.error {
+                    DialError::Denied { .. } => OutboundFailure::DialDenied,
+                    _ => OutboundFailure::DialFailure,
+                };
                 if let Some(queue) = self.queued.remove(&peer) {
-                    self.fail(peer, queue.into_iter().map(|(id, _)| id), &OutboundFailure::DialFailure);
+                    self.fail(peer, queue.into_iter().map(|(id, _)| id), &failure);
                 }
             }
             _ => {}

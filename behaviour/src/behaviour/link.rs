@@ -66,7 +66,7 @@ use libp2p::swarm::{
     ConnectionDenied, ConnectionHandler, ConnectionHandlerEvent, ConnectionId, DialError, FromSwarm, NetworkBehaviour,
     NotifyHandler, Stream, StreamUpgradeError, SubstreamProtocol, THandler, THandlerInEvent, THandlerOutEvent, ToSwarm,
 };
-use libp2p::{Multiaddr, PeerId, StreamProtocol};
+use libp2p::{connection_limits, memory_connection_limits, Multiaddr, PeerId, StreamProtocol};
 use tokio::time::{Instant, Sleep};
 
 use crate::wire::{self, CodecStats, FrameError, FrameKind, Reply, Request};
@@ -147,7 +147,9 @@ impl ResponseChannel {
 pub enum OutboundFailure {
     /// The peer could not be dialled.
     DialFailure,
-    /// The dial was refused here, by a connection limit: nothing is known of the peer.
+    /// The dial was refused here by a connection limit (libp2p's `connection_limits` or
+    /// `memory_connection_limits`): nothing is known of the peer. A dial a block or
+    /// allow list refused is a `DialFailure`.
     DialDenied,
     /// No reply within the request timeout.
     Timeout,
@@ -468,8 +470,15 @@ impl NetworkBehaviour for Behaviour {
                 if self.is_connected(&peer) {
                     return;
                 }
-                let failure = match e.error {
-                    DialError::Denied { .. } => OutboundFailure::DialDenied,
+                // Refused by a connection limit here: the peer may be fine. (Refused by
+                // a block or allow list, it is as unreachable as a failed dial.)
+                let failure = match &e.error {
+                    DialError::Denied { cause }
+                        if cause.downcast_ref::<connection_limits::Exceeded>().is_some()
+                            || cause.downcast_ref::<memory_connection_limits::MemoryUsageLimitExceeded>().is_some() =>
+                    {
+                        OutboundFailure::DialDenied
+                    }
                     _ => OutboundFailure::DialFailure,
                 };
                 if let Some(queue) = self.queued.remove(&peer) {

@@ -167,6 +167,8 @@ impl Behaviour {
             let recent = self.buckets_refreshed.is_some_and(|t| now.saturating_sub(t) < KAD_REFRESH / 2);
             if !was_ready || recent {
                 self.buckets_refreshed.get_or_insert(now);
+                let kad = &mut self.inner.kad;
+                self.cut_bootstraps.retain(|q| kad.query(q).is_some());
                 self.cut_bootstraps.insert(id);
                 self.counters.bootstraps_cut += 1;
             } else {

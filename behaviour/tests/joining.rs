@@ -52,6 +52,8 @@ async fn a_joining_peer_asks_its_neighbourhood_not_the_swarm() {
 
     let mut dialled: HashSet<PeerId> = HashSet::new();
     let mut ready_at: Option<tokio::time::Instant> = None;
+    // Kademlia requests of bootstraps when the join's self-lookup had answered.
+    let mut at_join = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let next = select_all(swarms.iter_mut().map(|s| s.next()));
@@ -66,22 +68,55 @@ async fn a_joining_peer_asks_its_neighbourhood_not_the_swarm() {
         let sigma = swarms[joiner].behaviour_mut();
         let joined = sigma.readiness() != Readiness::Joining && sigma.kad_mut().query(&query).is_none();
         match ready_at {
-            None if joined => ready_at = Some(tokio::time::Instant::now()),
+            None if joined => {
+                ready_at = Some(tokio::time::Instant::now());
+                at_join = bootstrap_requests(sigma);
+            }
             // Past kad's own bootstrap, which it starts 500 ms after a peer enters a
             // small table.
             Some(t) if t.elapsed() >= Duration::from_secs(3) => break,
             _ => {}
         }
     }
+    let after = bootstrap_requests(swarms[joiner].behaviour());
     let counters = swarms[joiner].behaviour().counters();
     println!(
-        "joined a swarm of {SWARM}: connected to {} peers; bootstraps cut to their self-lookup: {}",
+        "joined a swarm of {SWARM}: connected to {} peers; bootstraps cut to their self-lookup: {}; \
+         Kademlia requests of bootstraps: {at_join} by the join, {} after",
         dialled.len(),
-        counters.bootstraps_cut
+        counters.bootstraps_cut,
+        after - at_join
     );
     assert!(
         dialled.len() <= SWARM / 2,
         "the joining peer connected to {} of {SWARM} peers: more than its neighbourhood",
         dialled.len()
     );
+    // kad's own bootstrap after the join is finished before it asks more than α peers.
+    assert!(at_join > 0, "the join's self-lookup sent no request");
+    assert!(
+        after - at_join <= 3,
+        "kad's own bootstrap after the join sent {} requests (the join's sent {at_join})",
+        after - at_join
+    );
+
+    // Joined: a self-lookup runs once, and not again while the neighbourhood it found is
+    // fresh (half the ownership TTL).
+    let sigma = swarms[joiner].behaviour_mut();
+    assert!(!sigma.has_neighbourhood(), "no self-lookup has run since the join");
+    let lookup = sigma.lookup_self().expect("peers are known").expect("no neighbourhood yet: a lookup starts");
+    assert_eq!(sigma.lookup_self().expect("peers are known"), Some(lookup), "one self-lookup at a time");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while swarms[joiner].behaviour_mut().kad_mut().query(&lookup).is_some() {
+        let next = select_all(swarms.iter_mut().map(|s| s.next()));
+        assert!(tokio::time::timeout_at(deadline, next).await.is_ok(), "the self-lookup did not end within 30 s");
+    }
+    let sigma = swarms[joiner].behaviour_mut();
+    assert!(sigma.has_neighbourhood(), "the self-lookup's answer is the neighbourhood");
+    assert_eq!(sigma.lookup_self().expect("peers are known"), None, "a fresh neighbourhood is not looked up again");
+}
+
+/// Kademlia requests sent by bootstraps (the join's and kad's own).
+fn bootstrap_requests(sigma: &Behaviour) -> u64 {
+    sigma.counters().kad_requests.get("bootstrap").copied().unwrap_or(0)
 }

@@ -438,10 +438,10 @@ impl EventLoop {
             // A bootstrap while joining (its success joins; the behaviour cuts it to
             // its self-lookup); once joined a lookup of this node's own id, one query
             // instead of one per bucket (Kademlia's own periodic bootstrap refreshes
-            // the buckets every `KAD_REFRESH`). Fails only with an empty routing
-            // table: nothing to do then.
-            let query = if joining { self.sigma().bootstrap() } else { self.sigma().lookup_self() };
-            if let Ok(query) = query {
+            // the buckets every `KAD_REFRESH`), skipped while the last one is fresh.
+            // Fails only with an empty routing table: nothing to do then.
+            let query = if joining { self.sigma().bootstrap().map(Some) } else { self.sigma().lookup_self() };
+            if let Ok(Some(query)) = query {
                 tracing::debug!(?query, joining, next_in = ?self.bootstrap_interval, "Kademlia bootstrap or self-lookup");
             }
         }

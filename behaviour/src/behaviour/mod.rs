@@ -455,8 +455,18 @@ impl Behaviour {
                 id,
                 result: kad::QueryResult::GetClosestPeers(result),
                 step,
-                ..
+                stats,
             }) => {
+                let purpose = if self.neighbourhood_query == Some(id) {
+                    "self"
+                } else if self.checks.contains_key(&id) {
+                    "ownership"
+                } else if self.lookups.contains_key(&id) {
+                    "host"
+                } else {
+                    "other"
+                };
+                *self.counters.kad_requests.entry(purpose).or_default() += u64::from(stats.num_requests());
                 if !step.last {
                     return;
                 }
@@ -510,8 +520,9 @@ impl Behaviour {
                 id,
                 result: kad::QueryResult::Bootstrap(result),
                 step,
-                ..
+                stats,
             }) => {
+                *self.counters.kad_requests.entry("bootstrap").or_default() += u64::from(stats.num_requests());
                 let was_ready = self.membership.ready();
                 if result.is_ok() {
                     self.membership.bootstrapped();
@@ -720,6 +731,7 @@ impl NetworkBehaviour for Behaviour {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
         let now = self.clock.now();
         self.housekeeping(now);
+        self.cut_kads_bootstrap();
         loop {
             if let Some(e) = self.events.pop_front() {
                 return Poll::Ready(ToSwarm::GenerateEvent(e));

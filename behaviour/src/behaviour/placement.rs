@@ -184,14 +184,57 @@ impl Behaviour {
         }
     }
 
+    /// Finishes, before it asks more than a peer or two, a bootstrap that Kademlia
+    /// started on its own while this peer is joined and its buckets were refreshed less
+    /// than half [`KAD_REFRESH`] ago: kad starts one 500 ms after a peer enters a table
+    /// of fewer than k peers, so every join was followed by a second self-lookup (~58
+    /// requests at 500 peers, most to peers not connected). kad's periodic refresh
+    /// comes later than that and runs whole; this peer's own bootstraps are
+    /// [`Behaviour::cut_bootstrap`]'s. Looked at on every poll: a peer runs a handful of
+    /// queries at a time.
+    pub(super) fn cut_kads_bootstrap(&mut self) {
+        let now = self.clock.now();
+        let recent = self.buckets_refreshed.is_some_and(|t| now.saturating_sub(t) < KAD_REFRESH / 2);
+        if !recent || !self.membership.ready() {
+            return;
+        }
+        let ours = self.bootstrap_query;
+        let mut cut = Vec::new();
+        for mut q in self.inner.kad.iter_queries_mut() {
+            let id = q.id();
+            if matches!(q.info(), kad::QueryInfo::Bootstrap { .. })
+                && Some(id) != ours
+                && !self.cut_bootstraps.contains(&id)
+            {
+                q.finish();
+                cut.push(id);
+            }
+        }
+        self.cut_bootstraps.extend(cut);
+    }
+
     /// A Kademlia lookup of this peer's own id: cheaper than a bootstrap (one query, not
     /// one per bucket), and what makes peers that joined at about the same time learn
-    /// of each other. Fails only with an empty routing table.
-    pub fn lookup_self(&mut self) -> Result<kad::QueryId, kad::NoKnownPeers> {
+    /// of each other. One at a time, and none while the neighbourhood the last one found
+    /// is younger than half the ownership TTL (`Ok(None)`): its answer is the
+    /// neighbourhood ownership decides by ([`Behaviour::has_neighbourhood`]), which hosts
+    /// refresh that often anyway, and each lookup asks about 45 peers, most of them not
+    /// connected in a swarm larger than the connection bound. Fails only with an empty
+    /// routing table.
+    pub fn lookup_self(&mut self) -> Result<Option<kad::QueryId>, kad::NoKnownPeers> {
         if self.inner.kad.kbuckets().all(|b| b.num_entries() == 0) {
             return Err(kad::NoKnownPeers());
         }
-        Ok(self.inner.kad.get_closest_peers(self.local))
+        if let Some(q) = self.neighbourhood_query.filter(|q| self.inner.kad.query(q).is_some()) {
+            return Ok(Some(q));
+        }
+        let now = self.clock.now();
+        if self.neighbourhood.as_ref().is_some_and(|nb| now.saturating_sub(nb.at) < self.config.ownership_ttl / 2) {
+            return Ok(None);
+        }
+        let q = self.inner.kad.get_closest_peers(self.local);
+        self.neighbourhood_query = Some(q);
+        Ok(Some(q))
     }
 
     /// Whether a self-lookup has found this peer's neighbourhood, younger than the
@@ -311,7 +354,12 @@ impl Behaviour {
         if self.lookups.values().any(|(r, i)| r == resource && *i == index) {
             return;
         }
-        let q = self.inner.kad.get_closest_peers(wire::replica_name(resource, index).into_bytes());
+        // The host is the closest peer: a lookup of the few closest (as an ownership
+        // check) ends after about two rounds of α = 3 requests, where one of the k = 20
+        // closest asks about 45 peers. The host checks its ownership itself, and a
+        // wrong guess is redirected.
+        let name = wire::replica_name(resource, index).into_bytes();
+        let q = self.inner.kad.get_n_closest_peers(name, OWNERSHIP_LOOKUP_PEERS);
         self.counters.lookups += 1;
         self.lookups.insert(q, (resource.to_owned(), index));
     }
@@ -380,16 +428,11 @@ impl Behaviour {
         Some(until)
     }
 
-    /// Starts a self-lookup (one at a time) when the neighbourhood is older than half
-    /// the ownership TTL: keys that come next are decided without lookups of their own.
+    /// Starts a self-lookup ([`Behaviour::lookup_self`]: one at a time) when the
+    /// neighbourhood is older than half the ownership TTL: keys that come next are
+    /// decided without lookups of their own.
     fn refresh_neighbourhood(&mut self) {
-        let now = self.clock.now();
-        let fresh =
-            self.neighbourhood.as_ref().is_some_and(|nb| now.saturating_sub(nb.at) < self.config.ownership_ttl / 2);
-        if fresh || self.neighbourhood_query.is_some() || self.routable.is_empty() {
-            return;
-        }
-        self.neighbourhood_query = Some(self.inner.kad.get_closest_peers(self.local));
+        let _ = self.lookup_self();
     }
 
     /// Whether a request from `from` may wait for the key's ownership lookup: the

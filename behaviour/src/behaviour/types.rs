@@ -235,6 +235,11 @@ pub struct Counters {
     /// Kademlia bootstraps cut to their self-lookup: a join, or a refresh of every
     /// bucket sooner than half [`KAD_REFRESH`](super::KAD_REFRESH) after the last.
     pub bootstraps_cut: u64,
+    /// Kademlia requests sent, by what their query was for: `bootstrap` (joining, or
+    /// refreshing the buckets), `self` (a self-lookup: the event loop's, or the
+    /// neighbourhood's that ownership decides by), `host` (a replica's host),
+    /// `ownership` (a key's ownership check), `other` (lookups asked from outside).
+    pub kad_requests: BTreeMap<&'static str, u64>,
     /// Replicas this peer started hosting with empty memory (resets seen from inside).
     pub replicas_created: u64,
     /// Replicas dropped because a closer peer became live (it hosts them now).

@@ -510,6 +510,8 @@ pub struct Report {
     pub ownership_lost: u64,
     /// Kademlia bootstraps cut to their self-lookup (joins, and refreshes too soon).
     pub bootstraps_cut: u64,
+    /// Kademlia requests sent, by the purpose of their query.
+    pub kad_requests: BTreeMap<String, u64>,
     pub handed_over: u64,
     pub replicas_held: u64,
     pub gossip_failures: u64,
@@ -773,6 +775,7 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         ownership_checks: sum(&|c| c.ownership_checks),
         ownership_lost: sum(&|c| c.ownership_lost),
         bootstraps_cut: sum(&|c| c.bootstraps_cut),
+        kad_requests: by_reason(&finals, |c| &c.kad_requests),
         handed_over: sum(&|c| c.replicas_handed_over),
         replicas_held: sum(&|c| c.replicas_held),
         gossip_failures: sum(&|c| c.outbound_failures.get("gossip").copied().unwrap_or(0)),
@@ -935,6 +938,7 @@ pub fn render(r: &Report) -> String {
          failed {:?}",
         r.redirects, r.host_lookups, r.rejected, r.responses_refused, r.failures
     );
+    let _ = writeln!(s, "  Kademlia requests sent, by what their query was for: {:?}", r.kad_requests);
     let _ = writeln!(
         s,
         "  connections: {} established, {} denied by the limit ({} per peer), {} other dial failures, {} trimmed \

@@ -230,7 +230,7 @@ pub async fn run(
                     }
                     // As the node: a bootstrap while joining, a self-lookup after.
                     let sigma = &mut swarm.behaviour_mut().sigma;
-                    let _ = if joining { sigma.bootstrap() } else { sigma.lookup_self() };
+                    let _ = if joining { sigma.bootstrap().map(Some) } else { sigma.lookup_self() };
                     // As the node: while joining, the bootstrap peers are tried again
                     // at least every JOINING_RETRY.
                     bootstrap_gap = (bootstrap_gap * 2).min(if joining { JOINING_RETRY } else { BOOTSTRAP_MAX });

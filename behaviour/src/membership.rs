@@ -111,6 +111,9 @@ struct Member {
     fresh_until: Option<Time>,
     /// Its Kademlia key (placement compares distances on every request).
     key: KBucketKey<PeerId>,
+    /// The last gossip request ([`Membership::next_exchange`]) whose table held this
+    /// member's heartbeat at least as new as ours: the reply to it leaves the member out.
+    echoed: u64,
 }
 
 impl Member {
@@ -124,6 +127,7 @@ impl Member {
             beat_at: now,
             fresh_until: None,
             key: KBucketKey::from(peer),
+            echoed: 0,
         }
     }
 
@@ -140,6 +144,8 @@ pub struct Membership {
     delay: Duration,
     liveness: Duration,
     members: HashMap<PeerId, Member>,
+    /// Gossip requests numbered so far ([`Membership::next_exchange`]).
+    exchange: u64,
     /// Members alive now (kept as a count: readiness is asked on every event).
     up: usize,
     /// Members counted toward the majority.
@@ -174,6 +180,7 @@ impl Membership {
             delay,
             liveness,
             members: HashMap::new(),
+            exchange: 0,
             up: 0,
             counted: 0,
             gossip_liveness: liveness,
@@ -226,8 +233,10 @@ impl Membership {
     /// than known keeps (or makes) it alive until the gossip liveness window after that
     /// first observation; the first one heard of a peer only records it (it is not
     /// alive before it advances).
-    /// Answers whether `peer` became alive.
-    pub fn heard(&mut self, peer: PeerId, beat: Beat, age: Duration, now: Time) -> bool {
+    /// Answers whether `peer` became alive. `echo`: the exchange number of the gossip
+    /// request that carried the beat ([`Membership::next_exchange`]), if it came in one:
+    /// when ours is no newer than the request's, the reply leaves the member out.
+    pub fn heard(&mut self, peer: PeerId, beat: Beat, age: Duration, now: Time, echo: Option<u64>) -> bool {
         let at = now.saturating_sub(age);
         match self.members.get_mut(&peer) {
             Some(m) if beat > m.beat => {
@@ -235,13 +244,21 @@ impl Membership {
                 let was = m.alive;
                 m.beat = beat;
                 m.beat_at = at;
+                if let Some(x) = echo {
+                    m.echoed = x;
+                }
                 if !first {
                     m.fresh_until = Some(at + self.gossip_liveness);
                 }
                 self.recount(peer, now);
                 !was && self.is_alive(&peer)
             }
-            Some(_) => false,
+            Some(m) => {
+                if let Some(x) = echo.filter(|_| m.beat == beat) {
+                    m.echoed = x;
+                }
+                false
+            }
             None => {
                 if self.members.len() < MAX_MEMBERS {
                     // Heard of only: not worth forgetting a member for when full.
@@ -291,12 +308,22 @@ impl Membership {
     }
 
     /// The heartbeats to gossip, with their ages: those of the members alive here
-    /// (this peer's own is [`Membership::own_beat`], age 0).
-    pub fn beats(&self, now: Time) -> impl Iterator<Item = (PeerId, Beat, Duration)> + '_ {
+    /// (this peer's own is [`Membership::own_beat`], age 0). In the reply to gossip
+    /// request `reply_to` ([`Membership::next_exchange`]), only those the request did not
+    /// already hold as new: the requester ends up with the same table as if it had been
+    /// sent ours whole (merging a beat no newer than its own changes nothing), for
+    /// about half the beats.
+    pub fn beats(&self, now: Time, reply_to: Option<u64>) -> impl Iterator<Item = (PeerId, Beat, Duration)> + '_ {
         self.members
             .iter()
-            .filter(|(_, m)| m.alive && m.beat != (0, 0))
+            .filter(move |(_, m)| m.alive && m.beat != (0, 0) && reply_to.is_none_or(|x| m.echoed != x))
             .map(move |(p, m)| (*p, m.beat, now.saturating_sub(m.beat_at)))
+    }
+
+    /// Numbers a gossip request about to be merged (see [`Membership::heard`]).
+    pub fn next_exchange(&mut self) -> u64 {
+        self.exchange += 1;
+        self.exchange
     }
 
     /// This peer's heartbeat.
@@ -591,5 +618,36 @@ mod tests {
         m.disconnected(peers[1], S);
         m.tick(S);
         assert_eq!(m.readiness(), Readiness::Minority { reachable: 2, members: 4 });
+    }
+
+    #[test]
+    fn a_gossip_reply_leaves_out_what_the_request_held_as_new() {
+        let mut m = view(false);
+        let peers: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
+        // Alive here by gossip: each heard at beat (1, 1), then (1, 2).
+        for p in &peers {
+            m.heard(*p, (1, 1), Duration::ZERO, Duration::ZERO, None);
+            m.heard(*p, (1, 2), Duration::ZERO, S, None);
+        }
+        m.tick(S);
+        let all = |m: &Membership, reply_to| {
+            let mut v: Vec<PeerId> = m.beats(S, reply_to).map(|(p, _, _)| p).collect();
+            v.sort();
+            v
+        };
+        let mut expected = peers.clone();
+        expected.sort();
+        assert_eq!(all(&m, None), expected, "every alive member is gossiped");
+        // A request holds peer 0 newer than here, peer 1 as new, peer 2 older; not peer 3.
+        let x = m.next_exchange();
+        m.heard(peers[0], (1, 3), Duration::ZERO, S, Some(x));
+        m.heard(peers[1], (1, 2), Duration::ZERO, S, Some(x));
+        m.heard(peers[2], (1, 1), Duration::ZERO, S, Some(x));
+        let mut newer = vec![peers[2], peers[3]];
+        newer.sort();
+        assert_eq!(all(&m, Some(x)), newer, "the reply: what is newer here, and what the request lacked");
+        assert_eq!(all(&m, None), expected, "a round's table is still whole");
+        let y = m.next_exchange();
+        assert_eq!(all(&m, Some(y)), expected, "the marks are per request");
     }
 }

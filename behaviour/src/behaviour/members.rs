@@ -137,7 +137,7 @@ impl Behaviour {
         if targets.is_empty() {
             return;
         }
-        let table = self.gossip_table(now);
+        let table = self.gossip_table(now, None);
         for peer in targets {
             self.used(peer);
             self.inner.gossip.send_request(&peer, table.clone());
@@ -192,11 +192,13 @@ impl Behaviour {
         }
     }
 
-    /// This peer's heartbeat and those of the members alive here.
-    pub(super) fn gossip_table(&self, now: Time) -> wire::Gossip {
+    /// This peer's heartbeat and those of the members alive here; in the reply to
+    /// gossip request `reply_to`, only those newer than the request's
+    /// ([`Membership::beats`](crate::membership::Membership::beats)).
+    pub(super) fn gossip_table(&self, now: Time, reply_to: Option<u64>) -> wire::Gossip {
         let own = self.membership.own_beat();
         let beats = std::iter::once((self.local, own, Duration::ZERO))
-            .chain(self.membership.beats(now))
+            .chain(self.membership.beats(now, reply_to))
             .take(wire::MAX_GOSSIP_BEATS)
             .map(|(peer, (incarnation, counter), age)| wire::Beat {
                 peer,
@@ -210,7 +212,9 @@ impl Behaviour {
 
     /// Merges a gossip table from `peer`, a sigma peer (in the routing table, or an
     /// alive member): members that became alive take over the keys they are closer to.
-    pub(super) fn merge_gossip(&mut self, peer: PeerId, gossip: wire::Gossip) {
+    /// `echo`: the exchange number of a request (its reply is then
+    /// `gossip_table(now, echo)`), none for a reply.
+    pub(super) fn merge_gossip(&mut self, peer: PeerId, gossip: wire::Gossip, echo: Option<u64>) {
         if !gossip.is_valid() {
             Counters::bump(&mut self.counters.inbound_failures, "gossip_oversized");
             return;
@@ -226,7 +230,7 @@ impl Behaviour {
                 continue;
             }
             let age = Duration::from_millis(u64::from(b.age_ms));
-            if self.membership.heard(b.peer, (b.incarnation, b.counter), age, now) {
+            if self.membership.heard(b.peer, (b.incarnation, b.counter), age, now, echo) {
                 woke.push(b.peer);
             }
         }

@@ -541,12 +541,13 @@ impl Behaviour {
                         Counters::bump(&mut self.counters.rejected, Rejection::RateLimited.as_str());
                         return;
                     }
-                    self.merge_gossip(peer, request);
+                    let exchange = self.membership.next_exchange();
+                    self.merge_gossip(peer, request, Some(exchange));
                     let now = self.clock.now();
-                    let table = self.gossip_table(now);
+                    let table = self.gossip_table(now, Some(exchange));
                     let _ = self.inner.gossip.send_response(channel, table);
                 }
-                request_response::Message::Response { response, .. } => self.merge_gossip(peer, response),
+                request_response::Message::Response { response, .. } => self.merge_gossip(peer, response, None),
             },
             InnerEvent::Gossip(request_response::Event::InboundFailure { .. }) => {
                 Counters::bump(&mut self.counters.inbound_failures, "gossip");

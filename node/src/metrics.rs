@@ -16,7 +16,7 @@
 //! | `sigma_replicas_handed_over_total` (dropped for a closer live peer) | counter | |
 //! | `sigma_responses_refused_total` | counter | `reason` |
 //! | `sigma_redirects_sent_total`, `sigma_redirects_followed_total`, `sigma_lookups_total`, `sigma_ownership_checks_total`, `sigma_ownership_lost_total`, `sigma_ownership_by_neighbourhood_total`, `sigma_bootstraps_cut_total` | counter | |
-//! | `sigma_kad_requests_total` | counter | `purpose`: bootstrap, self, host, ownership, other |
+//! | `sigma_kad_requests_total` | counter | `purpose`: bootstrap, self, neighbourhood, host, ownership, other |
 //! | `sigma_messages_in_total`, `sigma_messages_out_total` (messages, batched or not) | counter | `kind` |
 //! | `sigma_requests_out_total`, `sigma_batches_out_total`, `sigma_requests_in_total` (transport requests: a batch counts one) | counter | |
 //! | `sigma_messages_rejected_total` | counter | `reason` |
@@ -269,7 +269,7 @@ impl Collector for CounterCollector {
         labelled(
             &mut e,
             "kad_requests",
-            "Kademlia requests sent, by what their query was for (bootstrap, self, host, ownership, other)",
+            "Kademlia requests sent, by what their query was for (bootstrap, self, neighbourhood, host, ownership, other)",
             "purpose",
             &c.kad_requests,
         )?;

@@ -225,8 +225,8 @@ pub struct Behaviour {
     /// The peers closest to this one as the last self-lookup found them: a key much
     /// closer to this peer than they are needs no lookup of its own.
     neighbourhood: Option<Neighbourhood>,
-    /// The self-lookup running for it.
-    neighbourhood_query: Option<kad::QueryId>,
+    /// The self-lookup running for it, and what for (its requests are counted so).
+    neighbourhood_query: Option<(kad::QueryId, &'static str)>,
     /// The ownership lookups in flight.
     checks: HashMap<kad::QueryId, (String, u16)>,
     probes: HashMap<ProbeId, Probe>,
@@ -457,8 +457,8 @@ impl Behaviour {
                 step,
                 stats,
             }) => {
-                let purpose = if self.neighbourhood_query == Some(id) {
-                    "self"
+                let purpose = if let Some((_, purpose)) = self.neighbourhood_query.filter(|(q, _)| *q == id) {
+                    purpose
                 } else if self.checks.contains_key(&id) {
                     "ownership"
                 } else if self.lookups.contains_key(&id) {
@@ -475,7 +475,7 @@ impl Behaviour {
                     Ok(ok) => ok.peers,
                     Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
                 };
-                if self.neighbourhood_query == Some(id) {
+                if self.neighbourhood_query.is_some_and(|(q, _)| q == id) {
                     self.neighbourhood_query = None;
                     // Only a lookup that finished counts (a timed-out one may have
                     // missed closer peers).

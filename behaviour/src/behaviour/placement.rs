@@ -222,10 +222,15 @@ impl Behaviour {
     /// connected in a swarm larger than the connection bound. Fails only with an empty
     /// routing table.
     pub fn lookup_self(&mut self) -> Result<Option<kad::QueryId>, kad::NoKnownPeers> {
+        self.self_lookup("self")
+    }
+
+    /// [`Behaviour::lookup_self`], its Kademlia requests counted under `purpose`.
+    fn self_lookup(&mut self, purpose: &'static str) -> Result<Option<kad::QueryId>, kad::NoKnownPeers> {
         if self.inner.kad.kbuckets().all(|b| b.num_entries() == 0) {
             return Err(kad::NoKnownPeers());
         }
-        if let Some(q) = self.neighbourhood_query.filter(|q| self.inner.kad.query(q).is_some()) {
+        if let Some((q, _)) = self.neighbourhood_query.filter(|(q, _)| self.inner.kad.query(q).is_some()) {
             return Ok(Some(q));
         }
         let now = self.clock.now();
@@ -233,7 +238,7 @@ impl Behaviour {
             return Ok(None);
         }
         let q = self.inner.kad.get_closest_peers(self.local);
-        self.neighbourhood_query = Some(q);
+        self.neighbourhood_query = Some((q, purpose));
         Ok(Some(q))
     }
 
@@ -432,7 +437,7 @@ impl Behaviour {
     /// neighbourhood is older than half the ownership TTL: keys that come next are
     /// decided without lookups of their own.
     fn refresh_neighbourhood(&mut self) {
-        let _ = self.lookup_self();
+        let _ = self.self_lookup("neighbourhood");
     }
 
     /// Whether a request from `from` may wait for the key's ownership lookup: the

@@ -236,8 +236,9 @@ pub struct Counters {
     /// bucket sooner than half [`KAD_REFRESH`](super::KAD_REFRESH) after the last.
     pub bootstraps_cut: u64,
     /// Kademlia requests sent, by what their query was for: `bootstrap` (joining, or
-    /// refreshing the buckets), `self` (a self-lookup: the event loop's, or the
-    /// neighbourhood's that ownership decides by), `host` (a replica's host),
+    /// refreshing the buckets), `self` (a driver's self-lookup), `neighbourhood` (a
+    /// host's self-lookup, for the neighbourhood ownership decides by; both answers
+    /// are the neighbourhood), `host` (a replica's host),
     /// `ownership` (a key's ownership check), `other` (lookups asked from outside).
     pub kad_requests: BTreeMap<&'static str, u64>,
     /// Replicas this peer started hosting with empty memory (resets seen from inside).

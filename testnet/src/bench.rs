@@ -136,6 +136,19 @@ async fn messages(handles: &[NodeHandle]) -> Result<(u64, u64, u64)> {
     Ok((msgs, done, requests))
 }
 
+/// Σ over the nodes: (keys found the host's own by its neighbourhood, ownership
+/// lookups, Kademlia requests).
+async fn ownership(handles: &[NodeHandle]) -> Result<(u64, u64, u64)> {
+    let (mut by_neighbourhood, mut lookups, mut kad) = (0, 0, 0);
+    for h in handles {
+        let (c, _) = h.counters().await?;
+        by_neighbourhood += c.ownership_by_neighbourhood;
+        lookups += c.ownership_checks;
+        kad += c.kad_requests.values().sum::<u64>();
+    }
+    Ok((by_neighbourhood, lookups, kad))
+}
+
 /// The distinct peers among `peers` closest to the keys of `name`'s n replicas.
 fn hosts_of(name: &str, n: usize, peers: &[libp2p::PeerId]) -> usize {
     use libp2p::kad::KBucketKey;
@@ -159,6 +172,7 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
     // travel to the same hosts from the same node.
     let (mut floor, mut acquire, mut release, mut ratio) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut api = Vec::new();
+    let ownership_before = ownership(&handles).await?;
     for k in 0..opts.rounds {
         let h = &handles[k % handles.len()];
         let name = format!("bench-u-{k}");
@@ -190,6 +204,12 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
         ratio.push(a / f.max(1e-3));
     }
 
+    let ownership_after = ownership(&handles).await?;
+    let uncontended_ownership = (
+        ownership_after.0 - ownership_before.0,
+        ownership_after.1 - ownership_before.1,
+        ownership_after.2 - ownership_before.2,
+    );
     // Contended: W tasks over the nodes on one lock.
     let inside = Arc::new(AtomicBool::new(false));
     let overlaps = Arc::new(AtomicU64::new(0));
@@ -257,6 +277,11 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
         opts.rounds, r.acquire_p50_ms, r.acquire_p99_ms, r.release_p50_ms, r.release_p99_ms
     )?;
     writeln!(s, "  acquire / floor: {:.2}x (median over rounds)", r.acquire_over_floor)?;
+    writeln!(
+        s,
+        "  hosts' ownership of the uncontended locks' keys: {} by their neighbourhood, {} by a lookup ({} Kademlia requests)",
+        uncontended_ownership.0, uncontended_ownership.1, uncontended_ownership.2
+    )?;
     writeln!(
         s,
         "  embedded API round trip around a probe (command in, answer out; in the acquire, not in the floor): p50 {:.3} ms",

@@ -123,30 +123,31 @@ async fn start(opts: &BenchOptions) -> Result<Vec<Node>> {
     }
 }
 
-/// Σ over the nodes: (protocol messages of finished acquisitions, finished acquisitions,
-/// transport requests sent).
-async fn messages(handles: &[NodeHandle]) -> Result<(u64, u64, u64)> {
-    let (mut msgs, mut done, mut requests) = (0, 0, 0);
+/// Σ over the nodes of three of their counters, picked by `pick`.
+async fn sum_counters(
+    handles: &[NodeHandle],
+    pick: impl Fn(&sigma_behaviour::Counters) -> [u64; 3],
+) -> Result<[u64; 3]> {
+    let mut sum = [0; 3];
     for h in handles {
         let (c, _) = h.counters().await?;
-        msgs += c.completed_messages;
-        done += c.completed;
-        requests += c.requests_out;
+        for (s, v) in sum.iter_mut().zip(pick(&c)) {
+            *s += v;
+        }
     }
-    Ok((msgs, done, requests))
+    Ok(sum)
+}
+
+/// Σ over the nodes: (protocol messages of finished acquisitions, finished acquisitions,
+/// transport requests sent).
+async fn messages(handles: &[NodeHandle]) -> Result<[u64; 3]> {
+    sum_counters(handles, |c| [c.completed_messages, c.completed, c.requests_out]).await
 }
 
 /// Σ over the nodes: (keys found the host's own by its neighbourhood, ownership
 /// lookups, Kademlia requests).
-async fn ownership(handles: &[NodeHandle]) -> Result<(u64, u64, u64)> {
-    let (mut by_neighbourhood, mut lookups, mut kad) = (0, 0, 0);
-    for h in handles {
-        let (c, _) = h.counters().await?;
-        by_neighbourhood += c.ownership_by_neighbourhood;
-        lookups += c.ownership_checks;
-        kad += c.kad_requests.values().sum::<u64>();
-    }
-    Ok((by_neighbourhood, lookups, kad))
+async fn ownership(handles: &[NodeHandle]) -> Result<[u64; 3]> {
+    sum_counters(handles, |c| [c.ownership_by_neighbourhood, c.ownership_checks, c.kad_requests.values().sum()]).await
 }
 
 /// The distinct peers among `peers` closest to the keys of `name`'s n replicas.
@@ -205,11 +206,7 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
     }
 
     let ownership_after = ownership(&handles).await?;
-    let uncontended_ownership = (
-        ownership_after.0 - ownership_before.0,
-        ownership_after.1 - ownership_before.1,
-        ownership_after.2 - ownership_before.2,
-    );
+    let uncontended_ownership: Vec<u64> = ownership_after.iter().zip(ownership_before).map(|(a, b)| a - b).collect();
     // Contended: W tasks over the nodes on one lock.
     let inside = Arc::new(AtomicBool::new(false));
     let overlaps = Arc::new(AtomicU64::new(0));
@@ -231,13 +228,13 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
             }
         }));
     }
-    let (_, done_before, requests_before) = messages(&handles).await?;
+    let [_, done_before, requests_before] = messages(&handles).await?;
     let contended_started = Instant::now();
     for t in tasks {
         t.await?;
     }
     let contended_time = contended_started.elapsed().as_secs_f64();
-    let (msgs, done, requests) = messages(&handles).await?;
+    let [msgs, done, requests] = messages(&handles).await?;
     let peers: Vec<libp2p::PeerId> = nodes.iter().map(Node::peer_id).collect();
     for n in nodes {
         n.shutdown().await.ok();
@@ -280,7 +277,7 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
     writeln!(
         s,
         "  hosts' ownership of the uncontended locks' keys: {} by their neighbourhood, {} by a lookup ({} Kademlia requests)",
-        uncontended_ownership.0, uncontended_ownership.1, uncontended_ownership.2
+        uncontended_ownership[0], uncontended_ownership[1], uncontended_ownership[2]
     )?;
     writeln!(
         s,

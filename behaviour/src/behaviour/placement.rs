@@ -210,7 +210,11 @@ impl Behaviour {
                 cut.push(id);
             }
         }
-        self.cut_bootstraps.extend(cut);
+        if !cut.is_empty() {
+            let kad = &self.inner.kad;
+            self.cut_bootstraps.retain(|q| kad.query(q).is_some());
+            self.cut_bootstraps.extend(cut);
+        }
     }
 
     /// A Kademlia lookup of this peer's own id: cheaper than a bootstrap (one query, not

@@ -67,7 +67,7 @@ async fn a_config_file_metrics_address_json_logs_and_a_key_file_two_daemons_cann
     .unwrap();
     let log = dir.path().join("a.log");
     let cfg = config.to_str().unwrap();
-    let (a, lines) = start(&["--config", cfg], &[], std::fs::File::create(&log).unwrap().into()).await;
+    let (mut a, lines) = start(&["--config", cfg], &[], std::fs::File::create(&log).unwrap().into()).await;
     let metrics = lines.get("SIGMA_METRICS").expect("SIGMA_METRICS= printed");
     let text = get_text(&format!("http://{metrics}/metrics")).await;
     assert!(text.contains("sigma_ready"), "{text}");
@@ -90,8 +90,10 @@ async fn a_config_file_metrics_address_json_logs_and_a_key_file_two_daemons_cann
     assert_eq!(out.status.code(), Some(69), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another sigma daemon"));
 
-    // The command line wins over the file: another API address.
-    drop(a);
+    // The command line wins over the file: another API address. The first daemon is
+    // gone before the second starts (its key file's lock with it): a kill on drop does
+    // not wait for the exit, and the second daemon found the key file still in use.
+    a.kill().await.expect("kill the first daemon");
     let (_b, lines) =
         start(&["--config", cfg, "--api", "127.0.0.2:0", "--log-format", "text"], &[], Stdio::null()).await;
     assert!(lines["SIGMA_API"].starts_with("127.0.0.2:"), "{lines:?}");

@@ -164,12 +164,9 @@ impl Behaviour {
     pub(super) fn cut_bootstrap(&mut self, id: kad::QueryId, step: kad::ProgressStep, was_ready: bool) {
         if step.count.get() == 1 && !step.last {
             let now = self.clock.now();
-            let recent = self.buckets_refreshed.is_some_and(|t| now.saturating_sub(t) < KAD_REFRESH / 2);
-            if !was_ready || recent {
+            if !was_ready || self.buckets_refreshed_lately(now) {
                 self.buckets_refreshed.get_or_insert(now);
-                let kad = &mut self.inner.kad;
-                self.cut_bootstraps.retain(|q| kad.query(q).is_some());
-                self.cut_bootstraps.insert(id);
+                self.remember_cut([id]);
                 self.counters.bootstraps_cut += 1;
             } else {
                 self.buckets_refreshed = Some(now);
@@ -193,9 +190,7 @@ impl Behaviour {
     /// [`Behaviour::cut_bootstrap`]'s. Looked at on every poll: a peer runs a handful of
     /// queries at a time.
     pub(super) fn cut_kads_bootstrap(&mut self) {
-        let now = self.clock.now();
-        let recent = self.buckets_refreshed.is_some_and(|t| now.saturating_sub(t) < KAD_REFRESH / 2);
-        if !recent || !self.membership.ready() {
+        if !self.buckets_refreshed_lately(self.clock.now()) || !self.membership.ready() {
             return;
         }
         let ours = self.bootstrap_query;
@@ -211,10 +206,22 @@ impl Behaviour {
             }
         }
         if !cut.is_empty() {
-            let kad = &self.inner.kad;
-            self.cut_bootstraps.retain(|q| kad.query(q).is_some());
-            self.cut_bootstraps.extend(cut);
+            self.remember_cut(cut);
         }
+    }
+
+    /// Whether the buckets were refreshed (or this peer joined) less than half
+    /// [`KAD_REFRESH`] ago: a bootstrap now is cut to its self-lookup.
+    fn buckets_refreshed_lately(&self, now: Time) -> bool {
+        self.buckets_refreshed.is_some_and(|t| now.saturating_sub(t) < KAD_REFRESH / 2)
+    }
+
+    /// Files bootstraps being cut; the ids of queries kad no longer knows are dropped
+    /// first (the bound of `cut_bootstraps`).
+    fn remember_cut(&mut self, ids: impl IntoIterator<Item = kad::QueryId>) {
+        let kad = &self.inner.kad;
+        self.cut_bootstraps.retain(|q| kad.query(q).is_some());
+        self.cut_bootstraps.extend(ids);
     }
 
     /// A Kademlia lookup of this peer's own id: cheaper than a bootstrap (one query, not

@@ -122,6 +122,10 @@ impl EventLoop {
                     self.release(id);
                     if let Some(reply) = reply {
                         let _ = reply.send(());
+                        // The caller's answer goes before the RELEASE messages: the
+                        // first of them wakes a replica host, which on a busy machine
+                        // takes this thread's CPU before the answer is written.
+                        tokio::task::yield_now().await;
                     }
                 }
                 command = self.commands.recv() => match command {

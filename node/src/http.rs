@@ -428,7 +428,7 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
                 distinct_peers: guard.distinct_peers(),
                 ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             };
-            tracing::info!(name = %body.name, token = body.token, ?elapsed, "lock acquired for an HTTP client");
+            tracing::debug!(name = %body.name, token = body.token, ?elapsed, "lock acquired for an HTTP client");
             hold(&s.held, &s.metrics, guard, ttl);
             (StatusCode::OK, Json(body)).into_response()
         }
@@ -481,7 +481,7 @@ async fn release(s: AppState, name: &str, token: u64) -> Response {
         if tx.send(HolderCmd::Release(reply_tx)).await.is_ok() {
             match reply_rx.await {
                 Ok(Ok(())) => {
-                    tracing::info!(name, token, "lock released by an HTTP client");
+                    tracing::debug!(name, token, "lock released by an HTTP client");
                     return (StatusCode::OK, Json(Released { name: name.to_owned(), token })).into_response();
                 }
                 Ok(Err(e)) => return error(StatusCode::NOT_FOUND, format!("lock {name} token {token}: {e}")),

@@ -58,17 +58,27 @@ impl<K> Default for DeadlineIndex<K> {
 }
 
 impl<K: Clone + Ord + std::hash::Hash> DeadlineIndex<K> {
-    /// Files `key` under `at`, or takes it out (`None`).
+    /// Files `key` under `at`, or takes it out (`None`). Called after every message a
+    /// replica or an acquisition handles, mostly with the deadline it had: then it does
+    /// nothing, and a moved deadline re-files the key it takes out (one clone in all).
     pub(super) fn set(&mut self, key: &K, at: Option<Time>) {
-        if let Some(old) = self.at.remove(key) {
-            self.by_time.remove(&(old, key.clone()));
-            if at.is_none() {
+        match (self.at.get_mut(key), at) {
+            (Some(old), Some(at)) if *old == at => {}
+            (Some(old), Some(at)) => {
+                let filed = self.by_time.take(&(*old, key.clone()));
+                *old = at;
+                self.by_time.insert((at, filed.map_or_else(|| key.clone(), |(_, k)| k)));
+            }
+            (Some(old), None) => {
+                self.by_time.remove(&(*old, key.clone()));
+                self.at.remove(key);
                 shrink_if_sparse(&mut self.at);
             }
-        }
-        if let Some(at) = at {
-            self.by_time.insert((at, key.clone()));
-            self.at.insert(key.clone(), at);
+            (None, Some(at)) => {
+                self.by_time.insert((at, key.clone()));
+                self.at.insert(key.clone(), at);
+            }
+            (None, None) => {}
         }
     }
 
@@ -123,6 +133,25 @@ mod tests {
         }
         assert_eq!(map.len(), 10);
         assert!(map.capacity() <= 64, "capacity {} after the burst (was {burst})", map.capacity());
+    }
+
+    #[test]
+    fn a_deadline_index_files_each_key_once_under_its_latest_deadline() {
+        let mut index = DeadlineIndex::default();
+        let at = Time::from_micros;
+        index.set(&"a", Some(at(5)));
+        index.set(&"b", Some(at(3)));
+        index.set(&"a", Some(at(5))); // unchanged
+        assert_eq!((index.len(), index.first(), index.first_key()), (2, Some(at(3)), Some("b")));
+        index.set(&"b", Some(at(9))); // later
+        assert_eq!((index.first(), index.first_key()), (Some(at(5)), Some("a")));
+        index.set(&"a", Some(at(1))); // earlier
+        assert_eq!(index.due(at(5)), vec!["a"]);
+        assert_eq!(index.due(at(9)), vec!["a", "b"]);
+        index.set(&"a", None);
+        index.set(&"c", None); // never filed
+        assert_eq!((index.len(), index.due(at(100))), (1, vec!["b"]));
+        assert_eq!(index.by_time.len(), 1, "one entry per key in the time order");
     }
 
     #[test]

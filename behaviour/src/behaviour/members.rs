@@ -125,7 +125,7 @@ impl Behaviour {
         let (mut near, far): (Vec<PeerId>, Vec<PeerId>) = self
             .membership
             .alive()
-            .filter(|p| connected.contains_key(*p) || routable.contains(*p))
+            .filter(|p| connected.contains_key(*p) || routable.contains_key(*p))
             .copied()
             .partition(|p| connected.contains_key(p));
         let mix = usize::from(self.gossip_rounds.is_multiple_of(GOSSIP_MIXING) || near.len() < fanout);
@@ -219,7 +219,7 @@ impl Behaviour {
             Counters::bump(&mut self.counters.inbound_failures, "gossip_oversized");
             return;
         }
-        if !self.routable.contains(&peer) && !self.membership.is_alive(&peer) {
+        if !self.routable.contains_key(&peer) && !self.membership.is_alive(&peer) {
             Counters::bump(&mut self.counters.inbound_failures, "gossip_not_member");
             return;
         }

@@ -151,8 +151,9 @@ pub struct Behaviour {
     lamport: LamportClock,
     /// Peers with at least one open connection: the "live" peers of ownership checks.
     connected: HashMap<PeerId, usize>,
-    /// Peers Kademlia put in its routing table (client-side host estimates).
-    routable: HashSet<PeerId>,
+    /// Peers Kademlia put in its routing table (client-side host estimates), with
+    /// their Kademlia keys (the SHA-256 of the id, compared with every key placed).
+    routable: HashMap<PeerId, KBucketKey<PeerId>>,
     /// The swarm's confirmed external addresses (at most [`MAX_EXTERNALS`]).
     externals: Vec<Multiaddr>,
     /// When each connected peer was last used by sigma (connection trimming).
@@ -316,7 +317,7 @@ impl Behaviour {
             clock,
             lamport: LamportClock::new(),
             connected: HashMap::new(),
-            routable: HashSet::new(),
+            routable: HashMap::new(),
             externals: Vec::new(),
             last_used: HashMap::new(),
             to_trim: VecDeque::new(),
@@ -447,7 +448,7 @@ impl Behaviour {
             }
             InnerEvent::Kad(kad::Event::RoutablePeer { peer, address }) => self.add_address(&peer, address),
             InnerEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
-                if self.routable.insert(peer) {
+                if self.routable.insert(peer, KBucketKey::from(peer)).is_none() {
                     self.hand_over(peer);
                 }
             }

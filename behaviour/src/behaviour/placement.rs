@@ -92,7 +92,8 @@ impl Behaviour {
             self.remember_address(*peer, addr);
             return;
         }
-        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) && self.routable.insert(*peer)
+        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed)
+            && self.routable.insert(*peer, KBucketKey::from(*peer)).is_none()
         {
             self.hand_over(*peer);
         }
@@ -112,7 +113,7 @@ impl Behaviour {
             for addr in addrs {
                 self.add_address(peer, addr);
             }
-        } else if self.routable.remove(peer) {
+        } else if self.routable.remove(peer).is_some() {
             self.inner.kad.remove_peer(peer);
             tracing::debug!(%peer, "a sigma peer without an external address: not a host");
         }
@@ -310,7 +311,7 @@ impl Behaviour {
     /// granting those votes a second time; if `peer` leaves, this peer starts them again
     /// with empty memory (a reset).
     pub(super) fn hand_over(&mut self, peer: PeerId) {
-        if !self.connected.contains_key(&peer) || !self.routable.contains(&peer) {
+        if !self.connected.contains_key(&peer) || !self.routable.contains_key(&peer) {
             return;
         }
         let now = self.clock.now();
@@ -349,9 +350,9 @@ impl Behaviour {
         let key = Self::key(resource, index);
         let best = self
             .routable
-            .iter()
-            .chain(self.dialable().then_some(&self.local))
-            .map(|p| (KBucketKey::from(*p).distance(&key), *p))
+            .values()
+            .chain(self.dialable().then_some(&self.local_key))
+            .map(|p| (p.distance(&key), *p.preimage()))
             .min()
             .map_or(self.local, |(_, p)| p);
         self.cache_host(resource, index, best);
@@ -433,8 +434,8 @@ impl Behaviour {
         let closer = |p: &KBucketKey<PeerId>| p.distance(&key) < mine;
         if !inside
             || nb.peers.iter().any(closer)
-            || self.routable.iter().any(|p| closer(&KBucketKey::from(*p)))
-            || self.closer_live_peer(resource, index).is_some()
+            || self.routable.values().any(closer)
+            || self.membership.closest_alive(&key, &self.local_key).is_some()
         {
             return None;
         }

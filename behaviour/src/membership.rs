@@ -341,6 +341,16 @@ impl Membership {
         self.members.iter().filter(|(_, m)| m.alive).map(|(p, _)| p)
     }
 
+    /// The Kademlia keys of the members alive now.
+    pub fn alive_keys(&self) -> impl Iterator<Item = &KBucketKey<PeerId>> + Clone {
+        self.members.values().filter(|m| m.alive).map(|m| &m.key)
+    }
+
+    /// The Kademlia keys of every member, present or departed (as [`Membership::peers`]).
+    pub fn peer_keys(&self) -> impl Iterator<Item = &KBucketKey<PeerId>> + Clone {
+        self.members.values().filter(|m| m.counted).map(|m| &m.key)
+    }
+
     /// The alive member closest to `key`, if it is closer than `than`.
     pub fn closest_alive<T: Clone>(&self, key: &KBucketKey<T>, than: &KBucketKey<PeerId>) -> Option<PeerId> {
         let mine = than.distance(key);

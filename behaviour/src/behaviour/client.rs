@@ -125,10 +125,9 @@ impl Behaviour {
             while client.poll_transmit().is_some() {}
         }
         self.by_ts.insert(ts, id);
-        if !self.live_locks.contains_key(resource) && self.idle_hosts.len() > 0 {
-            for index in 0..n {
-                self.idle_hosts.set(&(resource.to_owned(), index), None);
-            }
+        if !self.live_locks.contains_key(resource) && self.idle_hosts.is_filed(resource) {
+            self.idle_hosts.set(&resource.to_owned(), None);
+            self.idle_slots = self.idle_slots.saturating_sub(self.hosts.get(resource).map_or(0, Vec::len));
         }
         *self.live_locks.entry(resource.to_owned()).or_default() += 1;
         let acquisition =
@@ -146,7 +145,7 @@ impl Behaviour {
     /// some of the keys. This peer counts as a possible host only when others can dial
     /// it: an unreachable one hosts nothing.
     fn default_min_voters(&self, resource: &str, n: usize) -> usize {
-        if Self::one_host(resource, n, self.membership.peers().chain(self.self_as_host())) {
+        if Self::one_host(resource, n, self.membership.peer_keys().chain(self.self_as_host_key())) {
             1
         } else {
             2
@@ -154,11 +153,11 @@ impl Behaviour {
     }
 
     /// Whether all `n` keys of `resource` fall on one of `peers` (the closest to each).
-    fn one_host<'a>(resource: &str, n: usize, peers: impl Iterator<Item = &'a PeerId> + Clone) -> bool {
+    fn one_host<'a>(resource: &str, n: usize, peers: impl Iterator<Item = &'a KBucketKey<PeerId>> + Clone) -> bool {
         let mut first: Option<PeerId> = None;
         for index in 0..n {
             let key = Self::key(resource, u16::try_from(index).unwrap_or(u16::MAX));
-            let host = peers.clone().map(|p| (KBucketKey::from(*p).distance(&key), *p)).min().map(|(_, p)| p);
+            let host = peers.clone().map(|p| (p.distance(&key), *p.preimage())).min().map(|(_, p)| p);
             match (first, host) {
                 (None, h) => first = h,
                 (Some(a), Some(b)) if a != b => return false,
@@ -189,7 +188,7 @@ impl Behaviour {
             .collect();
         for id in short {
             let Some(a) = self.acquisitions.get(&id) else { continue };
-            let alive = self.membership.alive().chain(self.self_as_host());
+            let alive = self.membership.alive_keys().chain(self.self_as_host_key());
             if Self::one_host(&a.resource, usize::from(a.n), alive) {
                 tracing::info!(resource = %a.resource, "every key on one alive peer: quorum diversity lowered to 1");
                 if let Some(a) = self.acquisitions.get_mut(&id) {
@@ -564,17 +563,14 @@ impl Behaviour {
                 };
                 if last {
                     self.live_locks.remove(&resource);
-                    let until = self.clock.now() + self.config.idle_hosts_ttl;
-                    for index in 0..n {
-                        let key = (resource.clone(), index);
-                        if self.hosts.contains_key(&key) {
-                            self.idle_hosts.set(&key, Some(until));
-                        }
+                    if let Some(slots) = self.hosts.get(&resource) {
+                        self.idle_slots += slots.len();
+                        let until = self.clock.now() + self.config.idle_hosts_ttl;
+                        self.idle_hosts.set(&resource, Some(until));
                     }
-                    while self.idle_hosts.len() > MAX_IDLE_HOSTS {
-                        let Some(key) = self.idle_hosts.first_key() else { break };
-                        self.idle_hosts.set(&key, None);
-                        self.hosts.remove(&key);
+                    while self.idle_slots > MAX_IDLE_HOSTS {
+                        let Some(lock) = self.idle_hosts.first_key() else { break };
+                        self.forget_idle_hosts(&lock);
                     }
                 }
                 self.by_ts.remove(&ts);
@@ -688,9 +684,7 @@ impl Behaviour {
         // connection limit refused (DialDenied) says nothing of the host: the core's
         // timers retry it, by when trimming has made room.
         if matches!(error, F::DialFailure | F::UnsupportedProtocols) && !p.resource.is_empty() {
-            let key = (p.resource.clone(), p.index);
-            self.idle_hosts.set(&key, None);
-            self.hosts.remove(&key);
+            self.forget_host(&p.resource, p.index);
             self.routable.remove(&p.peer);
             self.lookup(&p.resource, p.index);
         }

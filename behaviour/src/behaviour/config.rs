@@ -139,7 +139,8 @@ pub const DEFAULT_GOSSIP_LIVENESS: Duration = Duration::from_secs(5);
 
 /// How long the hosts of a lock stay cached after its last local acquisition ended (the
 /// next acquisition of a busy lock goes straight to them instead of a redirect per
-/// replica), and how many such idle entries are kept at most (the oldest go first).
+/// replica), and how many such idle replica slots are kept at most (the oldest lock's
+/// go first).
 pub const DEFAULT_IDLE_HOSTS_TTL: Duration = Duration::from_secs(30);
 pub(super) const MAX_IDLE_HOSTS: usize = 8192;
 

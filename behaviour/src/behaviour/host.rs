@@ -358,8 +358,7 @@ impl Behaviour {
                 Request::Notify { resource, index, resp } => {
                     if resp.ts.client != self.local {
                         Reply::Rejected(Rejection::NotForMe)
-                    } else if !self.finished.contains_key(&resp.ts)
-                        && self.hosts.get(&(resource.clone(), index)) != Some(&peer)
+                    } else if !self.finished.contains_key(&resp.ts) && self.cached_host(&resource, index) != Some(peer)
                     {
                         // Only the peer this node sends that replica's messages to may
                         // speak for it: any other could forge m promotions. (A notice for

@@ -190,12 +190,15 @@ pub struct Behaviour {
     /// to one of them is handed back with a RELEASE.
     finished: HashMap<Timestamp<PeerId>, (String, u16)>,
     finished_order: VecDeque<Timestamp<PeerId>>,
-    /// Host of each replica as last known, for locks with a live local acquisition, and
-    /// for a while after ([`Config::with_idle_hosts_ttl`], at most [`MAX_IDLE_HOSTS`] idle
-    /// entries).
-    hosts: HashMap<(String, u16), PeerId>,
+    /// Host of each replica as last known (slot `index` of the lock's entry), for locks
+    /// with a live local acquisition, and for a while after
+    /// ([`Config::with_idle_hosts_ttl`], at most [`MAX_IDLE_HOSTS`] idle slots). Per lock:
+    /// an acquisition that starts or ends files or takes out one entry, not n.
+    hosts: HashMap<String, Vec<Option<PeerId>>>,
     /// Expiry of the cached hosts of locks without a live local acquisition.
-    idle_hosts: DeadlineIndex<(String, u16)>,
+    idle_hosts: DeadlineIndex<String>,
+    /// Slots of the locks filed in `idle_hosts`.
+    idle_slots: usize,
     /// Live local acquisitions per lock name.
     live_locks: HashMap<String, usize>,
     /// Which remote peer's request created each hosted replica, and how many each has.
@@ -338,6 +341,7 @@ impl Behaviour {
             finished_order: VecDeque::new(),
             hosts: HashMap::new(),
             idle_hosts: DeadlineIndex::default(),
+            idle_slots: 0,
             live_locks: HashMap::new(),
             creators: HashMap::new(),
             created_by: HashMap::new(),
@@ -413,7 +417,7 @@ impl Behaviour {
         StateSizes {
             replicas: self.replicas.len(),
             acquisitions: self.acquisitions.len(),
-            hosts: self.hosts.len(),
+            hosts: self.hosts.values().map(|slots| slots.iter().flatten().count()).sum(),
             finished: self.finished.len(),
             pending: self.pending.len(),
             lookups: self.lookups.len(),
@@ -594,9 +598,8 @@ impl Behaviour {
         for key in self.ownership_due.due(now) {
             self.ownership_due(key, now);
         }
-        for key in self.idle_hosts.due(now) {
-            self.idle_hosts.set(&key, None);
-            self.hosts.remove(&key);
+        for lock in self.idle_hosts.due(now) {
+            self.forget_idle_hosts(&lock);
         }
         if now >= self.next_gossip {
             self.next_gossip = now + self.config.gossip_interval;

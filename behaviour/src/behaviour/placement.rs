@@ -278,9 +278,10 @@ impl Behaviour {
         !self.config.external_address_required || !self.externals.is_empty()
     }
 
-    /// This peer among the candidate hosts of a key, when others can dial it.
-    pub(super) fn self_as_host(&self) -> Option<&PeerId> {
-        self.dialable().then_some(&self.local)
+    /// This peer's Kademlia key among the candidate hosts of a key, when others can
+    /// dial it.
+    pub(super) fn self_as_host_key(&self) -> Option<&KBucketKey<PeerId>> {
+        self.dialable().then_some(&self.local_key)
     }
 
     /// Peers in the routing table as seen by this behaviour.
@@ -344,8 +345,8 @@ impl Behaviour {
 
     /// The host of a replica: cached, else the closest of this peer and its routing table.
     pub(super) fn host(&mut self, resource: &str, index: u16) -> PeerId {
-        if let Some(p) = self.hosts.get(&(resource.to_owned(), index)) {
-            return *p;
+        if let Some(p) = self.cached_host(resource, index) {
+            return p;
         }
         let key = Self::key(resource, index);
         let best = self
@@ -359,12 +360,43 @@ impl Behaviour {
         best
     }
 
-    /// Caches the host of a replica of a lock with a live local acquisition (at most n
-    /// entries per such lock); other locks' hosts are computed per message.
+    /// Caches the host of a replica of a lock with a live local acquisition (a slot per
+    /// replica index this peer sent to: at most n per such lock); other locks' hosts are
+    /// computed per message.
     pub(super) fn cache_host(&mut self, resource: &str, index: u16, peer: PeerId) {
-        if self.live_locks.contains_key(resource) {
-            self.hosts.insert((resource.to_owned(), index), peer);
+        if !self.live_locks.contains_key(resource) {
+            return;
         }
+        if !self.hosts.contains_key(resource) {
+            self.hosts.insert(resource.to_owned(), Vec::new());
+        }
+        if let Some(slots) = self.hosts.get_mut(resource) {
+            let i = usize::from(index);
+            if slots.len() <= i {
+                slots.resize(i + 1, None);
+            }
+            slots[i] = Some(peer);
+        }
+    }
+
+    /// The cached host of a replica.
+    pub(super) fn cached_host(&self, resource: &str, index: u16) -> Option<PeerId> {
+        self.hosts.get(resource)?.get(usize::from(index)).copied().flatten()
+    }
+
+    /// Forgets the cached host of one replica (it could not be reached).
+    pub(super) fn forget_host(&mut self, resource: &str, index: u16) {
+        if let Some(slot) = self.hosts.get_mut(resource).and_then(|slots| slots.get_mut(usize::from(index))) {
+            *slot = None;
+        }
+    }
+
+    /// Drops an idle lock's cached hosts.
+    pub(super) fn forget_idle_hosts(&mut self, lock: &String) {
+        self.idle_hosts.set(lock, None);
+        let slots = self.hosts.remove(lock).map_or(0, |slots| slots.len());
+        self.idle_slots = self.idle_slots.saturating_sub(slots);
+        shrink_if_sparse(&mut self.hosts);
     }
 
     pub(super) fn lookup(&mut self, resource: &str, index: u16) {

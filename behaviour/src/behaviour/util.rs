@@ -97,9 +97,13 @@ impl<K: Clone + Ord + std::hash::Hash> DeadlineIndex<K> {
         self.by_time.first().map(|(_, k)| k.clone())
     }
 
-    /// Keys filed.
-    pub(super) fn len(&self) -> usize {
-        self.at.len()
+    /// Whether `key` is filed.
+    pub(super) fn is_filed<Q>(&self, key: &Q) -> bool
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        self.at.contains_key(key)
     }
 
     pub(super) fn clear(&mut self) {
@@ -142,7 +146,7 @@ mod tests {
         index.set(&"a", Some(at(5)));
         index.set(&"b", Some(at(3)));
         index.set(&"a", Some(at(5))); // unchanged
-        assert_eq!((index.len(), index.first(), index.first_key()), (2, Some(at(3)), Some("b")));
+        assert_eq!((index.at.len(), index.first(), index.first_key()), (2, Some(at(3)), Some("b")));
         index.set(&"b", Some(at(9))); // later
         assert_eq!((index.first(), index.first_key()), (Some(at(5)), Some("a")));
         index.set(&"a", Some(at(1))); // earlier
@@ -150,7 +154,7 @@ mod tests {
         assert_eq!(index.due(at(9)), vec!["a", "b"]);
         index.set(&"a", None);
         index.set(&"c", None); // never filed
-        assert_eq!((index.len(), index.due(at(100))), (1, vec!["b"]));
+        assert_eq!((index.at.len(), index.due(at(100))), (1, vec!["b"]));
         assert_eq!(index.by_time.len(), 1, "one entry per key in the time order");
     }
 

@@ -570,7 +570,7 @@ impl Behaviour {
                     }
                     while self.idle_slots > MAX_IDLE_HOSTS {
                         let Some(lock) = self.idle_hosts.first_key() else { break };
-                        self.forget_idle_hosts(&lock);
+                        self.forget_idle_hosts(lock);
                     }
                 }
                 self.by_ts.remove(&ts);

@@ -599,7 +599,7 @@ impl Behaviour {
             self.ownership_due(key, now);
         }
         for lock in self.idle_hosts.due(now) {
-            self.forget_idle_hosts(&lock);
+            self.forget_idle_hosts(lock);
         }
         if now >= self.next_gossip {
             self.next_gossip = now + self.config.gossip_interval;

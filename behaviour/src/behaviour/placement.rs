@@ -392,9 +392,9 @@ impl Behaviour {
     }
 
     /// Drops an idle lock's cached hosts.
-    pub(super) fn forget_idle_hosts(&mut self, lock: &String) {
-        self.idle_hosts.set(lock, None);
-        let slots = self.hosts.remove(lock).map_or(0, |slots| slots.len());
+    pub(super) fn forget_idle_hosts(&mut self, lock: String) {
+        self.idle_hosts.set(&lock, None);
+        let slots = self.hosts.remove(&lock).map_or(0, |slots| slots.len());
         self.idle_slots = self.idle_slots.saturating_sub(slots);
         shrink_if_sparse(&mut self.hosts);
     }

@@ -436,6 +436,26 @@ async fn the_hosts_of_a_released_lock_stay_cached_until_the_idle_ttl() {
     .await;
 }
 
+/// The hosts of idle locks are cached for a bounded number of replicas
+/// (`MAX_IDLE_HOSTS`, 8,192), the oldest lock's dropped first, however many names a
+/// peer locks within the idle TTL.
+#[tokio::test]
+async fn the_idle_host_cache_is_bounded() {
+    let proto = proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5));
+    let config = Config::default()
+        .with_protocol(proto)
+        .with_takeover_delay(Some(Duration::ZERO))
+        .with_idle_hosts_ttl(Duration::from_secs(3600));
+    let mut s = swarms_with(2, config).await;
+    // Names of one length: all taken by swarm 0 (see `lock_and_release`).
+    let names: Vec<String> = (0..1700).map(|k| format!("orders/{k:05}")).collect();
+    lock_and_release(&mut s, &names[..1000]).await;
+    assert_eq!(s[0].behaviour().state_sizes().hosts, 5000, "5 replicas of each of 1,000 idle locks");
+    lock_and_release(&mut s, &names[1000..]).await;
+    let cached = s[0].behaviour().state_sizes().hosts;
+    assert!((8192 - 5..=8192).contains(&cached), "{cached} hosts cached for 1,700 idle locks");
+}
+
 async fn lock_and_release(s: &mut [Swarm<Behaviour>], names: &[String]) {
     for name in names {
         let who = name.len() % 2;

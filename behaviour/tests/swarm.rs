@@ -417,12 +417,7 @@ async fn a_stream_of_lock_names_leaves_no_state_behind() {
 /// straight to them), until the idle TTL.
 #[tokio::test]
 async fn the_hosts_of_a_released_lock_stay_cached_until_the_idle_ttl() {
-    let proto = proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5));
-    let config = Config::default()
-        .with_protocol(proto)
-        .with_takeover_delay(Some(Duration::ZERO))
-        .with_idle_hosts_ttl(Duration::from_millis(500));
-    let mut s = swarms_with(2, config).await;
+    let mut s = swarms_with(2, host_cache_config(Duration::from_millis(500))).await;
     let names = ["orders/1".to_owned()];
     lock_and_release(&mut s, &names).await;
     let who = names[0].len() % 2;
@@ -441,12 +436,7 @@ async fn the_hosts_of_a_released_lock_stay_cached_until_the_idle_ttl() {
 /// peer locks within the idle TTL.
 #[tokio::test]
 async fn the_idle_host_cache_is_bounded() {
-    let proto = proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5));
-    let config = Config::default()
-        .with_protocol(proto)
-        .with_takeover_delay(Some(Duration::ZERO))
-        .with_idle_hosts_ttl(Duration::from_secs(3600));
-    let mut s = swarms_with(2, config).await;
+    let mut s = swarms_with(2, host_cache_config(Duration::from_secs(3600))).await;
     // Names of one length: all taken by swarm 0 (see `lock_and_release`).
     let names: Vec<String> = (0..1700).map(|k| format!("orders/{k:05}")).collect();
     lock_and_release(&mut s, &names[..1000]).await;
@@ -454,6 +444,12 @@ async fn the_idle_host_cache_is_bounded() {
     lock_and_release(&mut s, &names[1000..]).await;
     let cached = s[0].behaviour().state_sizes().hosts;
     assert!((8192 - 5..=8192).contains(&cached), "{cached} hosts cached for 1,700 idle locks");
+}
+
+/// Five replicas, no takeover delay, the hosts of an idle lock cached for `idle_ttl`.
+fn host_cache_config(idle_ttl: Duration) -> Config {
+    let proto = proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5));
+    Config::default().with_protocol(proto).with_takeover_delay(Some(Duration::ZERO)).with_idle_hosts_ttl(idle_ttl)
 }
 
 async fn lock_and_release(s: &mut [Swarm<Behaviour>], names: &[String]) {

@@ -12,7 +12,6 @@ use super::link::{OutboundFailure, RequestId};
 use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
-use super::config::MAX_IDLE_HOSTS;
 use super::delay::Held;
 use super::placement::{Parked, ReplyTo};
 use super::{
@@ -125,9 +124,8 @@ impl Behaviour {
             while client.poll_transmit().is_some() {}
         }
         self.by_ts.insert(ts, id);
-        if !self.live_locks.contains_key(resource) && self.idle_hosts.is_filed(resource) {
-            self.idle_hosts.set(&resource.to_owned(), None);
-            self.idle_slots = self.idle_slots.saturating_sub(self.hosts.get(resource).map_or(0, Vec::len));
+        if !self.live_locks.contains_key(resource) {
+            self.hosts_in_use(resource);
         }
         *self.live_locks.entry(resource.to_owned()).or_default() += 1;
         let acquisition =
@@ -563,15 +561,7 @@ impl Behaviour {
                 };
                 if last {
                     self.live_locks.remove(&resource);
-                    if let Some(slots) = self.hosts.get(&resource) {
-                        self.idle_slots += slots.len();
-                        let until = self.clock.now() + self.config.idle_hosts_ttl;
-                        self.idle_hosts.set(&resource, Some(until));
-                    }
-                    while self.idle_slots > MAX_IDLE_HOSTS {
-                        let Some(lock) = self.idle_hosts.first_key() else { break };
-                        self.forget_idle_hosts(lock);
-                    }
+                    self.hosts_idle(&resource);
                 }
                 self.by_ts.remove(&ts);
                 shrink_if_sparse(&mut self.acquisitions);

@@ -7,6 +7,7 @@
 use libp2p::kad::{self, KBucketKey};
 use libp2p::{Multiaddr, PeerId};
 
+use super::config::MAX_IDLE_HOSTS;
 use super::{kad_protocol, shrink_if_sparse, Behaviour, Counters, KAD_REFRESH};
 use crate::addr::Scope;
 use crate::proto::{Time, ToReplica};
@@ -388,6 +389,29 @@ impl Behaviour {
     pub(super) fn forget_host(&mut self, resource: &str, index: u16) {
         if let Some(slot) = self.hosts.get_mut(resource).and_then(|slots| slots.get_mut(usize::from(index))) {
             *slot = None;
+        }
+    }
+
+    /// A lock's last local acquisition ended: its cached hosts stay for the idle TTL,
+    /// the oldest idle lock's dropped while the idle slots are over [`MAX_IDLE_HOSTS`].
+    pub(super) fn hosts_idle(&mut self, resource: &str) {
+        if let Some(slots) = self.hosts.get(resource) {
+            self.idle_slots += slots.len();
+            let until = self.clock.now() + self.config.idle_hosts_ttl;
+            self.idle_hosts.set(&resource.to_owned(), Some(until));
+        }
+        while self.idle_slots > MAX_IDLE_HOSTS {
+            let Some(lock) = self.idle_hosts.first_key() else { break };
+            self.forget_idle_hosts(lock);
+        }
+    }
+
+    /// A lock without a live local acquisition gets one: its cached hosts, if idle, are
+    /// in use again.
+    pub(super) fn hosts_in_use(&mut self, resource: &str) {
+        if self.idle_hosts.is_filed(resource) {
+            self.idle_hosts.set(&resource.to_owned(), None);
+            self.idle_slots = self.idle_slots.saturating_sub(self.hosts.get(resource).map_or(0, Vec::len));
         }
     }
 

@@ -452,7 +452,7 @@ impl Behaviour {
             }
             InnerEvent::Kad(kad::Event::RoutablePeer { peer, address }) => self.add_address(&peer, address),
             InnerEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
-                if self.routable.insert(peer, KBucketKey::from(peer)).is_none() {
+                if self.route(peer) {
                     self.hand_over(peer);
                 }
             }

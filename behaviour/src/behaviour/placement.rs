@@ -93,9 +93,7 @@ impl Behaviour {
             self.remember_address(*peer, addr);
             return;
         }
-        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed)
-            && self.routable.insert(*peer, KBucketKey::from(*peer)).is_none()
-        {
+        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) && self.route(*peer) {
             self.hand_over(*peer);
         }
     }
@@ -377,6 +375,18 @@ impl Behaviour {
                 slots.resize(i + 1, None);
             }
             slots[i] = Some(peer);
+        }
+    }
+
+    /// Files `peer` among the routing table's peers with its Kademlia key (hashed once,
+    /// when it is new); answers whether it is new. Its addresses are updated often.
+    pub(super) fn route(&mut self, peer: PeerId) -> bool {
+        match self.routable.entry(peer) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(KBucketKey::from(peer));
+                true
+            }
         }
     }
 

@@ -245,12 +245,22 @@ impl Behaviour {
             return Ok(Some(q));
         }
         let now = self.clock.now();
-        if self.neighbourhood.as_ref().is_some_and(|nb| now.saturating_sub(nb.at) < self.config.ownership_ttl / 2) {
+        if self.neighbourhood.as_ref().is_some_and(|nb| {
+            now.saturating_sub(nb.at) < self.config.ownership_ttl / 2 && !self.neighbourhood_misses_members(nb)
+        }) {
             return Ok(None);
         }
         let q = self.inner.kad.get_closest_peers(self.local);
         self.neighbourhood_query = Some((q, purpose));
         Ok(Some(q))
+    }
+
+    /// Whether a neighbourhood that found every peer there was (fewer than k) lacks an
+    /// alive member: a peer that joined after it, which a fresh self-lookup would reach
+    /// (a small swarm's peers find each other this way; without it a third peer could
+    /// stay unknown to the second for half the ownership TTL).
+    fn neighbourhood_misses_members(&self, nb: &Neighbourhood) -> bool {
+        nb.radius.is_none() && self.membership.alive().any(|p| !nb.peers.iter().any(|k| k.preimage() == p))
     }
 
     /// Whether a self-lookup has found this peer's neighbourhood, younger than the

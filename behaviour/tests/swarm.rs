@@ -446,6 +446,26 @@ async fn the_idle_host_cache_is_bounded() {
     assert!((8192 - 5..=8192).contains(&cached), "{cached} hosts cached for 1,700 idle locks");
 }
 
+/// The routing table's peers as the behaviour files them (`routable`, with their
+/// Kademlia keys) are never more than Kademlia's own table holds: k per bucket. 2,000
+/// identities offered leave about a hundred.
+#[test]
+fn the_routable_peers_never_outgrow_the_routing_table() {
+    let identity = |i: u32| {
+        let mut seed = [7u8; 32];
+        seed[..4].copy_from_slice(&i.to_le_bytes());
+        libp2p::identity::Keypair::ed25519_from_bytes(seed).expect("32 bytes").public().to_peer_id()
+    };
+    let mut b = Behaviour::new(identity(0), config());
+    for i in 1..=2000u32 {
+        let addr = format!("/ip4/127.0.0.1/tcp/{}", 10_000 + i).parse().expect("address");
+        b.add_address(&identity(i), addr);
+    }
+    let (routable, table) = (b.routable_peers(), b.routing_table_peers());
+    assert!(routable <= table, "{routable} routable peers, {table} in the routing table");
+    assert!((40..=256 * 20).contains(&table), "{table} peers in the routing table of 2,000 offered");
+}
+
 /// Five replicas, no takeover delay, the hosts of an idle lock cached for `idle_ttl`.
 fn host_cache_config(idle_ttl: Duration) -> Config {
     let proto = proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5));

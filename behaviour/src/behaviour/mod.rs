@@ -451,7 +451,12 @@ impl Behaviour {
                 tracing::debug!(%peer, kind = error.as_str(), "inbound sigma request failed");
             }
             InnerEvent::Kad(kad::Event::RoutablePeer { peer, address }) => self.add_address(&peer, address),
-            InnerEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
+            InnerEvent::Kad(kad::Event::RoutingUpdated { peer, old_peer, .. }) => {
+                // Kademlia evicts only for a connected peer it inserts itself, which
+                // `BucketInserts::Manual` never does; an eviction still leaves here.
+                if let Some(old) = old_peer {
+                    self.routable.remove(&old);
+                }
                 if self.route(peer) {
                     self.hand_over(peer);
                 }

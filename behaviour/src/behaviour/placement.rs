@@ -298,6 +298,11 @@ impl Behaviour {
         self.routable.len()
     }
 
+    /// Peers in Kademlia's routing table (at most k per bucket).
+    pub fn routing_table_peers(&mut self) -> usize {
+        self.inner.kad.kbuckets().map(|b| b.num_entries()).sum()
+    }
+
     /// Peers with an open connection.
     pub fn connected_peers(&self) -> impl Iterator<Item = &PeerId> {
         self.connected.keys()

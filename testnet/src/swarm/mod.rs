@@ -485,6 +485,8 @@ pub struct Report {
     pub replay_hops_max: f64,
     pub replay_reached_pct: f64,
     pub routing_table_p50: f64,
+    /// Share of the live peers' routing-table entries that name a departed peer.
+    pub routing_table_departed_pct: f64,
     /// log₂(N / k) + 1.
     pub hops_estimate: f64,
     pub agreement: Agreement,
@@ -689,6 +691,8 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
     hops.sort_by(f64::total_cmp);
     let mut table_sizes: Vec<f64> = tables.values().map(|t| t.len() as f64).collect();
     table_sizes.sort_by(f64::total_cmp);
+    let entries: usize = tables.values().map(Vec::len).sum();
+    let departed_entries = tables.values().flatten().filter(|p| !alive.contains(*p)).count();
 
     net.stop_all().await;
 
@@ -753,6 +757,7 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         replay_hops_max: hops.last().copied().unwrap_or(f64::NAN),
         replay_reached_pct: 100.0 * reached as f64 / REPLAYS as f64,
         routing_table_p50: quantile(&table_sizes, 0.5),
+        routing_table_departed_pct: 100.0 * departed_entries as f64 / entries.max(1) as f64,
         hops_estimate: (opts.peers as f64 / K as f64).log2() + 1.0,
         agreement,
         two_hosts_churn: measure::double_hosts(&spans, churn_start, churn_end),
@@ -861,8 +866,9 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(
         s,
         "  lookup hops ({REPLAYS} lookups replayed on the final routing tables, k={K}, α={ALPHA}; tables p50 {:.0} \
-         peers): p50 {:.0}, mean {:.2}, max {:.0}; closest peer reached {:.1}%; log2(N/k)+1 = {:.2}",
+         peers, {:.1}% of their entries departed peers): p50 {:.0}, mean {:.2}, max {:.0}; closest peer reached {:.1}%; log2(N/k)+1 = {:.2}",
         r.routing_table_p50,
+        r.routing_table_departed_pct,
         r.replay_hops_p50,
         r.replay_hops_mean,
         r.replay_hops_max,

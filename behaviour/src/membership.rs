@@ -167,6 +167,9 @@ pub struct Membership {
     /// When departed members and departures were last aged.
     last_aged: Option<Time>,
     stalls: u64,
+    /// Departed members forgotten since the owner last took them
+    /// ([`Membership::take_forgotten`], after every tick).
+    forgotten: Vec<PeerId>,
 }
 
 impl Membership {
@@ -192,6 +195,7 @@ impl Membership {
             last_tick: None,
             last_aged: None,
             stalls: 0,
+            forgotten: Vec::new(),
         }
     }
 
@@ -336,6 +340,17 @@ impl Membership {
         self.members.get(peer).is_some_and(|m| m.alive)
     }
 
+    /// Whether `peer` was alive here and is not now (departed within the window, or
+    /// frozen in a minority).
+    pub fn is_departed(&self, peer: &PeerId) -> bool {
+        self.members.get(peer).is_some_and(|m| m.counted && !m.alive)
+    }
+
+    /// The departed members forgotten (past the window) since the last call.
+    pub fn take_forgotten(&mut self) -> Vec<PeerId> {
+        std::mem::take(&mut self.forgotten)
+    }
+
     /// The alive members.
     pub fn alive(&self) -> impl Iterator<Item = &PeerId> + Clone {
         self.members.iter().filter(|(_, m)| m.alive).map(|(p, _)| p)
@@ -450,7 +465,14 @@ impl Membership {
             if self.readiness() == Readiness::Serving {
                 let window = self.window;
                 let before = self.members.len();
-                self.members.retain(|_, m| m.alive || now.saturating_sub(m.left_at) < window);
+                let forgotten = &mut self.forgotten;
+                self.members.retain(|p, m| {
+                    let keep = m.alive || now.saturating_sub(m.left_at) < window;
+                    if !keep && m.counted {
+                        forgotten.push(*p);
+                    }
+                    keep
+                });
                 if self.members.len() != before {
                     self.counted = self.members.values().filter(|m| m.counted).count();
                 }
@@ -499,6 +521,7 @@ impl Membership {
             if self.members.remove(&peer).is_some_and(|m| m.counted) {
                 self.counted -= 1;
                 self.overflow_until = Some(now);
+                self.forgotten.push(peer);
             }
         }
     }

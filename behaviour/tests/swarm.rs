@@ -451,19 +451,150 @@ async fn the_idle_host_cache_is_bounded() {
 /// identities offered leave about a hundred.
 #[test]
 fn the_routable_peers_never_outgrow_the_routing_table() {
-    let identity = |i: u32| {
-        let mut seed = [7u8; 32];
-        seed[..4].copy_from_slice(&i.to_le_bytes());
-        libp2p::identity::Keypair::ed25519_from_bytes(seed).expect("32 bytes").public().to_peer_id()
-    };
     let mut b = Behaviour::new(identity(0), config());
     for i in 1..=2000u32 {
-        let addr = format!("/ip4/127.0.0.1/tcp/{}", 10_000 + i).parse().expect("address");
-        b.add_address(&identity(i), addr);
+        b.add_address(&identity(i), loopback(i));
     }
-    let (routable, table) = (b.routable_peers(), b.routing_table_peers());
+    let (routable, table) = (b.routable_peers(), routing_table(&mut b).len());
     assert!(routable <= table, "{routable} routable peers, {table} in the routing table");
     assert!((40..=256 * 20).contains(&table), "{table} peers in the routing table of 2,000 offered");
+}
+
+/// Kademlia's rule for a full k-bucket: it keeps its peers, except that a departed one
+/// (alive here once, neither connected nor alive now) yields its place to a connected
+/// newcomer. Peers only heard of stay (in a forming swarm most are not yet alive here),
+/// and so do connected ones. Without the rule, the far buckets of a long-lived peer
+/// under churn fill with departed peers and no live one enters again.
+#[test]
+fn a_full_bucket_gives_a_departed_peers_place_to_a_connected_newcomer() {
+    let local = identity(0);
+    let far = |p: &PeerId| KBucketKey::from(local).distance(&KBucketKey::from(*p)).ilog2() == Some(255);
+    let peers: Vec<(u32, PeerId)> = (1..).map(|i| (i, identity(i))).filter(|(_, p)| far(p)).take(23).collect();
+    let (old, newcomers) = peers.split_at(20);
+    let mut b = Behaviour::new(local, config());
+    for (i, p) in old {
+        b.add_address(p, loopback(*i));
+    }
+    let bucket = |b: &mut Behaviour| routing_table(b).into_iter().filter(|p| far(p)).collect::<Vec<_>>();
+    let full = bucket(&mut b);
+    assert_eq!(full.len(), 20, "the far bucket is full");
+    // Peers only heard of keep their places, even from a connected newcomer.
+    let (i, first) = newcomers[0];
+    connect(&mut b, first, 1);
+    b.add_address(&first, loopback(i));
+    assert_eq!(bucket(&mut b), full, "a bucket of peers only heard of keeps them");
+    // Alive here, then gone: departed.
+    for (k, (_, p)) in old.iter().enumerate() {
+        connect(&mut b, *p, 10 + k);
+        disconnect(&mut b, *p, 10 + k);
+    }
+    // A newcomer not connected (not proven alive) is left out.
+    let (i, second) = newcomers[1];
+    b.add_address(&second, loopback(i));
+    assert!(!bucket(&mut b).contains(&second), "a newcomer that is not connected stays out of a full bucket");
+    // Connected, it takes the place of a departed peer.
+    connect(&mut b, second, 2);
+    b.add_address(&second, loopback(i));
+    let now = bucket(&mut b);
+    assert!(now.contains(&second), "a connected newcomer enters a bucket full of departed peers");
+    assert_eq!(now.len(), 20, "one departed peer left for it");
+    assert_eq!(b.counters().departed_replaced, 1);
+    assert!(b.routable_peers() <= routing_table(&mut b).len());
+    // A bucket whose peers are all connected keeps them.
+    for (k, p) in now.iter().enumerate() {
+        connect(&mut b, *p, 40 + k);
+    }
+    let (i, third) = newcomers[2];
+    connect(&mut b, third, 3);
+    b.add_address(&third, loopback(i));
+    assert_eq!(bucket(&mut b), now, "a bucket of connected peers keeps them");
+}
+
+/// A member departed for the whole membership window is forgotten, and leaves the
+/// routing table with it (Kademlia never takes a peer out by itself: lookups would go
+/// on trying it). The members still connected stay.
+#[tokio::test]
+async fn a_member_departed_for_the_window_leaves_the_routing_table() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let elapsed = Arc::new(AtomicU64::new(0));
+    let clock = elapsed.clone();
+    let window = Duration::from_secs(30);
+    let config = config()
+        .with_membership_window(window)
+        .with_boot_clock(sigma_behaviour::BootClock::new(move || Duration::from_millis(clock.load(Ordering::SeqCst))));
+    let mut b = Behaviour::new(identity(0), config);
+    for i in 1..=4 {
+        b.add_address(&identity(i), loopback(i));
+        connect(&mut b, identity(i), i as usize);
+    }
+    disconnect(&mut b, identity(4), 4);
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut poll = |b: &mut Behaviour| while libp2p::swarm::NetworkBehaviour::poll(b, &mut cx).is_ready() {};
+    poll(&mut b);
+    assert!(routing_table(&mut b).contains(&identity(4)), "a departed member stays within the window");
+    assert_eq!(b.members(), (4, 5), "3 alive members of 4, and this peer: a majority");
+    // Half-second steps (a larger jump would count as a stall of the event loop).
+    for _ in 0..(window.as_millis() / 500 + 4) {
+        elapsed.fetch_add(500, Ordering::SeqCst);
+        poll(&mut b);
+    }
+    let table = routing_table(&mut b);
+    assert!(!table.contains(&identity(4)), "a member departed for the window left the routing table");
+    assert!((1..=3).all(|i| table.contains(&identity(i))), "the connected members stay: {table:?}");
+    assert_eq!(b.counters().departed_forgotten, 1);
+}
+
+/// The identity of seed `i` (deterministic).
+fn identity(i: u32) -> PeerId {
+    let mut seed = [7u8; 32];
+    seed[..4].copy_from_slice(&i.to_le_bytes());
+    libp2p::identity::Keypair::ed25519_from_bytes(seed).expect("32 bytes").public().to_peer_id()
+}
+
+fn loopback(i: u32) -> libp2p::Multiaddr {
+    format!("/ip4/127.0.0.1/tcp/{}", 10_000 + i).parse().expect("address")
+}
+
+fn routing_table(b: &mut Behaviour) -> Vec<PeerId> {
+    b.kad_mut()
+        .kbuckets()
+        .flat_map(|bucket| bucket.iter().map(|e| *e.node.key.preimage()).collect::<Vec<_>>())
+        .collect()
+}
+
+/// Tells `b` that its connection `id` to `peer` closed, as the swarm does.
+fn disconnect(b: &mut Behaviour, peer: PeerId, id: usize) {
+    use libp2p::swarm::{behaviour::ConnectionClosed, ConnectionId, FromSwarm, NetworkBehaviour};
+    let endpoint = listener();
+    b.on_swarm_event(FromSwarm::ConnectionClosed(ConnectionClosed {
+        peer_id: peer,
+        connection_id: ConnectionId::new_unchecked(id),
+        endpoint: &endpoint,
+        cause: None,
+        remaining_established: 0,
+    }));
+}
+
+fn listener() -> libp2p::core::ConnectedPoint {
+    libp2p::core::ConnectedPoint::Listener { local_addr: loopback(0), send_back_addr: loopback(50_000) }
+}
+
+/// Tells `b` that a connection to `peer` was established, as the swarm does.
+fn connect(b: &mut Behaviour, peer: PeerId, id: usize) {
+    use libp2p::swarm::{behaviour::ConnectionEstablished, ConnectionId, FromSwarm, NetworkBehaviour};
+    let endpoint = listener();
+    let (local_addr, remote_addr) = (loopback(0), loopback(50_000));
+    b.handle_established_inbound_connection(ConnectionId::new_unchecked(id), peer, &local_addr, &remote_addr)
+        .expect("accepted");
+    b.on_swarm_event(FromSwarm::ConnectionEstablished(ConnectionEstablished {
+        peer_id: peer,
+        connection_id: ConnectionId::new_unchecked(id),
+        endpoint: &endpoint,
+        failed_addresses: &[],
+        other_established: 0,
+    }));
 }
 
 /// Five replicas, no takeover delay, the hosts of an idle lock cached for `idle_ttl`.

@@ -233,6 +233,18 @@ impl Collector for CounterCollector {
         )?;
         counter(
             &mut e,
+            "routing_departed_replaced",
+            "Departed peers (neither connected nor alive in the membership) that left a full k-bucket of the routing table for a connected newcomer",
+            c.departed_replaced,
+        )?;
+        counter(
+            &mut e,
+            "routing_departed_forgotten",
+            "Departed members forgotten past the membership window that left the routing table",
+            c.departed_forgotten,
+        )?;
+        counter(
+            &mut e,
             "replicas_handed_over",
             "Replicas dropped because a closer peer became live and hosts them now",
             c.replicas_handed_over,

@@ -74,7 +74,17 @@ impl Behaviour {
             let departed = self.membership.departed().copied().choose_multiple(&mut self.rng, REDIAL_BATCH);
             self.to_dial.extend(departed);
         }
-        if self.membership.tick(now) && !self.replicas.is_empty() {
+        let restarted = self.membership.tick(now);
+        // A member departed for the whole window leaves the routing table too: Kademlia
+        // itself never takes a peer out (a failed dial keeps its last address), and
+        // lookups would go on trying it.
+        for peer in self.membership.take_forgotten() {
+            if !self.connected.contains_key(&peer) {
+                self.leave_routing_table(peer);
+                self.counters.departed_forgotten += 1;
+            }
+        }
+        if restarted && !self.replicas.is_empty() {
             self.counters.replicas_dropped_not_serving += self.replicas.len() as u64;
             tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
             let owned: Vec<(String, u16)> = self.replicas.keys().cloned().collect();

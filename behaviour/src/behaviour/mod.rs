@@ -271,8 +271,8 @@ impl Behaviour {
         // seen disconnected peer to test it, and with bounded connections most entries
         // are disconnected, so every new connection set off another dial (a chain
         // reaction of ~20 dials per peer per second in a 100-peer swarm at 64
-        // connections). A full bucket keeps its old peers, as in Kademlia; a dead one
-        // leaves it when a lookup fails to reach it.
+        // connections). A full bucket keeps its old peers, as in Kademlia, except a
+        // departed one, which yields its place to a connected newcomer (`make_room_for`).
         kad_config.set_kbucket_inserts(kad::BucketInserts::Manual);
         // Kademlia's own bucket refresh (a bootstrap: one lookup per bucket, ~370
         // requests in a 300-peer swarm) every 30 minutes instead of 5: the drivers' own

@@ -89,13 +89,43 @@ impl Behaviour {
             self.inner.kad.kbucket(*peer).is_some_and(|b| {
                 b.num_entries() >= kad::K_VALUE.get() && !b.iter().any(|e| e.node.key.preimage() == peer)
             });
-        if full {
+        if full && !self.make_room_for(*peer) {
             self.remember_address(*peer, addr);
             return;
         }
         if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) && self.route(*peer) {
             self.hand_over(*peer);
         }
+    }
+
+    /// Kademlia's rule for a full k-bucket: its peers stay, except one that departed (a
+    /// member alive here once, neither connected nor alive now), which yields its place
+    /// to a connected `peer`. A peer only heard of stays: in a forming swarm most entries
+    /// are not yet alive here, and are not dead. Answers whether there is room now.
+    fn make_room_for(&mut self, peer: PeerId) -> bool {
+        if !self.connected.contains_key(&peer) {
+            return false;
+        }
+        let (connected, membership) = (&self.connected, &self.membership);
+        let departed = self.inner.kad.kbucket(peer).and_then(|b| {
+            b.iter().map(|e| *e.node.key.preimage()).find(|p| !connected.contains_key(p) && membership.is_departed(p))
+        });
+        let Some(gone) = departed else { return false };
+        self.leave_routing_table(gone);
+        self.counters.departed_replaced += 1;
+        tracing::debug!(%gone, %peer, "a departed peer left a full k-bucket for a connected one");
+        true
+    }
+
+    /// Takes `peer` out of the routing table. Its addresses are kept among the extra
+    /// ones, so a redial (of a departed member, say) can still find it.
+    pub(super) fn leave_routing_table(&mut self, peer: PeerId) {
+        if let Some(entry) = self.inner.kad.remove_peer(&peer) {
+            for addr in entry.node.value.iter() {
+                self.remember_address(peer, addr.clone());
+            }
+        }
+        self.routable.remove(&peer);
     }
 
     /// What identify told of `peer`: the protocols it speaks and its addresses. A sigma
@@ -296,11 +326,6 @@ impl Behaviour {
     /// Peers in the routing table as seen by this behaviour.
     pub fn routable_peers(&self) -> usize {
         self.routable.len()
-    }
-
-    /// Peers in Kademlia's routing table (at most k per bucket).
-    pub fn routing_table_peers(&mut self) -> usize {
-        self.inner.kad.kbuckets().map(|b| b.num_entries()).sum()
     }
 
     /// Peers with an open connection.

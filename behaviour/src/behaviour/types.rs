@@ -254,6 +254,11 @@ pub struct Counters {
     /// Addresses of other peers not kept: narrower than this peer's own reach, or not
     /// dialable ([`crate::addr`]).
     pub addresses_ignored: u64,
+    /// Departed peers that left a full k-bucket for a connected newcomer.
+    pub departed_replaced: u64,
+    /// Departed members forgotten (past the membership window) that left the routing
+    /// table.
+    pub departed_forgotten: u64,
     /// Connections closed because a liveness ping failed.
     pub ping_failures: u64,
     /// Peers disconnected to stay under the connection watermarks (least recently used).

@@ -216,6 +216,12 @@ pub struct Behaviour {
     /// peer, batched) before the behaviour next waits: drained on every poll.
     outbox: HashMap<PeerId, Vec<(Request, Option<Pending>)>>,
     outbox_order: Vec<PeerId>,
+    /// This peer's client's messages to the replicas it hosts, served after the step's
+    /// messages for other peers have left (drained on every poll).
+    local_inbox: VecDeque<client::LocalMessage>,
+    /// The outbox was flushed since the poll last yielded: local messages wait one
+    /// yield, so the connections write first.
+    flushed: bool,
     /// Inbound batches waiting for some items' ownership lookups: bounded by the
     /// lookups and the requests each may park.
     inbound_batches: HashMap<u64, InboundBatch>,
@@ -352,6 +358,8 @@ impl Behaviour {
             pending: HashMap::new(),
             outbox: HashMap::new(),
             outbox_order: Vec::new(),
+            local_inbox: VecDeque::new(),
+            flushed: false,
             inbound_batches: HashMap::new(),
             next_batch: 0,
             lookups: HashMap::new(),
@@ -771,8 +779,20 @@ impl NetworkBehaviour for Behaviour {
             // What the events handled so far queued for other peers goes now, a
             // transport request per peer; the transport picks it up on the next pass.
             if self.flush_outbox() {
+                self.flushed = true;
                 continue;
             }
+            // This peer's own replicas after the frames for the others: yield once (the
+            // connection tasks woken by the flush run first), then serve them.
+            if !self.local_inbox.is_empty() {
+                if std::mem::take(&mut self.flushed) {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                self.serve_local_inbox();
+                continue;
+            }
+            self.flushed = false;
             // One timer, reset only when the core's next deadline comes before it; at
             // most MAX_TIMER away (see there; the membership housekeeping also needs a
             // wake-up at least that often). Waking early is harmless.

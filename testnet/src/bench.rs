@@ -42,6 +42,13 @@ impl Default for BenchOptions {
 /// Figures of a benchmark run.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct BenchReport {
+    /// The first lock after the swarm formed (s): it waits out the takeover delay every
+    /// peer holds its new replicas for after it began serving.
+    pub first_lock_s: f64,
+    /// Contended acquisitions, from call to grant (ms): p50, p99, longest.
+    pub contended_wait_p50_ms: f64,
+    pub contended_wait_p99_ms: f64,
+    pub contended_wait_max_ms: f64,
     /// Round trip to the m-th fastest replica host, p50 (ms).
     pub floor_p50_ms: f64,
     /// Uncontended acquire p50 (ms).
@@ -168,6 +175,11 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
     let nodes = start(opts).await?;
     let handles: Vec<NodeHandle> = nodes.iter().map(Node::handle).collect();
     let formed = started.elapsed();
+    // Every peer holds the replicas it starts for the takeover delay after it began
+    // serving: the first lock waits that out, and is reported apart from the rounds.
+    let t = Instant::now();
+    handles[0].lock("bench-first").await?.release().await?;
+    let first_lock = t.elapsed();
 
     // Uncontended: a fresh lock per round, probed first so the floor and the acquire
     // travel to the same hosts from the same node.
@@ -211,14 +223,17 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
     let inside = Arc::new(AtomicBool::new(false));
     let overlaps = Arc::new(AtomicU64::new(0));
     let entries = Arc::new(AtomicU64::new(0));
+    let waits = Arc::new(std::sync::Mutex::new(Vec::new()));
     let stop = Instant::now() + opts.contended;
     let mut tasks = Vec::new();
     for w in 0..opts.waiters {
         let h = handles[w % handles.len()].clone();
-        let (inside, overlaps, entries) = (inside.clone(), overlaps.clone(), entries.clone());
+        let (inside, overlaps, entries, waits) = (inside.clone(), overlaps.clone(), entries.clone(), waits.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < stop {
+                let t = Instant::now();
                 let Ok(guard) = h.lock_timeout("bench-contended", Duration::from_secs(30)).await else { continue };
+                waits.lock().expect("waits").push(t.elapsed().as_secs_f64() * 1e3);
                 if inside.swap(true, Ordering::SeqCst) {
                     overlaps.fetch_add(1, Ordering::SeqCst);
                 }
@@ -241,7 +256,12 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
     }
 
     let contended_entries = entries.load(Ordering::SeqCst);
+    let mut waits = std::mem::take(&mut *waits.lock().expect("waits"));
     let report = BenchReport {
+        first_lock_s: first_lock.as_secs_f64(),
+        contended_wait_p50_ms: pct(&mut waits, 0.5),
+        contended_wait_p99_ms: pct(&mut waits, 0.99),
+        contended_wait_max_ms: waits.last().copied().unwrap_or(f64::NAN),
         floor_p50_ms: pct(&mut floor.clone(), 0.5),
         acquire_p50_ms: pct(&mut acquire.clone(), 0.5),
         acquire_p99_ms: pct(&mut acquire, 0.99),
@@ -267,6 +287,11 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
         opts.m,
         formed.as_secs_f64()
     )?;
+    writeln!(
+        s,
+        "  first lock after the swarm formed: {:.2} s (a peer holds the replicas it starts for the takeover delay after it began serving)",
+        r.first_lock_s
+    )?;
     writeln!(s, "  floor (round trip to the m-th fastest replica host, same run): p50 {:.2} ms", r.floor_p50_ms)?;
     writeln!(
         s,
@@ -288,6 +313,11 @@ pub async fn run(opts: &BenchOptions) -> Result<(BenchReport, String)> {
         s,
         "  contended: {} waiters on one lock for {:.1} s: {} entries, {:.1} handoffs/s, {} overlaps",
         opts.waiters, contended_time, r.contended_entries, r.handoffs_per_s, r.overlaps
+    )?;
+    writeln!(
+        s,
+        "  contended wait for the lock: p50 {:.2} ms, p99 {:.2} ms, longest {:.1} ms",
+        r.contended_wait_p50_ms, r.contended_wait_p99_ms, r.contended_wait_max_ms
     )?;
     writeln!(s, "  protocol messages per CS entry: {:.1} (4n = {})", r.messages_per_entry, r.four_n)?;
     writeln!(

@@ -597,6 +597,62 @@ fn connect(b: &mut Behaviour, peer: PeerId, id: usize) {
     }));
 }
 
+/// A RELEASE a host refused for the sender's spent request budget is sent again once
+/// the budget has refilled: lost, it left the lock to the released acquisition until its
+/// lease ran out (at 3 in-process nodes under contention, every waiter stood still for
+/// the whole 4 s lease, twice in a 10 s run).
+#[tokio::test]
+async fn a_release_refused_for_the_request_budget_is_sent_again() {
+    // n = 1 (the host decides alone), a 60 s lease, 5 requests a second with a burst of 3.
+    let proto = proto::Config::default().with_quorum(1, 1).with_lease(Duration::from_secs(60));
+    let config = Config::default().with_protocol(proto).with_takeover_delay(Some(Duration::ZERO)).with_limits(
+        100_000,
+        10_000,
+        (5, 3),
+    );
+    let mut s = swarms_with(3, config).await;
+    let ids: Vec<PeerId> = s.iter().map(|x| *x.local_peer_id()).collect();
+    // Four locks hosted by swarm 1.
+    let names: Vec<String> = (0..)
+        .map(|i| format!("budget-{i}"))
+        .filter(|name| {
+            let key = KBucketKey::new(wire::replica_name(name, 0).into_bytes());
+            let d = |p: &PeerId| KBucketKey::from(*p).distance(&key);
+            ids.iter().all(|p| *p == ids[1] || d(&ids[1]) < d(p))
+        })
+        .take(4)
+        .collect();
+    let first = s[0].behaviour_mut().acquire(&names[0], None).expect("valid");
+    let (i, event) = with_timeout(next_event(&mut s)).await;
+    assert!(i == 0 && matches!(event, Event::Acquired { id, .. } if id == first), "{event:?}");
+    // In one step: three REQUESTs spend the budget (at most 3), then the RELEASE comes,
+    // in the same batch to the host.
+    for name in &names[1..] {
+        s[0].behaviour_mut().acquire(name, None).expect("valid");
+    }
+    s[0].behaviour_mut().release(first);
+    let b = s[2].behaviour_mut().acquire(&names[0], None).expect("valid");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let Ok((i, event)) = tokio::time::timeout_at(deadline, next_event(&mut s)).await else {
+            panic!(
+                "the lock released by swarm 0 was not granted to swarm 2 within 20 s (lease 60 s); host refusals {:?}; \
+                 swarm 0: {} messages sent again, {} given up, messages {:?}",
+                s[1].behaviour().counters().rejected,
+                s[0].behaviour().counters().resent,
+                s[0].behaviour().counters().resends_abandoned,
+                s[0].behaviour().counters().messages_out,
+            );
+        };
+        if i == 2 && matches!(event, Event::Acquired { id, .. } if id == b) {
+            break;
+        }
+    }
+    let refused = s[1].behaviour().counters().rejected.get("rate_limited").copied().unwrap_or(0);
+    assert!(refused >= 1, "no request was refused for the budget: the test did not test it");
+    assert!(s[0].behaviour().counters().resent >= 1, "the refused RELEASE was not sent again");
+}
+
 /// Five replicas, no takeover delay, the hosts of an idle lock cached for `idle_ttl`.
 fn host_cache_config(idle_ttl: Duration) -> Config {
     let proto = proto::Config::default().with_quorum(5, 3).with_lease(Duration::from_secs(5));

@@ -70,7 +70,30 @@ pub(super) struct Pending {
     msg: Option<ToReplica<PeerId>>,
     probe: Option<ProbeId>,
     hops: u8,
+    /// Times this message was sent again after a refusal for the request budget.
+    resent: u8,
 }
+
+/// A message a host refused for this peer's spent request budget, to send again
+/// ([`Behaviour::resend_later`]).
+#[derive(Debug)]
+pub(super) struct Resend {
+    resource: String,
+    n: u16,
+    index: u16,
+    msg: ToReplica<PeerId>,
+    resent: u8,
+}
+
+/// Times a refused message is sent again, the first after [`RESEND_FIRST`], each wait
+/// twice the last, at most [`RESEND_MAX_WAIT`] (about 12 s in all; a RELEASE never sent
+/// leaves its votes with the acquisition until their leases run out).
+const RESEND_ATTEMPTS: u8 = 10;
+const RESEND_FIRST: Duration = Duration::from_millis(10);
+const RESEND_MAX_WAIT: Duration = Duration::from_secs(2);
+/// Messages waiting to be sent again at most; past it the oldest is dropped (a RELEASE's
+/// votes lapse with their leases; the core retries the others).
+pub(super) const MAX_RESENDS: usize = 4096;
 
 /// A message of this peer's client to a replica this peer hosts, served once the
 /// messages of the same step for other peers have left ([`Behaviour::serve_local_inbox`]).
@@ -255,6 +278,19 @@ impl Behaviour {
         msg: ToReplica<PeerId>,
         hops: u8,
     ) {
+        self.send_to_replica_again(resource, n, index, msg, hops, 0);
+    }
+
+    /// [`Behaviour::send_to_replica_now`] for the `resent`-th time.
+    fn send_to_replica_again(
+        &mut self,
+        resource: String,
+        n: u16,
+        index: u16,
+        msg: ToReplica<PeerId>,
+        hops: u8,
+        resent: u8,
+    ) {
         let mut host = self.host(&resource, index);
         if host == self.local {
             // The local estimate may predate a closer peer's connection.
@@ -270,7 +306,7 @@ impl Behaviour {
             return;
         }
         let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
-        let pending = Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops };
+        let pending = Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops, resent };
         self.enqueue(host, request, Some(pending));
     }
 
@@ -391,8 +427,16 @@ impl Behaviour {
             self.used(peer);
             self.counters.requests_out += 1;
             let out = self.inner.link.send_request(&peer, request);
-            let pending =
-                Pending { peer, resource: String::new(), index: 0, n: 0, msg: None, probe: Some(id), hops: 0 };
+            let pending = Pending {
+                peer,
+                resource: String::new(),
+                index: 0,
+                n: 0,
+                msg: None,
+                probe: Some(id),
+                hops: 0,
+                resent: 0,
+            };
             self.pending.insert(out, Sent::One(pending));
         }
         self.wake();
@@ -434,7 +478,7 @@ impl Behaviour {
         } else {
             Request::Ping { resource: resource.clone(), index, n }
         };
-        let pending = Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops };
+        let pending = Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops, resent: 0 };
         self.enqueue(host, request, Some(pending));
     }
 
@@ -668,11 +712,65 @@ impl Behaviour {
                     self.lookup(&p.resource, p.index);
                 }
             }
+            // A message refused for the budget goes again once it has refilled: nothing
+            // else retries a RELEASE (the acquisition is over), and the core retries the
+            // others only on its timers (about a second, with every waiter standing
+            // still). Other refusals are left to the core.
+            Reply::Rejected(Rejection::RateLimited) => {
+                self.resend_later(Resend { resource: p.resource, n: p.n, index: p.index, msg, resent: p.resent });
+            }
             Reply::Rejected(r) => {
                 tracing::debug!(%peer, reason = r.as_str(), "sigma request rejected by peer");
             }
             Reply::Ack | Reply::Replica(_) | Reply::Holding(_) | Reply::Batch(_) => {}
         }
+    }
+
+    /// Files a refused message to go again after a backoff, unless it has gone
+    /// [`RESEND_ATTEMPTS`] times already.
+    fn resend_later(&mut self, r: Resend) {
+        if !self.worth_resending(&r.msg) {
+            return;
+        }
+        if r.resent >= RESEND_ATTEMPTS {
+            self.counters.resends_abandoned += 1;
+            return;
+        }
+        if self.resends.len() >= MAX_RESENDS {
+            self.resends.pop_first();
+            self.counters.resends_abandoned += 1;
+        }
+        let wait = RESEND_FIRST.saturating_mul(1 << r.resent.min(16)).min(RESEND_MAX_WAIT);
+        let seq = self.next_resend;
+        self.next_resend += 1;
+        self.resends.insert((self.clock.now() + wait, seq), r);
+        self.wake();
+    }
+
+    /// Sends the refused messages whose backoff is over.
+    pub(super) fn resend_due(&mut self, now: Time) {
+        while let Some(entry) = self.resends.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let Resend { resource, n, index, msg, resent } = entry.remove();
+            if self.worth_resending(&msg) {
+                self.counters.resent += 1;
+                self.send_to_replica_again(resource, n, index, msg, 0, resent + 1);
+            }
+        }
+    }
+
+    /// A RELEASE always is; another message while its acquisition lives here (a stale
+    /// REQUEST reaching a replica that has forgotten the acquisition would queue it
+    /// again, with nobody left to release it).
+    fn worth_resending(&self, msg: &ToReplica<PeerId>) -> bool {
+        matches!(msg, ToReplica::Release { .. }) || self.by_ts.contains_key(msg.ts())
+    }
+
+    /// When the next refused message is due.
+    pub(super) fn next_resend_at(&self) -> Option<Time> {
+        self.resends.keys().next().map(|(t, _)| *t)
     }
 
     pub(super) fn on_outbound_failure(&mut self, id: RequestId, error: &OutboundFailure) {

@@ -33,7 +33,7 @@
 //!   transport, ping and the gossip's request-response ([`Inner`]), the dispatch of their events, and the one
 //!   timer.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -219,6 +219,10 @@ pub struct Behaviour {
     /// This peer's client's messages to the replicas it hosts, served after the step's
     /// messages for other peers have left (drained on every poll).
     local_inbox: VecDeque<client::LocalMessage>,
+    /// Client messages refused for the request budget, by when they go again (at most
+    /// [`client::MAX_RESENDS`]).
+    resends: BTreeMap<(Time, u64), client::Resend>,
+    next_resend: u64,
     /// The outbox was flushed since the poll last yielded: local messages wait one
     /// yield, so the connections write first.
     flushed: bool,
@@ -359,6 +363,8 @@ impl Behaviour {
             outbox: HashMap::new(),
             outbox_order: Vec::new(),
             local_inbox: VecDeque::new(),
+            resends: BTreeMap::new(),
+            next_resend: 0,
             flushed: false,
             inbound_batches: HashMap::new(),
             next_batch: 0,
@@ -588,6 +594,7 @@ impl Behaviour {
     /// Runs the core's due timers, and drops replicas that have become disposable.
     fn handle_timeouts(&mut self, now: Time) {
         self.release_held(now);
+        self.resend_due(now);
         // Collected first: a replica re-filed at `now` waits for the next pass.
         for key in self.replica_due.due(now) {
             let mut outputs = Vec::new();
@@ -627,6 +634,7 @@ impl Behaviour {
             self.ownership_due.first(),
             self.idle_hosts.first(),
             self.delayed.first(),
+            self.next_resend_at(),
             Some(self.next_gossip),
         ]
         .into_iter()

@@ -254,6 +254,11 @@ pub struct Counters {
     /// Addresses of other peers not kept: narrower than this peer's own reach, or not
     /// dialable ([`crate::addr`]).
     pub addresses_ignored: u64,
+    /// Client messages sent again after a host refused them for the request budget.
+    pub resent: u64,
+    /// Refused messages given up (sent again 10 times, or past the bound of those
+    /// waiting): a RELEASE's votes lapse with their leases, the core retries the others.
+    pub resends_abandoned: u64,
     /// Departed peers that left a full k-bucket for a connected newcomer.
     pub departed_replaced: u64,
     /// Departed members forgotten (past the membership window) that left the routing

@@ -233,6 +233,18 @@ impl Collector for CounterCollector {
         )?;
         counter(
             &mut e,
+            "messages_resent",
+            "Client messages sent again after a host refused them for this node's request budget",
+            c.resent,
+        )?;
+        counter(
+            &mut e,
+            "resends_abandoned",
+            "Refused client messages given up after 10 resends or past the bound of those waiting (a RELEASE's votes then lapse with their leases)",
+            c.resends_abandoned,
+        )?;
+        counter(
+            &mut e,
             "routing_departed_replaced",
             "Departed peers (neither connected nor alive in the membership) that left a full k-bucket of the routing table for a connected newcomer",
             c.departed_replaced,

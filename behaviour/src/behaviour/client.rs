@@ -269,20 +269,9 @@ impl Behaviour {
         self.send_or_hold(Held::ToReplica { resource, n, index, msg, hops });
     }
 
-    /// [`Behaviour::send_to_replica`] at once.
+    /// [`Behaviour::send_to_replica`] at once; `resent`: the times it has been sent
+    /// again after a refusal for the request budget ([`Behaviour::resend_later`]).
     pub(super) fn send_to_replica_now(
-        &mut self,
-        resource: String,
-        n: u16,
-        index: u16,
-        msg: ToReplica<PeerId>,
-        hops: u8,
-    ) {
-        self.send_to_replica_again(resource, n, index, msg, hops, 0);
-    }
-
-    /// [`Behaviour::send_to_replica_now`] for the `resent`-th time.
-    fn send_to_replica_again(
         &mut self,
         resource: String,
         n: u16,
@@ -756,7 +745,7 @@ impl Behaviour {
             let Resend { resource, n, index, msg, resent } = entry.remove();
             if self.worth_resending(&msg) {
                 self.counters.resent += 1;
-                self.send_to_replica_again(resource, n, index, msg, 0, resent + 1);
+                self.send_to_replica_now(resource, n, index, msg, 0, resent + 1);
             }
         }
     }

@@ -70,7 +70,7 @@ impl Behaviour {
     fn dispatch(&mut self, message: Held) {
         match message {
             Held::ToReplica { resource, n, index, msg, hops } => {
-                self.send_to_replica_now(resource, n, index, msg, hops)
+                self.send_to_replica_now(resource, n, index, msg, hops, 0)
             }
             Held::Response { to, resource, index, resp } => self.notify_now(to, &resource, index, resp),
             Held::Reply { to, reply } => self.respond_now(to, reply),

@@ -91,8 +91,8 @@ pub(super) struct Resend {
 const RESEND_ATTEMPTS: u8 = 10;
 const RESEND_FIRST: Duration = Duration::from_millis(10);
 const RESEND_MAX_WAIT: Duration = Duration::from_secs(2);
-/// Messages waiting to be sent again at most; past it the oldest is dropped (a RELEASE's
-/// votes lapse with their leases; the core retries the others).
+/// Messages waiting to be sent again at most; past it the one due first is dropped (a
+/// RELEASE's votes lapse with their leases; the core retries the others).
 pub(super) const MAX_RESENDS: usize = 4096;
 
 /// A message of this peer's client to a replica this peer hosts, served once the

@@ -246,7 +246,7 @@ impl Collector for CounterCollector {
         counter(
             &mut e,
             "routing_departed_replaced",
-            "Departed peers (neither connected nor alive in the membership) that left a full k-bucket of the routing table for a connected newcomer",
+            "Departed members (alive here once, neither connected nor alive now) that left a full k-bucket of the routing table for a connected newcomer",
             c.departed_replaced,
         )?;
         counter(

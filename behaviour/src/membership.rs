@@ -131,6 +131,11 @@ impl Member {
         }
     }
 
+    /// Alive here once, and not now.
+    fn departed(&self) -> bool {
+        self.counted && !self.alive
+    }
+
     fn alive_at(&self, now: Time) -> bool {
         self.up || self.fresh_until.is_some_and(|t| now < t)
     }
@@ -343,7 +348,7 @@ impl Membership {
     /// Whether `peer` was alive here and is not now (departed within the window, or
     /// frozen in a minority).
     pub fn is_departed(&self, peer: &PeerId) -> bool {
-        self.members.get(peer).is_some_and(|m| m.counted && !m.alive)
+        self.members.get(peer).is_some_and(Member::departed)
     }
 
     /// The departed members forgotten (past the window) since the last call.
@@ -385,7 +390,7 @@ impl Membership {
 
     /// Members not alive now (departed within the window, or frozen in a minority).
     pub fn departed(&self) -> impl Iterator<Item = &PeerId> {
-        self.members.iter().filter(|(_, m)| m.counted && !m.alive).map(|(p, _)| p)
+        self.members.iter().filter(|(_, m)| m.departed()).map(|(p, _)| p)
     }
 
     /// A Kademlia bootstrap completed.

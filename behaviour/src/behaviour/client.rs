@@ -74,15 +74,19 @@ pub(super) struct Pending {
     resent: u8,
 }
 
-/// A message a host refused for this peer's spent request budget, to send again
-/// ([`Behaviour::resend_later`]).
+/// A client message on its way to the host of a replica: held by the test-only delay,
+/// queued for a replica this peer hosts ([`Behaviour::serve_local_inbox`]), or waiting
+/// to go again after a refusal for the request budget ([`Behaviour::resend_later`]).
 #[derive(Debug)]
-pub(super) struct Resend {
-    resource: String,
-    n: u16,
-    index: u16,
-    msg: ToReplica<PeerId>,
-    resent: u8,
+pub(super) struct Outgoing {
+    pub(super) resource: String,
+    pub(super) n: u16,
+    pub(super) index: u16,
+    pub(super) msg: ToReplica<PeerId>,
+    /// Redirects followed so far.
+    pub(super) hops: u8,
+    /// Times it has been sent again after a refusal for the request budget.
+    pub(super) resent: u8,
 }
 
 /// Times a refused message is sent again, the first after [`RESEND_FIRST`], each wait
@@ -94,17 +98,6 @@ const RESEND_MAX_WAIT: Duration = Duration::from_secs(2);
 /// Messages waiting to be sent again at most; past it the one due first is dropped (a
 /// RELEASE's votes lapse with their leases; the core retries the others).
 pub(super) const MAX_RESENDS: usize = 4096;
-
-/// A message of this peer's client to a replica this peer hosts, served once the
-/// messages of the same step for other peers have left ([`Behaviour::serve_local_inbox`]).
-#[derive(Debug)]
-pub(super) struct LocalMessage {
-    resource: String,
-    index: u16,
-    n: u16,
-    msg: ToReplica<PeerId>,
-    hops: u8,
-}
 
 /// How often waiters short of distinct voters are looked at ([`Behaviour::relax_diversity`]).
 const RELAX_INTERVAL: Duration = Duration::from_secs(1);
@@ -266,34 +259,26 @@ impl Behaviour {
     /// Sends a client message to the host of replica `index` (locally if that is us),
     /// after the test-only delay if it is on.
     pub(super) fn send_to_replica(&mut self, resource: String, n: u16, index: u16, msg: ToReplica<PeerId>, hops: u8) {
-        self.send_or_hold(Held::ToReplica { resource, n, index, msg, hops });
+        self.send_or_hold(Held::ToReplica(Outgoing { resource, n, index, msg, hops, resent: 0 }));
     }
 
-    /// [`Behaviour::send_to_replica`] at once; `resent`: the times it has been sent
-    /// again after a refusal for the request budget ([`Behaviour::resend_later`]).
-    pub(super) fn send_to_replica_now(
-        &mut self,
-        resource: String,
-        n: u16,
-        index: u16,
-        msg: ToReplica<PeerId>,
-        hops: u8,
-        resent: u8,
-    ) {
-        let mut host = self.host(&resource, index);
+    /// [`Behaviour::send_to_replica`] at once.
+    pub(super) fn send_to_replica_now(&mut self, out: Outgoing) {
+        let mut host = self.host(&out.resource, out.index);
         if host == self.local {
             // The local estimate may predate a closer peer's connection.
-            if let Some(closer) = self.closer_live_peer(&resource, index) {
-                self.cache_host(&resource, index, closer);
+            if let Some(closer) = self.closer_live_peer(&out.resource, out.index) {
+                self.cache_host(&out.resource, out.index, closer);
                 host = closer;
             }
         }
-        Counters::bump(&mut self.counters.messages_out, msg.kind());
+        Counters::bump(&mut self.counters.messages_out, out.msg.kind());
         if host == self.local {
-            self.local_inbox.push_back(LocalMessage { resource, index, n, msg, hops });
+            self.local_inbox.push_back(out);
             self.wake();
             return;
         }
+        let Outgoing { resource, n, index, msg, hops, resent } = out;
         let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
         let pending = Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops, resent };
         self.enqueue(host, request, Some(pending));
@@ -304,7 +289,7 @@ impl Behaviour {
     /// peers have been handed to their connections: a replica created or a grant taken
     /// here (tens of microseconds each) no longer delays the first frame out.
     pub(super) fn serve_local_inbox(&mut self) {
-        while let Some(LocalMessage { resource, index, n, msg, hops }) = self.local_inbox.pop_front() {
+        while let Some(Outgoing { resource, index, n, msg, hops, .. }) = self.local_inbox.pop_front() {
             // A local refusal (a duplicate RELEASE, say) needs no answer: the core retries
             // on its timers like for a lost message.
             if !self.membership.serving() {
@@ -706,7 +691,8 @@ impl Behaviour {
             // others only on its timers (about a second, with every waiter standing
             // still). Other refusals are left to the core.
             Reply::Rejected(Rejection::RateLimited) => {
-                self.resend_later(Resend { resource: p.resource, n: p.n, index: p.index, msg, resent: p.resent });
+                let (resource, n, index, resent) = (p.resource, p.n, p.index, p.resent);
+                self.resend_later(Outgoing { resource, n, index, msg, hops: 0, resent });
             }
             Reply::Rejected(r) => {
                 tracing::debug!(%peer, reason = r.as_str(), "sigma request rejected by peer");
@@ -717,7 +703,7 @@ impl Behaviour {
 
     /// Files a refused message to go again after a backoff, unless it has gone
     /// [`RESEND_ATTEMPTS`] times already.
-    fn resend_later(&mut self, r: Resend) {
+    fn resend_later(&mut self, r: Outgoing) {
         if !self.worth_resending(&r.msg) {
             return;
         }
@@ -742,10 +728,11 @@ impl Behaviour {
             if entry.key().0 > now {
                 break;
             }
-            let Resend { resource, n, index, msg, resent } = entry.remove();
-            if self.worth_resending(&msg) {
+            let mut out = entry.remove();
+            if self.worth_resending(&out.msg) {
                 self.counters.resent += 1;
-                self.send_to_replica_now(resource, n, index, msg, 0, resent + 1);
+                out.resent += 1;
+                self.send_to_replica_now(out);
             }
         }
     }

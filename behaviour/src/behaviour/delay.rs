@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 
 use libp2p::PeerId;
 
+use super::client::Outgoing;
 use super::config::Config;
 use super::placement::ReplyTo;
 use super::Behaviour;
-use crate::proto::{Response, Time, ToReplica};
+use crate::proto::{Response, Time};
 use crate::wire::Reply;
 
 /// Messages held past this many go at once (a bound, not a setting: a test run never
@@ -25,7 +26,7 @@ const MAX_HELD: usize = 100_000;
 #[derive(Debug)]
 pub(super) enum Held {
     /// A local acquisition's message to the host of a replica.
-    ToReplica { resource: String, n: u16, index: u16, msg: ToReplica<PeerId>, hops: u8 },
+    ToReplica(Outgoing),
     /// A hosted replica's RESPONSE to a client (this peer's or a remote one).
     Response { to: PeerId, resource: String, index: u16, resp: Response<PeerId> },
     /// The reply to a remote peer's request.
@@ -69,9 +70,7 @@ impl Behaviour {
 
     fn dispatch(&mut self, message: Held) {
         match message {
-            Held::ToReplica { resource, n, index, msg, hops } => {
-                self.send_to_replica_now(resource, n, index, msg, hops, 0)
-            }
+            Held::ToReplica(out) => self.send_to_replica_now(out),
             Held::Response { to, resource, index, resp } => self.notify_now(to, &resource, index, resp),
             Held::Reply { to, reply } => self.respond_now(to, reply),
         }

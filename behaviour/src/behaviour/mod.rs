@@ -218,10 +218,10 @@ pub struct Behaviour {
     outbox_order: Vec<PeerId>,
     /// This peer's client's messages to the replicas it hosts, served after the step's
     /// messages for other peers have left (drained on every poll).
-    local_inbox: VecDeque<client::LocalMessage>,
+    local_inbox: VecDeque<client::Outgoing>,
     /// Client messages refused for the request budget, by when they go again (at most
     /// [`client::MAX_RESENDS`]).
-    resends: BTreeMap<(Time, u64), client::Resend>,
+    resends: BTreeMap<(Time, u64), client::Outgoing>,
     next_resend: u64,
     /// The outbox was flushed since the poll last yielded: local messages wait one
     /// yield, so the connections write first.

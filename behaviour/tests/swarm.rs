@@ -956,6 +956,37 @@ async fn keys_close_to_a_known_neighbourhood_need_no_lookup_of_their_own() {
     assert!(by_neighbourhood(&s) > 0);
 }
 
+// Reference: ARCHITECTURE.md "Ownership from the neighbourhood": a self-lookup that found
+// fewer than k peers has found every peer there is only if every peer it asked answered.
+// Kademlia counts a peer whose request failed (a dial refused, a connection closing as
+// it idled) as done and ends the lookup `Ok` with the others: in an 80-peer swarm such
+// a lookup came back with 4 peers, and keys near this peer were then "provably" its own
+// against peers it had never heard of.
+#[tokio::test]
+async fn a_self_lookup_that_lost_requests_proves_no_neighbourhood() {
+    let mut s = swarms(3).await;
+    // A peer the routing table names and nobody answers for: its swarm is gone.
+    let (gone, addr) = {
+        let mut g = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config()));
+        let (addr, _) = g.listen().with_memory_addr_external().await;
+        (*g.local_peer_id(), addr)
+    };
+    s[0].behaviour_mut().add_address(&gone, addr);
+    assert!(routing_table(s[0].behaviour_mut()).contains(&gone), "the departed peer is in the routing table");
+    let lookup = s[0].behaviour_mut().lookup_self().expect("peers are known").expect("no neighbourhood yet");
+    with_timeout(async {
+        while s[0].behaviour_mut().kad_mut().query(&lookup).is_some() {
+            let _ = select_all(s.iter_mut().map(|x| Box::pin(x.select_next_some()))).await;
+        }
+    })
+    .await;
+    let sigma = s[0].behaviour_mut();
+    assert!(!sigma.has_neighbourhood(), "2 of 3 peers answered: not every peer there is");
+    assert_eq!(sigma.counters().self_lookups_incomplete, 1);
+    let again = sigma.lookup_self().expect("peers are known");
+    assert!(again.is_some_and(|q| q != lookup), "the next self-lookup runs: {again:?}");
+}
+
 // Reference: the test-only message delay (`Config::with_message_delay`, for the paper's
 // Fig. 7 on real nodes): every protocol message is held for its own drawn latency, the
 // messages to and from replicas hosted here too, and nothing is batched (a batch would

@@ -15,7 +15,7 @@
 //! | `sigma_replicas_created_total` (replica resets seen from inside) | counter | |
 //! | `sigma_replicas_handed_over_total` (dropped for a closer live peer) | counter | |
 //! | `sigma_responses_refused_total` | counter | `reason` |
-//! | `sigma_redirects_sent_total`, `sigma_redirects_followed_total`, `sigma_lookups_total`, `sigma_ownership_checks_total`, `sigma_ownership_lost_total`, `sigma_ownership_by_neighbourhood_total`, `sigma_bootstraps_cut_total` | counter | |
+//! | `sigma_redirects_sent_total`, `sigma_redirects_followed_total`, `sigma_lookups_total`, `sigma_ownership_checks_total`, `sigma_ownership_lost_total`, `sigma_ownership_by_neighbourhood_total`, `sigma_self_lookups_incomplete_total`, `sigma_bootstraps_cut_total` | counter | |
 //! | `sigma_kad_requests_total` | counter | `purpose`: bootstrap, self, neighbourhood, host, ownership, other |
 //! | `sigma_messages_in_total`, `sigma_messages_out_total` (messages, batched or not) | counter | `kind` |
 //! | `sigma_requests_out_total`, `sigma_batches_out_total`, `sigma_requests_in_total` (transport requests: a batch counts one) | counter | |
@@ -283,6 +283,12 @@ impl Collector for CounterCollector {
             "ownership_by_neighbourhood",
             "Keys found this peer's from its last self-lookup, without a lookup of their own",
             c.ownership_by_neighbourhood,
+        )?;
+        counter(
+            &mut e,
+            "self_lookups_incomplete",
+            "Self-lookups not taken as the neighbourhood: timed out, or fewer than k peers found with a request failed",
+            c.self_lookups_incomplete,
         )?;
         counter(
             &mut e,

@@ -502,17 +502,24 @@ impl Behaviour {
                 if self.neighbourhood_query.is_some_and(|(q, _)| q == id) {
                     self.neighbourhood_query = None;
                     // Only a lookup that finished counts (a timed-out one may have
-                    // missed closer peers).
-                    if complete {
-                        let peers: Vec<KBucketKey<PeerId>> = peers
-                            .iter()
-                            .filter(|i| i.peer_id != self.local)
-                            .map(|i| KBucketKey::from(i.peer_id))
-                            .collect();
-                        let radius = (peers.len() >= kad::K_VALUE.get())
-                            .then(|| peers.iter().map(|p| p.distance(&self.local_key)).max())
+                    // missed closer peers), and one that found fewer than k peers only
+                    // if every peer it asked answered: Kademlia ends a lookup `Ok` when
+                    // no peer is left to ask, a peer whose request failed (a dial
+                    // refused, a connection closing as it idled) counted as done, and
+                    // what that peer knew was never learned.
+                    let found: Vec<KBucketKey<PeerId>> = peers
+                        .iter()
+                        .filter(|i| i.peer_id != self.local)
+                        .map(|i| KBucketKey::from(i.peer_id))
+                        .collect();
+                    let all_found = found.len() >= kad::K_VALUE.get() || stats.num_failures() == 0;
+                    if complete && all_found {
+                        let radius = (found.len() >= kad::K_VALUE.get())
+                            .then(|| found.iter().map(|p| p.distance(&self.local_key)).max())
                             .flatten();
-                        self.neighbourhood = Some(Neighbourhood { peers, radius, at: self.clock.now() });
+                        self.neighbourhood = Some(Neighbourhood { peers: found, radius, at: self.clock.now() });
+                    } else {
+                        self.counters.self_lookups_incomplete += 1;
                     }
                 }
                 for info in &peers {

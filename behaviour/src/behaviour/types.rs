@@ -232,6 +232,10 @@ pub struct Counters {
     /// Keys found this peer's from its neighbourhood (the last self-lookup), without a
     /// lookup of their own ([`Behaviour::provably_mine`]).
     pub ownership_by_neighbourhood: u64,
+    /// Self-lookups whose answer was not taken as the neighbourhood: timed out, or
+    /// fewer than k peers found while some peer asked did not answer (not every peer
+    /// there is).
+    pub self_lookups_incomplete: u64,
     /// Kademlia bootstraps cut to their self-lookup: a join, or a refresh of every
     /// bucket sooner than half [`KAD_REFRESH`](super::KAD_REFRESH) after the last.
     pub bootstraps_cut: u64,

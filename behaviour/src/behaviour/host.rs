@@ -28,15 +28,65 @@ pub(super) struct InboundBatch {
 }
 
 /// A replica's number of entries (owner and waiters) and its first one: when neither
-/// changed, nor did who is in it (see `recount_entries`).
-pub(super) type EntryShape = (usize, Option<PeerId>);
+/// changed, nor did who is in it (see [`Hosted::recount`]).
+type EntryShape = (usize, Option<PeerId>);
+
+/// A replica this peer hosts, with what the host counts of it: one map entry per
+/// hosted key, so a message looks its key up once for all of it.
+#[derive(Debug)]
+pub(super) struct Hosted {
+    pub(super) replica: Replica<PeerId>,
+    /// The remote peer whose request created it (its replica quota); `None`: this peer.
+    creator: Option<PeerId>,
+    /// Its entries' shape and the remote peers in them (owner, waiters, with
+    /// multiplicity) as last counted: the queue-entry quotas.
+    shape: EntryShape,
+    counted: Vec<PeerId>,
+}
+
+impl Hosted {
+    /// Counts the remote peers' entries again when they may have changed: O(queue)
+    /// then, nothing otherwise. One event adds, removes, promotes or re-queues one
+    /// acquisition: the same number of entries with the same first one means the same
+    /// peers.
+    fn recount(&mut self, local: PeerId, by: &mut HashMap<PeerId, usize>, total: &mut usize) {
+        let r = &self.replica;
+        let first = r.owner().map(|(ts, _)| ts.client).or_else(|| r.queue().next().map(|ts| ts.client));
+        let shape = (r.queue_len() + usize::from(r.owner().is_some()), first);
+        if shape == self.shape {
+            return;
+        }
+        let all = r.owner().map(|(ts, _)| ts.client).into_iter().chain(r.queue().map(|ts| ts.client));
+        let now: Vec<PeerId> = all.filter(|p| *p != local).collect();
+        uncount(&self.counted, by, total);
+        for p in &now {
+            *total += 1;
+            *by.entry(*p).or_default() += 1;
+        }
+        self.shape = shape;
+        self.counted = now;
+    }
+}
+
+/// Takes `peers`' entries out of the running counts.
+fn uncount(peers: &[PeerId], by: &mut HashMap<PeerId, usize>, total: &mut usize) {
+    for p in peers {
+        *total = total.saturating_sub(1);
+        if let Some(c) = by.get_mut(p) {
+            *c = c.saturating_sub(1);
+            if *c == 0 {
+                by.remove(p);
+            }
+        }
+    }
+}
 
 impl Behaviour {
     /// Recounts the remote peers' queue entries from the hosted replicas and compares
     /// with the running counts behind the entry quotas (tests; O(hosted state)).
     pub fn audit_entries(&self) -> Result<(), String> {
         let mut by: HashMap<PeerId, usize> = HashMap::new();
-        for r in self.replicas.values() {
+        for r in self.replicas.values().map(|h| &h.replica) {
             let all = r.owner().map(|(ts, _)| ts.client).into_iter().chain(r.queue().map(|ts| ts.client));
             for p in all.filter(|p| *p != self.local) {
                 *by.entry(p).or_default() += 1;
@@ -55,7 +105,7 @@ impl Behaviour {
     /// Sums of the hosted replicas' counters.
     pub fn replica_totals(&self) -> ReplicaTotals {
         let mut t = ReplicaTotals { hosted: self.replicas.len(), ..ReplicaTotals::default() };
-        for r in self.replicas.values() {
+        for r in self.replicas.values().map(|h| &h.replica) {
             let s = r.stats();
             t.grants += s.grants;
             t.releases += s.releases;
@@ -71,7 +121,7 @@ impl Behaviour {
             .replicas
             .iter()
             .filter(|((r, _), _)| resource.is_none_or(|x| x == r))
-            .map(|((r, i), rep)| ReplicaInfo {
+            .map(|((r, i), Hosted { replica: rep, .. })| ReplicaInfo {
                 resource: r.clone(),
                 index: *i,
                 owner: rep.owner().map(|(ts, stamp)| (ts.client, ts.counter, stamp)),
@@ -134,7 +184,7 @@ impl Behaviour {
 
     /// The state of replica `index` of `resource` here (idle if not hosted).
     pub(super) fn replica_state(&self, resource: &str, index: u16) -> wire::ReplicaState {
-        let Some(r) = self.replicas.get(&(resource.to_owned(), index)) else {
+        let Some(Hosted { replica: r, .. }) = self.replicas.get(&(resource.to_owned(), index)) else {
             return wire::ReplicaState::default();
         };
         let now = self.clock.now();
@@ -193,17 +243,19 @@ impl Behaviour {
     ) -> Result<Vec<Response<PeerId>>, Rejection> {
         let now = self.clock.now();
         let key = (resource.to_owned(), index);
+        let hosted = self.replicas.contains_key(&key);
         // A REQUEST that would add a remote peer's entry past its quota, or past the cap
         // for all, is refused before anything is created; an acquisition already here
         // is always served (renewals, retries).
         if let ToReplica::Request { ts, .. } = &msg {
             let over = self.entries_by.get(&from).is_some_and(|n| *n >= self.config.max_entries_per_peer)
                 || self.entries_total >= self.config.max_entries;
-            if from != self.local && over && !self.replicas.get(&key).is_some_and(|r| r.has(ts)) {
+            if from != self.local && over && !self.replicas.get(&key).is_some_and(|h| h.replica.has(ts)) {
                 return Err(Rejection::QueueQuota);
             }
         }
-        if !self.replicas.contains_key(&key) {
+        let (mut held, mut creator) = (None, None);
+        if !hosted {
             if self.replicas.len() >= self.config.max_replicas {
                 return Err(Rejection::TooManyReplicas);
             }
@@ -213,22 +265,23 @@ impl Behaviour {
                     return Err(Rejection::PeerQuota);
                 }
                 *count += 1;
-                self.creators.insert(key.clone(), from);
+                creator = Some(from);
             }
+            // The takeover delay: its previous host may have granted it.
+            let k = self.replica_key(resource, index);
+            let mine = self.local_key.distance(&k);
+            held = self.membership.hold_until(now, |p| KBucketKey::from(*p).distance(&k) < mine);
         }
         let replica = match self.replicas.entry(key.clone()) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Occupied(e) => &mut e.into_mut().replica,
             std::collections::hash_map::Entry::Vacant(e) => {
                 self.counters.replicas_created += 1;
                 let mut replica = Replica::new(self.config.proto.clone());
-                // The takeover delay: its previous host may have granted it.
-                let k = Self::key(resource, index);
-                let mine = self.local_key.distance(&k);
-                if let Some(until) = self.membership.hold_until(now, |p| KBucketKey::from(*p).distance(&k) < mine) {
+                if let Some(until) = held {
                     self.counters.replicas_held += 1;
                     replica.hold_grants_until(until);
                 }
-                e.insert(replica)
+                &mut e.insert(Hosted { replica, creator, shape: (0, None), counted: Vec::new() }).replica
             }
         };
         let result = replica.handle_heard(now, heard, &from, msg);
@@ -381,11 +434,12 @@ impl Behaviour {
     /// Files a hosted replica under its next deadline, or drops it if it is disposable
     /// (idle, nothing to remember: see [`Replica::is_disposable`]).
     pub(super) fn reindex_replica(&mut self, key: &(String, u16), now: Time) {
-        self.recount_entries(key);
-        let Some(r) = self.replicas.get_mut(key) else {
+        let Some(h) = self.replicas.get_mut(key) else {
             self.replica_due.set(key, None);
             return;
         };
+        h.recount(self.local, &mut self.entries_by, &mut self.entries_total);
+        let r = &mut h.replica;
         if r.is_idle() {
             // Kept until its tombstones expire: give back what its emptied queues hold.
             r.compact();
@@ -397,46 +451,6 @@ impl Behaviour {
         }
         let at = [r.poll_timeout(), r.disposable_at()].into_iter().flatten().min();
         self.replica_due.set(key, at);
-    }
-
-    /// Counts again the remote peers' entries (owner, waiters) of one replica, when they
-    /// may have changed: O(queue) then, nothing otherwise.
-    fn recount_entries(&mut self, key: &(String, u16)) {
-        let local = self.local;
-        let (shape, now): (EntryShape, Vec<PeerId>) = match self.replicas.get(key) {
-            Some(r) => {
-                // One event adds, removes, promotes or re-queues one acquisition: the
-                // same number of entries with the same first one means the same peers.
-                let first = r.owner().map(|(ts, _)| ts.client).or_else(|| r.queue().next().map(|ts| ts.client));
-                let shape = (r.queue_len() + usize::from(r.owner().is_some()), first);
-                if self.entries.get(key).is_some_and(|(s, _)| *s == shape) {
-                    return;
-                }
-                let all = r.owner().map(|(ts, _)| ts.client).into_iter().chain(r.queue().map(|ts| ts.client));
-                (shape, all.filter(|p| *p != local).collect())
-            }
-            None => ((0, None), Vec::new()),
-        };
-        let old = if shape.0 == 0 {
-            let old = self.entries.remove(key);
-            shrink_if_sparse(&mut self.entries);
-            old
-        } else {
-            self.entries.insert(key.clone(), (shape, now.clone()))
-        };
-        for p in old.map(|(_, v)| v).unwrap_or_default() {
-            self.entries_total = self.entries_total.saturating_sub(1);
-            if let Some(c) = self.entries_by.get_mut(&p) {
-                *c = c.saturating_sub(1);
-                if *c == 0 {
-                    self.entries_by.remove(&p);
-                }
-            }
-        }
-        for p in now {
-            self.entries_total += 1;
-            *self.entries_by.entry(p).or_default() += 1;
-        }
     }
 
     /// Takes one request from `peer`'s budget (token bucket); false when it is spent.
@@ -456,13 +470,13 @@ impl Behaviour {
 
     /// Removes a hosted replica with its index entry and its creator's count.
     pub(super) fn drop_replica(&mut self, key: &(String, u16)) {
-        self.replicas.remove(key);
+        let hosted = self.replicas.remove(key);
         self.forget_ownership(key);
-        self.recount_entries(key);
         shrink_if_sparse(&mut self.replicas);
         self.replica_due.set(key, None);
-        if let Some(peer) = self.creators.remove(key) {
-            shrink_if_sparse(&mut self.creators);
+        let Some(h) = hosted else { return };
+        uncount(&h.counted, &mut self.entries_by, &mut self.entries_total);
+        if let Some(peer) = h.creator {
             if let Some(c) = self.created_by.get_mut(&peer) {
                 *c = c.saturating_sub(1);
                 if *c == 0 {

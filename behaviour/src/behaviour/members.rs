@@ -93,9 +93,7 @@ impl Behaviour {
             }
             self.replicas = HashMap::new();
             self.replica_due.clear();
-            self.creators = HashMap::new();
             self.created_by = HashMap::new();
-            self.entries = HashMap::new();
             self.entries_by = HashMap::new();
             self.entries_total = 0;
         }

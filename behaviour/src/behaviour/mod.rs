@@ -54,7 +54,7 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::time::Sleep;
 
 use crate::membership::Membership;
-use crate::proto::{LamportClock, Replica, Time, Timestamp};
+use crate::proto::{LamportClock, Time, Timestamp};
 use crate::wire::{self, Rejection, Request};
 
 mod client;
@@ -81,7 +81,7 @@ use client::{Acquisition, Pending, Probe, Sent};
 use config::MAX_TIMER;
 #[cfg(doc)]
 use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
-use host::{EntryShape, InboundBatch};
+use host::InboundBatch;
 #[cfg(doc)]
 use placement::MAX_OWNERSHIP_CHECKS;
 use placement::{Neighbourhood, Ownership};
@@ -178,7 +178,8 @@ pub struct Behaviour {
     /// self-lookup ([`Behaviour::cut_bootstrap`]).
     buckets_refreshed: Option<Time>,
     cut_bootstraps: HashSet<kad::QueryId>,
-    replicas: HashMap<(String, u16), Replica<PeerId>>,
+    /// The hosted replicas, each with its creator and entry counts.
+    replicas: HashMap<(String, u16), host::Hosted>,
     /// When each hosted replica next has work (a timer, or becoming disposable): an
     /// event costs O(log n), not a walk over every replica.
     replica_due: DeadlineIndex<(String, u16)>,
@@ -201,12 +202,11 @@ pub struct Behaviour {
     idle_slots: usize,
     /// Live local acquisitions per lock name.
     live_locks: HashMap<String, usize>,
-    /// Which remote peer's request created each hosted replica, and how many each has.
-    creators: HashMap<(String, u16), PeerId>,
+    /// How many hosted replicas each remote peer's request created (each replica
+    /// names its creator).
     created_by: HashMap<PeerId, usize>,
-    /// The remote peers present (owner or waiter, with multiplicity) in each hosted
-    /// replica as last counted, and their entries in all: the queue-entry quotas.
-    entries: HashMap<(String, u16), (EntryShape, Vec<PeerId>)>,
+    /// The remote peers' entries (owner or waiter) in all hosted replicas, as each
+    /// replica last counted them: the queue-entry quotas.
     entries_by: HashMap<PeerId, usize>,
     entries_total: usize,
     /// Request budget per connected peer: (tokens, last refill).
@@ -266,6 +266,8 @@ pub struct Behaviour {
     /// Frames the codec refused (shared with every connection's codec).
     codec_stats: Arc<wire::CodecStats>,
     next_id: u64,
+    /// The Kademlia key of the replica last asked about ([`Behaviour::replica_key`]).
+    key_memo: std::cell::RefCell<Option<(String, u16, KBucketKey<Vec<u8>>)>>,
 }
 
 impl Behaviour {
@@ -353,9 +355,7 @@ impl Behaviour {
             idle_hosts: DeadlineIndex::default(),
             idle_slots: 0,
             live_locks: HashMap::new(),
-            creators: HashMap::new(),
             created_by: HashMap::new(),
-            entries: HashMap::new(),
             entries_by: HashMap::new(),
             entries_total: 0,
             buckets: HashMap::new(),
@@ -397,6 +397,7 @@ impl Behaviour {
             deferred: 0,
             codec_stats,
             next_id: 0,
+            key_memo: std::cell::RefCell::new(None),
         }
     }
 
@@ -605,7 +606,7 @@ impl Behaviour {
         // Collected first: a replica re-filed at `now` waits for the next pass.
         for key in self.replica_due.due(now) {
             let mut outputs = Vec::new();
-            if let Some(r) = self.replicas.get_mut(&key) {
+            if let Some(r) = self.replicas.get_mut(&key).map(|h| &mut h.replica) {
                 r.handle_timeout(now);
                 while let Some(out) = r.poll_transmit() {
                     outputs.push(out);

@@ -337,12 +337,27 @@ impl Behaviour {
         KBucketKey::new(wire::replica_name(resource, index).into_bytes())
     }
 
+    /// [`Behaviour::key`], remembered for the last replica asked about: a message to a
+    /// replica needs its key up to three times (is a live peer closer, is the key
+    /// provably this peer's, which peers held it before), each a SHA-256 of its name.
+    pub(super) fn replica_key(&self, resource: &str, index: u16) -> KBucketKey<Vec<u8>> {
+        let mut memo = self.key_memo.borrow_mut();
+        match &*memo {
+            Some((r, i, key)) if *i == index && r == resource => key.clone(),
+            _ => {
+                let key = Self::key(resource, index);
+                *memo = Some((resource.to_owned(), index, key.clone()));
+                key
+            }
+        }
+    }
+
     /// The live sigma peer closest to the replica's key, if closer than this peer. Live:
     /// an alive member (connected, or its heartbeat fresh through gossip); members are
     /// sigma peers (one that merely connects, such as a light client or another
     /// protocol's peer, hosts nothing).
     pub(super) fn closer_live_peer(&self, resource: &str, index: u16) -> Option<PeerId> {
-        self.membership.closest_alive(&Self::key(resource, index), &self.local_key)
+        self.membership.closest_alive(&self.replica_key(resource, index), &self.local_key)
     }
 
     /// Drops the hosted replicas that `peer` is closer to, once it is a live sigma peer
@@ -524,12 +539,12 @@ impl Behaviour {
     /// this one serves no longer than with a lookup per key.
     fn provably_mine(&mut self, resource: &str, index: u16) -> Option<Time> {
         let now = self.clock.now();
-        let nb = self.neighbourhood.as_ref()?;
-        let until = nb.at + self.config.ownership_ttl;
+        let until = self.neighbourhood.as_ref()?.at + self.config.ownership_ttl;
         if now >= until {
             return None;
         }
-        let key = Self::key(resource, index);
+        let key = self.replica_key(resource, index);
+        let nb = self.neighbourhood.as_ref()?;
         let mine = self.local_key.distance(&key);
         let inside = match (mine.ilog2(), nb.radius.and_then(|r| r.ilog2())) {
             (None, _) => true, // the key is this peer's id

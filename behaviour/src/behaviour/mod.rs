@@ -267,7 +267,7 @@ pub struct Behaviour {
     codec_stats: Arc<wire::CodecStats>,
     next_id: u64,
     /// The Kademlia key of the replica last asked about ([`Behaviour::replica_key`]).
-    key_memo: std::cell::RefCell<Option<(String, u16, KBucketKey<Vec<u8>>)>>,
+    key_memo: std::cell::RefCell<Option<placement::KeyMemo>>,
 }
 
 impl Behaviour {

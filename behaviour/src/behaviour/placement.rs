@@ -60,6 +60,9 @@ pub(super) struct Neighbourhood {
     pub(super) at: Time,
 }
 
+/// A replica's name and index with its Kademlia key ([`Behaviour::replica_key`]).
+pub(super) type KeyMemo = (String, u16, KBucketKey<Vec<u8>>);
+
 /// Where the answer to a remote peer's message goes.
 #[derive(Debug)]
 pub(super) enum ReplyTo {

@@ -957,13 +957,36 @@ async fn keys_close_to_a_known_neighbourhood_need_no_lookup_of_their_own() {
 }
 
 // Reference: ARCHITECTURE.md "Ownership from the neighbourhood": a self-lookup that found
-// fewer than k peers has found every peer there is only if every peer it asked answered.
-// Kademlia counts a peer whose request failed (a dial refused, a connection closing as
-// it idled) as done and ends the lookup `Ok` with the others: in an 80-peer swarm such
-// a lookup came back with 4 peers, and keys near this peer were then "provably" its own
-// against peers it had never heard of.
+// fewer than k peers has found every peer there is only if every peer it asked answered,
+// but departed ones. Kademlia counts a peer whose request failed (a connection closing
+// as it idled, a peer that does not answer) as done and ends the lookup `Ok` with the
+// others: in an 80-peer swarm such a lookup came back with 4 peers, and keys near this
+// peer were then "provably" its own against peers it had never heard of.
 #[tokio::test]
-async fn a_self_lookup_that_lost_requests_proves_no_neighbourhood() {
+async fn a_self_lookup_that_lost_a_request_on_an_open_connection_proves_no_neighbourhood() {
+    let mut s = swarms(3).await;
+    // A peer in the routing table that accepts the connection and does not answer the
+    // lookup's request (it speaks the sigma transport, not Kademlia).
+    let mut mute = probe();
+    let (addr, _) = mute.listen().with_memory_addr_external().await;
+    let mute_id = *mute.local_peer_id();
+    s[0].behaviour_mut().add_address(&mute_id, addr);
+    assert!(routing_table(s[0].behaviour_mut()).contains(&mute_id), "the mute peer is in the routing table");
+    let lookup = self_lookup(&mut s, Some(&mut mute)).await;
+    let sigma = s[0].behaviour_mut();
+    assert!(!sigma.has_neighbourhood(), "2 of 3 peers answered: not every peer there is");
+    assert_eq!(sigma.counters().self_lookups_incomplete, 1);
+    let again = sigma.lookup_self().expect("peers are known");
+    assert!(again.is_some_and(|q| q != lookup), "the next self-lookup runs: {again:?}");
+}
+
+// Reference: as above; a failed dial to a peer that is not alive here (departed, or
+// never alive) is no peer missed: a per-key ownership lookup ignores it too. Without
+// this, a swarm smaller than k + 1 had no neighbourhood while a killed peer stayed in
+// the routing tables (the membership window), and every fresh lock name waited for
+// lookups.
+#[tokio::test]
+async fn a_self_lookup_that_missed_only_a_departed_peer_is_the_neighbourhood() {
     let mut s = swarms(3).await;
     // A peer the routing table names and nobody answers for: its swarm is gone.
     let (gone, addr) = {
@@ -973,18 +996,34 @@ async fn a_self_lookup_that_lost_requests_proves_no_neighbourhood() {
     };
     s[0].behaviour_mut().add_address(&gone, addr);
     assert!(routing_table(s[0].behaviour_mut()).contains(&gone), "the departed peer is in the routing table");
+    self_lookup(&mut s, None).await;
+    let sigma = s[0].behaviour_mut();
+    assert!(sigma.has_neighbourhood(), "every peer there is answered, but the departed one");
+    assert_eq!(sigma.counters().self_lookups_incomplete, 0);
+    assert_eq!(sigma.lookup_self().expect("peers are known"), None, "a fresh neighbourhood is not looked up again");
+}
+
+/// Runs a self-lookup of `s[0]` to its end, driving the swarms (and `other`).
+async fn self_lookup(s: &mut [Swarm<Behaviour>], mut other: Option<&mut Swarm<link::Behaviour>>) -> libp2p::kad::QueryId {
     let lookup = s[0].behaviour_mut().lookup_self().expect("peers are known").expect("no neighbourhood yet");
     with_timeout(async {
         while s[0].behaviour_mut().kad_mut().query(&lookup).is_some() {
-            let _ = select_all(s.iter_mut().map(|x| Box::pin(x.select_next_some()))).await;
+            let swarms = select_all(s.iter_mut().map(|x| Box::pin(x.select_next_some())));
+            match other.as_deref_mut() {
+                Some(o) => {
+                    tokio::select! {
+                        _ = swarms => {}
+                        _ = o.select_next_some() => {}
+                    }
+                }
+                None => {
+                    swarms.await;
+                }
+            }
         }
     })
     .await;
-    let sigma = s[0].behaviour_mut();
-    assert!(!sigma.has_neighbourhood(), "2 of 3 peers answered: not every peer there is");
-    assert_eq!(sigma.counters().self_lookups_incomplete, 1);
-    let again = sigma.lookup_self().expect("peers are known");
-    assert!(again.is_some_and(|q| q != lookup), "the next self-lookup runs: {again:?}");
+    lookup
 }
 
 // Reference: the test-only message delay (`Config::with_message_delay`, for the paper's

@@ -241,6 +241,9 @@ pub struct Behaviour {
     neighbourhood: Option<Neighbourhood>,
     /// The self-lookup running for it, and what for (its requests are counted so).
     neighbourhood_query: Option<(kad::QueryId, &'static str)>,
+    /// Peers whose dial failed while the self-lookup ran (at most
+    /// `MAX_UNREACHED`): its failures that a departed peer explains.
+    neighbourhood_unreached: Vec<PeerId>,
     /// The ownership lookups in flight.
     checks: HashMap<kad::QueryId, (String, u16)>,
     probes: HashMap<ProbeId, Probe>,
@@ -398,6 +401,7 @@ impl Behaviour {
             codec_stats,
             next_id: 0,
             key_memo: std::cell::RefCell::new(None),
+            neighbourhood_unreached: Vec::new(),
         }
     }
 
@@ -504,17 +508,16 @@ impl Behaviour {
                     self.neighbourhood_query = None;
                     // Only a lookup that finished counts (a timed-out one may have
                     // missed closer peers), and one that found fewer than k peers only
-                    // if every peer it asked answered: Kademlia ends a lookup `Ok` when
-                    // no peer is left to ask, a peer whose request failed (a dial
-                    // refused, a connection closing as it idled) counted as done, and
-                    // what that peer knew was never learned.
+                    // if every peer it asked answered but departed ones
+                    // (`found_every_peer`).
                     let found: Vec<KBucketKey<PeerId>> = peers
                         .iter()
                         .filter(|i| i.peer_id != self.local)
                         .map(|i| KBucketKey::from(i.peer_id))
                         .collect();
-                    let all_found = found.len() >= kad::K_VALUE.get() || stats.num_failures() == 0;
-                    if complete && all_found {
+                    let unreached = std::mem::take(&mut self.neighbourhood_unreached);
+                    let departed = unreached.iter().filter(|p| !self.membership.is_alive(p)).count();
+                    if complete && placement::found_every_peer(found.len(), stats.num_failures(), departed) {
                         let radius = (found.len() >= kad::K_VALUE.get())
                             .then(|| found.iter().map(|p| p.distance(&self.local_key)).max())
                             .flatten();
@@ -732,6 +735,11 @@ impl NetworkBehaviour for Behaviour {
                 if let Some(i) = self.externals.iter().position(|a| a == e.addr) {
                     self.externals.remove(i);
                     self.reachability_changed();
+                }
+            }
+            FromSwarm::DialFailure(e) => {
+                if let Some(peer) = e.peer_id {
+                    self.unreached_while_looking(peer);
                 }
             }
             FromSwarm::ConnectionClosed(e) => {

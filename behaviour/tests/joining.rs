@@ -117,7 +117,11 @@ async fn a_joining_peer_asks_its_neighbourhood_not_the_swarm() {
         }
         let sigma = swarms[joiner].behaviour();
         let incomplete = sigma.counters().self_lookups_incomplete;
-        assert_eq!(sigma.has_neighbourhood(), incomplete == attempt, "a complete self-lookup's answer is the neighbourhood");
+        assert_eq!(
+            sigma.has_neighbourhood(),
+            incomplete == attempt,
+            "a complete self-lookup's answer is the neighbourhood"
+        );
         if sigma.has_neighbourhood() {
             println!("self-lookups until one found every peer it asked about: {}", attempt + 1);
             break;

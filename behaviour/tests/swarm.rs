@@ -1004,7 +1004,10 @@ async fn a_self_lookup_that_missed_only_a_departed_peer_is_the_neighbourhood() {
 }
 
 /// Runs a self-lookup of `s[0]` to its end, driving the swarms (and `other`).
-async fn self_lookup(s: &mut [Swarm<Behaviour>], mut other: Option<&mut Swarm<link::Behaviour>>) -> libp2p::kad::QueryId {
+async fn self_lookup(
+    s: &mut [Swarm<Behaviour>],
+    mut other: Option<&mut Swarm<link::Behaviour>>,
+) -> libp2p::kad::QueryId {
     let lookup = s[0].behaviour_mut().lookup_self().expect("peers are known").expect("no neighbourhood yet");
     with_timeout(async {
         while s[0].behaviour_mut().kad_mut().query(&lookup).is_some() {

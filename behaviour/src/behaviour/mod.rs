@@ -510,11 +510,8 @@ impl Behaviour {
                     // missed closer peers), and one that found fewer than k peers only
                     // if every peer it asked answered but departed ones
                     // (`found_every_peer`).
-                    let found: Vec<KBucketKey<PeerId>> = peers
-                        .iter()
-                        .filter(|i| i.peer_id != self.local)
-                        .map(|i| KBucketKey::from(i.peer_id))
-                        .collect();
+                    let found: Vec<KBucketKey<PeerId>> =
+                        peers.iter().filter(|i| i.peer_id != self.local).map(|i| KBucketKey::from(i.peer_id)).collect();
                     let unreached = std::mem::take(&mut self.neighbourhood_unreached);
                     let departed = unreached.iter().filter(|p| !self.membership.is_alive(p)).count();
                     if complete && placement::found_every_peer(found.len(), stats.num_failures(), departed) {

@@ -159,7 +159,9 @@ impl Node {
             admission.check_listen(addr).map_err(|reason| NodeError::Listen { addr: addr.clone(), reason })?;
         }
         admission.log();
-        let mut swarm = swarm::build(keypair, behaviour, &config.bounds, config.idle_connection_timeout, admission)?;
+        let autonat = swarm::runs_autonat(&config.listen);
+        let mut swarm =
+            swarm::build(keypair, behaviour, &config.bounds, config.idle_connection_timeout, admission, autonat)?;
 
         let mut listeners = HashMap::new();
         for addr in &config.listen {

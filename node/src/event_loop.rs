@@ -357,7 +357,7 @@ impl EventLoop {
                     LockGuard::new(resource.clone(), token, id, self.release_sender.clone(), rx, distinct_peers);
                 self.held.insert(id, Held { name: resource.clone(), token, state });
                 match waiter.reply.send(Ok(guard)) {
-                    Ok(()) => tracing::info!(lock = %resource, token, votes, distinct_peers, %id, "lock acquired"),
+                    Ok(()) => tracing::debug!(lock = %resource, token, votes, distinct_peers, %id, "lock acquired"),
                     Err(unsent) => {
                         tracing::debug!(lock = %resource, %id, "lock won for a caller that has gone: releasing");
                         if let Ok(guard) = unsent {

@@ -159,7 +159,7 @@ impl Node {
             admission.check_listen(addr).map_err(|reason| NodeError::Listen { addr: addr.clone(), reason })?;
         }
         admission.log();
-        let autonat = swarm::runs_autonat(&config.listen);
+        let autonat = swarm::runs_autonat(config.listen.iter().chain(&config.external_addresses));
         let mut swarm =
             swarm::build(keypair, behaviour, &config.bounds, config.idle_connection_timeout, admission, autonat)?;
 

@@ -112,7 +112,7 @@ pub struct NodeBehaviour {
     pub identify: identify::Behaviour,
     /// AutoNAT: other peers dial back the public addresses they observe this node at;
     /// a dial that succeeds confirms the address as external. Serves the same to them.
-    /// Off on a node that listens on loopback only ([`runs_autonat`]).
+    /// Off on a node whose addresses are all loopback (`runs_autonat` in this module).
     pub autonat: Toggle<autonat::Behaviour>,
 }
 
@@ -142,7 +142,8 @@ impl NodeBehaviour {
         }
     }
 
-    /// Without AutoNAT (see [`runs_autonat`]).
+    /// Without AutoNAT (a node whose addresses are all loopback: `runs_autonat` in this
+    /// module).
     pub fn without_autonat(mut self) -> Self {
         self.autonat = Toggle::from(None);
         self
@@ -167,7 +168,7 @@ impl NodeBehaviour {
 /// k mod 8: acquire p50 1.06–1.09 → 1.02–1.05 ms). An unspecified listen address
 /// (`0.0.0.0`) may be reached from anywhere, and an external address that is not
 /// loopback (a tunnel to a loopback listener) says it is: AutoNAT runs.
-pub fn runs_autonat<'a>(addrs: impl IntoIterator<Item = &'a Multiaddr>) -> bool {
+pub(crate) fn runs_autonat<'a>(addrs: impl IntoIterator<Item = &'a Multiaddr>) -> bool {
     addrs.into_iter().any(|a| Scope::of(a) != Some(Scope::Loopback))
 }
 

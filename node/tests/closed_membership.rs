@@ -1,4 +1,4 @@
-//! Closed membership (issue 11, item 7) with real `sigma run` daemons on 127.0.0.1: an
+//! Closed membership with real `sigma run` daemons on 127.0.0.1: an
 //! allow-list refuses a peer that is not on it, a swarm key refuses a peer without the
 //! same key, and bad settings stop the daemon at start. Plus the measurement behind
 //! ARCHITECTURE.md's "Membership policy" (ignored: `-- --ignored --nocapture`).

@@ -16,7 +16,7 @@
 //! replicas name no holder; etcd: no key left under its prefix).
 //!
 //! Without etcd (not on `PATH`, or `--etcd-bin` missing) the summary says how to get it
-//! and sigma runs alone. The goals of issue 13 are printed, not asserted: uncontended
+//! and sigma runs alone. The latency goals are printed, not asserted: uncontended
 //! p50 ≤ 0.5× etcd's, contended handoffs ≥ 3× etcd's.
 //!
 //! Beside the times, the CPU time the system's server processes used (user + system,

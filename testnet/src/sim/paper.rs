@@ -46,8 +46,8 @@ pub const STRAWMAN_MAX_BACKLOG: usize = 400;
 /// ([`Config::retry_slack_percent`]; a test checks they agree).
 const DEFAULT_SLACK: u32 = 50;
 
-/// The slack of the rules measured before the default became 50% (issue 14): the
-/// no-recovery rule and INQUIRE keep it, so their curves are those of their time.
+/// The slack of the rules measured before the default became 50%: the no-recovery
+/// rule and INQUIRE keep it, so their curves are those of their time.
 const EARLIER_SLACK: u32 = 25;
 
 /// Name of Sigma runs with the paper's exact informed-backoff rule (retry at T_w).
@@ -59,9 +59,9 @@ pub const TAKEOVER_DELAY: &str = "sigma-takeover-delay";
 /// Mean replica lifetimes of Fig. 8 (seconds).
 pub const LIFETIMES: [f64; 6] = [30.0, 100.0, 300.0, 1_000.0, 3_000.0, 10_000.0];
 
-/// Issue 14's goal per lifetime of [`LIFETIMES`]: the largest throughput loss at λ = 10
-/// against no reset (percent); `None` where the issue sets none (better than the
-/// paper's rule is asked at every lifetime).
+/// The loss goal per lifetime of [`LIFETIMES`]: the largest throughput loss at λ = 10
+/// against no reset (percent); `None` where none is set (better than the paper's rule
+/// is asked at every lifetime).
 const LOSS_GOALS: [Option<f64>; 6] = [Some(15.0), Some(10.0), None, Some(3.0), None, Some(1.0)];
 
 /// The no-reset run a rule's losses are measured against: the takeover delay changes
@@ -88,7 +88,7 @@ struct Rule {
     delay: bool,
 }
 
-/// Name of Sigma runs with no reset recovery (the rule before issue 14).
+/// Name of Sigma runs with no reset recovery (the rule the reset recovery replaced).
 pub const NO_RECOVERY: &str = "sigma-no-recovery";
 
 /// Name of Sigma runs with INQUIRE and re-ask (no relay).
@@ -231,9 +231,9 @@ pub fn run(opts: &PaperOptions) -> Result<PaperResult> {
     let u0200 = latencies()[2];
     // Fig. 8: every rule under every lifetime, plus the no-reset baseline of each rule
     // that is not the default's (the takeover delay changes nothing without resets).
-    // Seeds follow the job's index: the rules of the figure before issue 14 come first,
-    // in their old order, so their runs are those of before. The no-recovery baseline
-    // reuses the seeds of the default's U(0,200) runs (the same runs before issue 14).
+    // Seeds follow the job's index: the rules the figure had before the reset recovery
+    // come first, in their old order, so their runs are those of before. The no-recovery
+    // baseline reuses the seeds of the default's U(0,200) runs (the same runs as before).
     let mut seeds = vec![None; jobs.len()];
     let default_seed = |j: usize| Some((2 * lambdas.len() + j) * 2);
     let families = [
@@ -400,7 +400,7 @@ pub fn run(opts: &PaperOptions) -> Result<PaperResult> {
         })
         .collect();
     losses.push(Series {
-        name: "goal (issue 14)".into(),
+        name: "largest loss allowed".into(),
         points: LIFETIMES.iter().zip(LOSS_GOALS).filter_map(|(l, g)| g.map(|g| (l.log10(), g))).collect(),
         style: SeriesStyle::Points,
     });

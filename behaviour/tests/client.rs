@@ -201,7 +201,7 @@ fn case_3_yields_every_held_vote_after_one_round_trip_without_progress() {
     assert_eq!(c.phase(), Phase::Waiting);
 }
 
-// Reference: DESIGN.md "Traps known in advance: spurious yields" (regression). Right
+// Reference: docs/design/protocol-decisions.md, "Enough responses" (the spurious-yield trap; regression). Right
 // after a handoff the client's table still names the previous owner on most replicas
 // while the promotions (Fig. 6 RespQueue) arrive one by one; in between, `j_same + n − j
 // < m` holds on that stale table. The client must not yield, and must win once m
@@ -255,7 +255,7 @@ fn no_spurious_yield_while_promotions_arrive_after_a_handoff() {
     assert!(matches!(events(&mut c)[..], [Event::Acquired { votes: 4, .. }]));
 }
 
-// Reference: DESIGN.md "Paper errata": a RESPONSE naming a different owner for a replica
+// Reference: docs/design/protocol-decisions.md, "Response ordering": a RESPONSE naming a different owner for a replica
 // already counted replaces the entry, never adds to it.
 #[test]
 fn a_response_naming_another_owner_replaces_the_entry() {
@@ -324,7 +324,7 @@ fn unanswered_replicas_get_the_request_again_after_the_timeout() {
 }
 
 // Reference: §4 failure 3: "the holder renews while in the CS"; the renewal carries the
-// fencing token (DESIGN.md "Fencing tokens").
+// fencing token (docs/design/protocol-decisions.md, "Fencing token").
 #[test]
 fn holding_client_renews_its_votes_with_its_token() {
     let mut c = holding(config());

@@ -419,7 +419,7 @@ fn promotion_skips_waiters_whose_time_is_up() {
     assert_eq!(r.stats().waiter_expiries, 1);
 }
 
-// Reference: DESIGN.md "Traps": no FIFO between peers, so a RELEASE can overtake its
+// Reference: docs/design/protocol-decisions.md, "Tombstones": no FIFO between peers, so a RELEASE can overtake its
 // own REQUEST; the tombstone keeps the late REQUEST from resurrecting the acquisition.
 #[test]
 fn a_request_overtaken_by_its_release_does_not_resurrect_the_acquisition() {
@@ -444,7 +444,7 @@ fn a_request_overtaken_by_its_release_does_not_resurrect_the_acquisition() {
     assert_eq!(r.tombstones(), 0);
 }
 
-// Reference: DESIGN.md "Traps" (tombstones) and "bound everything".
+// Reference: docs/design/protocol-decisions.md, "Tombstones" and "Bounds".
 #[test]
 fn tombstones_are_bounded() {
     let mut r = Replica::new(config().with_state_bounds(100, 3));
@@ -498,7 +498,7 @@ fn tcs_estimate_follows_the_intervals_between_releases() {
     assert_eq!(advice, tcs / 2, "advice follows the estimate");
 }
 
-// Reference: DESIGN.md "Fencing tokens": grant stamps strictly increase per replica,
+// Reference: docs/design/protocol-decisions.md, "Response ordering": grant stamps strictly increase per replica,
 // even within one tick of the clock.
 #[test]
 fn grant_stamps_strictly_increase_even_when_time_stands_still() {
@@ -523,7 +523,7 @@ fn grant_stamps_strictly_increase_even_when_time_stands_still() {
     }
 }
 
-// Reference: DESIGN.md "Fencing tokens": the next grant is above every floor a REQUEST
+// Reference: docs/design/protocol-decisions.md, "Fencing token": the next grant is above every floor a REQUEST
 // carried and every token a RELEASE or a renewal carried.
 #[test]
 fn grant_stamps_exceed_every_floor_and_token_seen() {
@@ -560,8 +560,8 @@ fn grant_stamps_exceed_every_floor_and_token_seen() {
     assert!(stamp(&r) > big + 30);
 }
 
-// Reference: DESIGN.md "Wire": "A RELEASE or YIELD only ever affects entries of the peer
-// that sent it"; error.rs: on error nothing changed.
+// Reference: ARCHITECTURE.md, "The core's shape": a message whose timestamp names another
+// client than its sender is rejected (`ForeignAcquisition`); error.rs: on error nothing changed.
 #[test]
 fn messages_about_another_clients_acquisition_are_rejected_and_change_nothing() {
     let (a, b) = (ts(10, 1), ts(20, 2));
@@ -604,7 +604,7 @@ fn release_or_yield_from_a_client_that_holds_nothing_is_not_holder() {
     assert_eq!(r.stats().releases, 0);
 }
 
-// Reference: DESIGN.md "bound everything": the queue bound refuses new waiters only.
+// Reference: docs/design/protocol-decisions.md, "Bounds": the queue bound refuses new waiters only.
 #[test]
 fn queue_bound_rejects_new_waiters_only() {
     let mut r = Replica::new(config().with_state_bounds(2, 100));

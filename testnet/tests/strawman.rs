@@ -78,7 +78,7 @@ fn replica_grants_when_free_and_rejects_naming_the_owner() {
 }
 
 // Reference: §3 leases: the holder's REQUEST renews; RELEASE or expiry frees; only the
-// holder may release (DESIGN.md "Wire").
+// holder may release (ARCHITECTURE.md, "The core's shape": `ForeignAcquisition`).
 #[test]
 fn replica_lease_renewal_release_and_expiry() {
     let mut r = Replica::new(&config());

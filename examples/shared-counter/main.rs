@@ -81,7 +81,7 @@ impl Storage {
 
     /// Writes `value` unless a write with a higher token has been accepted before. An
     /// equal token is the same holder writing again: sigma never gives two holders the
-    /// same token while its guarantee holds (ARCHITECTURE.md, "Fencing tokens"; the
+    /// same token while its guarantee holds (ARCHITECTURE.md, "The guarantee"; the
     /// testnet checker counts an equal token of a different holder as a regression).
     fn write(&self, value: u64, token: u64) -> Result<(), StaleWrite> {
         let mut result = Ok(());

@@ -7,9 +7,16 @@
 The daemon (`sigma run`) holds the lock for this client under a client lease: the lock is
 renewed by a background thread (`POST .../keepalive`) and released on leaving the block;
 if this process dies, the daemon releases the lock one TTL after the last renewal.
-`lock.lost` is set if a renewal finds the lock gone: stop touching the resource then.
 
-As a command: python3 sigma_lock.py [--api 127.0.0.1:7591] [--hold SECONDS] NAME
+The holder's contract: every answer states a deadline, the earliest time the lock may go
+to someone else. The client counts it from when it *sent* the renewal that answered it
+(`lock.deadline`, on `time.monotonic()`), and `lock.lost` is set at that deadline unless
+a later renewal moved it on, whatever the daemon answered meanwhile (busy, a timeout, a
+refused connection); at once if the daemon says the lock is gone or that it is stopping.
+Stop touching the resource when `lock.lost` is set. The lease id the acquire answers is
+the secret that proves this client holds the lock; the fencing token is public.
+
+As a command: python3 sigma_lock.py [--api 127.0.0.1:7591] [--hold SECONDS] [--ttl SECONDS] NAME
 prints `acquired NAME token T`, holds the lock, prints `released NAME token T`.
 """
 
@@ -18,6 +25,7 @@ import json
 import os
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -39,6 +47,8 @@ class SigmaLock:
         token_file = token_file or os.environ.get("SIGMA_API_TOKEN_FILE")
         self.bearer = open(token_file).read().strip() if token_file else None
         self.token = None
+        self._lease = None  # the secret: never printed
+        self.deadline = None  # time.monotonic() after which the lock may be someone else's
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._renewer = None
@@ -72,32 +82,61 @@ class SigmaLock:
             query["timeout_ms"] = int(self.timeout_s * 1000)
             wait = self.timeout_s + 5
         answer = self._post("acquire", query=query, timeout=wait)
-        self.token = answer["token"]
+        self.token, self._lease = answer["token"], answer["lease"]
+        # The acquire's deadline counts from its answer, which may have come late: renew
+        # once at once so that the deadline counts from a send.
+        self.deadline = time.monotonic()
+        try:
+            self._renew_once()
+        except (SigmaError, OSError) as e:
+            self.lost.set()
+            self.release()
+            raise SigmaError(409, "lost", f"lock lost at once: {e}") from None
         self._renewer = threading.Thread(target=self._renew, daemon=True)
         self._renewer.start()
         return self
 
+    def _renew_once(self):
+        sent = time.monotonic()
+        budget = max(0.05, self.deadline - sent) if self.deadline > sent else self.ttl_s
+        kept = self._post("keepalive", {"token": self.token, "lease": self._lease}, timeout=budget)
+        self.deadline = max(self.deadline, sent + kept["valid_for_ms"] / 1000)
+
     def _renew(self):
-        while not self._stop.wait(self.ttl_s / 3):
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.lost.set()  # no renewal in time: the lock may be someone else's now
+                return
+            if self._stop.wait(min(max(left / 2, 0.05), self.ttl_s / 4, left)):
+                return
+            if time.monotonic() >= self.deadline:
+                continue
             try:
-                self._post("keepalive", {"token": self.token}, timeout=self.ttl_s)
+                self._renew_once()
             except SigmaError as e:
-                if e.status == 404:  # released, lost or expired
+                if e.status == 404 or e.code == "stopping":  # gone, or the daemon stops
+                    self.lost.set()
+                    return
+            except urllib.error.URLError as e:
+                if isinstance(e.reason, ConnectionRefusedError):  # the daemon is gone
                     self.lost.set()
                     return
             except OSError:
-                pass  # the daemon did not answer: try again until the lease runs out
+                pass  # no answer in time: try again until the deadline
 
     def release(self):
         self._stop.set()
         if self._renewer:
             self._renewer.join()
         try:
-            self._post("release", {"token": self.token})
+            self._post("release", {"token": self.token, "lease": self._lease})
         except SigmaError as e:
             if e.status != 404:
                 raise
             self.lost.set()
+        except OSError:
+            self.lost.set()  # the daemon is gone: the lock runs out on its own
 
     def __enter__(self):
         return self.acquire()
@@ -113,8 +152,9 @@ def main():
     parser.add_argument("--api", default=None, help="IP:PORT of the daemon's API [$SIGMA_API or 127.0.0.1:7591]")
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to hold the lock")
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    parser.add_argument("--ttl", type=float, default=5.0, help="client lease in seconds")
     args = parser.parse_args()
-    with SigmaLock(args.name, api=args.api, timeout_s=args.timeout) as lock:
+    with SigmaLock(args.name, api=args.api, timeout_s=args.timeout, ttl_s=args.ttl) as lock:
         print(f"acquired {lock.name} token {lock.token}", flush=True)
         lock.lost.wait(args.hold)
         if lock.lost.is_set():

@@ -3,6 +3,13 @@
 //! daemon (instead of embedding a [`crate::Node`]) use. One method per endpoint, the
 //! answers as the types the daemon serialises, every refusal as a [`ClientError`].
 //!
+//! **The holder's contract.** An acquire answers a fencing token (public), a lease id
+//! (the secret keep-alive and release need) and a deadline, `valid_for_ms`: the lock may
+//! go to someone else after it, and not before. Count it from when the request was
+//! *sent*, and stop using the lock at it unless a keep-alive (sent before it) answered a
+//! later one, whatever else happens: a refused connection, a timeout, 503 `busy` or
+//! `stopping` ([`ClientError::is_stopping`]) or 404 `not_held` only mean no new deadline.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), sigma_node::client::ClientError> {
 //! use sigma_node::client::{AcquireOptions, Client};
@@ -10,10 +17,16 @@
 //!
 //! let api = Client::new("127.0.0.1:7591".parse().unwrap());
 //! let opts = AcquireOptions { timeout: Some(Duration::from_secs(10)), ..AcquireOptions::default() };
+//! let sent = std::time::Instant::now();
 //! let lock = api.acquire("orders/42", &opts).await?;
-//! // ... work, passing lock.token to the protected resource, and calling
-//! // api.keepalive("orders/42", lock.token) within every lock.ttl_ms ...
-//! api.release("orders/42", lock.token).await?;
+//! let mut deadline = sent + Duration::from_millis(lock.valid_for_ms);
+//! // ... work until `deadline` at the latest, passing lock.token to the protected
+//! // resource; renew well before it (sent again just before the call):
+//! let sent = std::time::Instant::now();
+//! let kept = api.keepalive("orders/42", lock.token, &lock.lease).await?;
+//! deadline = sent + Duration::from_millis(kept.valid_for_ms);
+//! // ... and stop at `deadline` if renewals fail, whatever the error ...
+//! api.release("orders/42", lock.token, &lock.lease).await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -24,7 +37,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde::de::DeserializeOwned;
 
-use crate::http::{gate, Acquired, ErrorBody, KeptAlive, LockView, PeerList, ReleaseBody, Released};
+use crate::http::{gate, Acquired, ErrorBody, HolderBody, KeptAlive, LockView, PeerList, Released, RevokeBody};
 use crate::inspect::{Inspection, Revoked};
 use crate::Status;
 
@@ -78,6 +91,38 @@ pub enum ClientError {
     /// An answer that does not decode.
     #[error("bad answer from the sigma daemon: {0}")]
     Decode(String),
+}
+
+impl ClientError {
+    /// The daemon refused the connection: nothing listens on its address (the daemon
+    /// is not running). For a holder, no keep-alive can succeed any more.
+    pub fn is_refused_connection(&self) -> bool {
+        match self {
+            ClientError::Unreachable { source, .. } => {
+                source.is_connect()
+                    && std::error::Error::source(source)
+                        .and_then(|e| find_io(e))
+                        .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+            }
+            _ => false,
+        }
+    }
+
+    /// `503` with code `stopping`: the daemon is stopping. A holder must stop using the
+    /// lock now and release it.
+    pub fn is_stopping(&self) -> bool {
+        matches!(self, ClientError::Refused { status: 503, code: Some(c), .. } if c == "stopping")
+    }
+}
+
+/// The `std::io::Error` at the bottom of an error chain, if any.
+fn find_io<'a>(mut e: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
+    loop {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        e = e.source()?;
+    }
 }
 
 /// Options of [`Client::acquire`].
@@ -165,15 +210,18 @@ impl Client {
         self.call(request).await
     }
 
-    /// `POST /v1/locks/{name}/keepalive`: renews the client lease of a held lock.
-    pub async fn keepalive(&self, name: &str, token: u64) -> Result<KeptAlive, ClientError> {
-        let request = self.http.post(self.lock_url(name, Some("keepalive"))).json(&ReleaseBody { token });
+    /// `POST /v1/locks/{name}/keepalive`: renews the client lease of a held lock
+    /// (`lease`: [`Acquired::lease`]) and answers the new deadline.
+    pub async fn keepalive(&self, name: &str, token: u64, lease: &str) -> Result<KeptAlive, ClientError> {
+        let body = HolderBody { token, lease: lease.to_owned() };
+        let request = self.http.post(self.lock_url(name, Some("keepalive"))).json(&body);
         self.call(request.timeout(self.timeout)).await
     }
 
-    /// `POST /v1/locks/{name}/release`.
-    pub async fn release(&self, name: &str, token: u64) -> Result<Released, ClientError> {
-        let request = self.http.post(self.lock_url(name, Some("release"))).json(&ReleaseBody { token });
+    /// `POST /v1/locks/{name}/release` (`lease`: [`Acquired::lease`]).
+    pub async fn release(&self, name: &str, token: u64, lease: &str) -> Result<Released, ClientError> {
+        let body = HolderBody { token, lease: lease.to_owned() };
+        let request = self.http.post(self.lock_url(name, Some("release"))).json(&body);
         self.call(request.timeout(self.timeout)).await
     }
 
@@ -191,7 +239,7 @@ impl Client {
     /// `POST /v1/revoke/{name}`: an operator's break-lock (see [`crate::NodeHandle::revoke`]).
     pub async fn revoke(&self, name: &str, token: u64) -> Result<Revoked, ClientError> {
         let url = format!("http://{}/v1/revoke/{}", self.api, encode_name(name));
-        self.call(self.http.post(url).json(&ReleaseBody { token }).timeout(self.timeout)).await
+        self.call(self.http.post(url).json(&RevokeBody { token }).timeout(self.timeout)).await
     }
 
     /// `GET /v1/status`.

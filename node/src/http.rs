@@ -51,10 +51,13 @@ use axum::routing::get;
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 pub mod gate;
+mod serve;
+
+pub use serve::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 
 use crate::metrics::{self, Metrics, Outcome};
 use crate::{LockError, LockGuard, LockOptions, NodeHandle, RevokeError};
@@ -123,16 +126,24 @@ pub fn check_loopback(addr: SocketAddr) -> Result<SocketAddr, ApiError> {
 pub struct Acquired {
     /// Lock name.
     pub name: String,
-    /// Fencing token; pass it to release.
+    /// Fencing token: public (status and inspect show it); pass it to the protected
+    /// resource with every write.
     pub token: u64,
-    /// Exclusion is guaranteed until then (ms since the Unix epoch, daemon's clock);
-    /// extended by renewals.
+    /// The lease id: 32 hex digits, the secret that proves this client holds the lock.
+    /// Keep-alive and release need it; nothing else ever shows it.
+    pub lease: String,
+    /// The deadline: the earliest time the lock may be given to someone else (ms since
+    /// the Unix epoch, daemon's clock). The earlier of the lock's validity and the end
+    /// of the client lease; the daemon never lets the lock go before it. Each keep-alive
+    /// answers a new one. A client should count it from when it *sent* the request
+    /// ([`Acquired::valid_for_ms`] after the send) and stop using the lock then, whatever
+    /// the daemon answers in between.
     pub valid_until_ms: u64,
     /// The same deadline as a duration from the moment of the answer.
     pub valid_for_ms: u64,
     /// Distinct peers whose replicas voted for this holder.
     pub distinct_peers: usize,
-    /// The client's lease: unless renewed (`POST /v1/locks/{name}/keepalive`) within
+    /// The client lease: unless renewed (`POST /v1/locks/{name}/keepalive`) within
     /// this long, the daemon releases the lock (a dead client keeps nothing).
     pub ttl_ms: u64,
 }
@@ -144,7 +155,7 @@ pub struct KeptAlive {
     pub name: String,
     /// Fencing token.
     pub token: u64,
-    /// See [`Acquired::valid_until_ms`].
+    /// The new deadline; see [`Acquired::valid_until_ms`].
     pub valid_until_ms: u64,
     /// See [`Acquired::valid_for_ms`].
     pub valid_for_ms: u64,
@@ -162,10 +173,20 @@ pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(5);
 /// Bounds of a client lease.
 pub const CLIENT_TTL_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_millis(200)..=Duration::from_secs(3600);
 
-/// Body of a release.
+/// Body of a keep-alive and of a release: what the acquire answered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ReleaseBody {
-    /// The token the acquire returned.
+pub struct HolderBody {
+    /// The fencing token the acquire returned.
+    pub token: u64,
+    /// The lease id the acquire returned ([`Acquired::lease`]).
+    pub lease: String,
+}
+
+/// Body of an operator's revoke (break-lock): the holder's fencing token, which
+/// `sigma inspect` shows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RevokeBody {
+    /// The holder's fencing token.
     pub token: u64,
 }
 
@@ -184,7 +205,9 @@ pub struct ErrorBody {
     /// What went wrong.
     pub error: String,
     /// A stable code where the client may act on it: `not_ready` (503: the node is
-    /// joining its swarm or reaches no majority of the peers it knows).
+    /// joining its swarm or reaches no majority of the peers it knows), `stopping` (503:
+    /// the daemon is stopping; a holder must stop using the lock), `not_held` (404),
+    /// `bad_lease` (400), and the gate's codes ([`gate::Refusal`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
 }
@@ -194,7 +217,7 @@ pub struct ErrorBody {
 pub struct HeldView {
     /// Fencing token.
     pub token: u64,
-    /// See [`Acquired::valid_until_ms`].
+    /// The holder's deadline; see [`Acquired::valid_until_ms`].
     pub valid_until_ms: u64,
     /// See [`Acquired::valid_for_ms`].
     pub valid_for_ms: u64,
@@ -254,70 +277,142 @@ fn deadline_ms(at: Instant) -> (u64, u64) {
     (ms(abs.duration_since(UNIX_EPOCH).unwrap_or_default()), ms(left))
 }
 
+/// A holder's proof of ownership: 128 random bits from the OS, answered once by the
+/// acquire and required by keep-alive and release. Never shown by status, locks,
+/// inspect, metrics or logs (its `Debug` hides it); the fencing token is public.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct LeaseId(u128);
+
+impl LeaseId {
+    fn new() -> Result<LeaseId, rand::Error> {
+        use rand::RngCore as _;
+        let mut bytes = [0u8; 16];
+        rand::rngs::OsRng.try_fill_bytes(&mut bytes)?;
+        Ok(LeaseId(u128::from_be_bytes(bytes)))
+    }
+
+    /// 32 hexadecimal digits, as [`LeaseId::to_hex`] writes them (either case).
+    fn parse(s: &str) -> Option<LeaseId> {
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u128::from_str_radix(s, 16).ok().map(LeaseId)
+    }
+
+    fn to_hex(self) -> String {
+        format!("{:032x}", self.0)
+    }
+}
+
+impl std::fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseId(..)")
+    }
+}
+
 enum HolderCmd {
+    /// Answers the deadline told to the client (see [`Acquired::valid_until_ms`]).
     Info(oneshot::Sender<Instant>),
-    /// Renews the client lease; answers the lock's validity and the lease length.
-    KeepAlive(oneshot::Sender<(Instant, Duration)>),
+    /// Renews the client lease; answers the new deadline and the lease length, or `None`
+    /// while the daemon stops (the lease is not renewed then).
+    KeepAlive(oneshot::Sender<Option<(Instant, Duration)>>),
     Release(oneshot::Sender<Result<(), LockError>>),
 }
 
-type Key = (String, u64);
-type Table = Arc<Mutex<HashMap<Key, mpsc::Sender<HolderCmd>>>>;
-
-fn lock_table(t: &Table) -> std::sync::MutexGuard<'_, HashMap<Key, mpsc::Sender<HolderCmd>>> {
-    t.lock().unwrap_or_else(|e| e.into_inner())
+/// A lock held for an HTTP client, keyed in the [`Table`] by its lease id.
+struct Entry {
+    name: String,
+    token: u64,
+    tx: mpsc::Sender<HolderCmd>,
 }
 
-/// Keeps a guard for an HTTP client: one task per held lock owns the guard, answers
-/// queries, releases on command, and drops the entry when the lock is lost.
+/// The locks held for HTTP clients, by lease id; `changed` wakes a stop that waits for
+/// the table to empty.
+#[derive(Clone, Default)]
+struct Table {
+    entries: Arc<Mutex<HashMap<LeaseId, Entry>>>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl Table {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Entry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The holder task of `lease`, if it holds `name` under `token`.
+    fn holder(&self, name: &str, token: u64, lease: LeaseId) -> Option<mpsc::Sender<HolderCmd>> {
+        self.lock().get(&lease).filter(|e| e.name == name && e.token == token).map(|e| e.tx.clone())
+    }
+
+    fn remove(&self, lease: LeaseId, metrics: &Metrics) {
+        let mut t = self.lock();
+        t.remove(&lease);
+        metrics.set_http_locks_held(t.len());
+        drop(t);
+        self.changed.notify_waiters();
+    }
+}
+
+/// The earlier of the lock's validity and the end of the client lease: the one deadline
+/// a holder is told, before which the daemon never lets the lock go.
+fn deadline(guard: &LockGuard, lease_end: tokio::time::Instant) -> Instant {
+    guard.valid_until().min(lease_end.into_std())
+}
+
 /// Holds `guard` for an HTTP client until it releases, its lease of `ttl` runs out
-/// without a keep-alive, or the lock is lost.
-fn hold(table: &Table, metrics: &Metrics, guard: LockGuard, ttl: Duration) {
-    let key: Key = (guard.name().to_owned(), guard.token());
+/// without a keep-alive, or the lock is lost: one task per held lock owns the guard,
+/// answers queries, renews the lease (not while the daemon stops), releases on command
+/// and drops the entry when the lock is lost. Answers the deadline told at acquire.
+fn hold(s: &AppState, lease: LeaseId, guard: LockGuard, ttl: Duration) -> Instant {
+    let (name, token) = (guard.name().to_owned(), guard.token());
     let (tx, mut rx) = mpsc::channel(8);
     {
-        let mut t = lock_table(table);
-        t.insert(key.clone(), tx);
-        metrics.set_http_locks_held(t.len());
+        let mut t = s.held.lock();
+        t.insert(lease, Entry { name: name.clone(), token, tx });
+        s.metrics.set_http_locks_held(t.len());
     }
-    let table = table.clone();
-    let metrics = metrics.clone();
+    let mut expires = tokio::time::Instant::now() + ttl;
+    let told = deadline(&guard, expires);
+    let (table, metrics, stopping) = (s.held.clone(), s.metrics.clone(), s.stopping.clone());
     tokio::spawn(async move {
-        let remove = |table: &Table| {
-            let mut t = lock_table(table);
-            t.remove(&key);
-            metrics.set_http_locks_held(t.len());
-        };
-        let mut expires = tokio::time::Instant::now() + ttl;
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(expires) => {
-                    remove(&table);
+                    table.remove(lease, &metrics);
                     metrics.client_lease_expired();
-                    tracing::warn!(name = %key.0, token = key.1, ?ttl, "HTTP client stopped renewing its lease: lock released");
+                    tracing::warn!(%name, token, ?ttl, "HTTP client stopped renewing its lease: lock released");
                     let _ = guard.release().await;
                     return;
                 }
-                _ = guard.lost() => {
-                    remove(&table);
-                    tracing::warn!(name = %key.0, token = key.1, "a lock held for an HTTP client was lost");
+                () = guard.lost() => {
+                    table.remove(lease, &metrics);
+                    tracing::warn!(%name, token, "a lock held for an HTTP client was lost");
                     return;
                 }
                 cmd = rx.recv() => match cmd {
                     Some(HolderCmd::Info(reply)) => {
-                        let _ = reply.send(guard.valid_until());
+                        let _ = reply.send(deadline(&guard, expires));
                     }
                     Some(HolderCmd::KeepAlive(reply)) => {
-                        expires = tokio::time::Instant::now() + ttl;
-                        let _ = reply.send((guard.valid_until(), ttl));
+                        if *stopping.borrow() {
+                            let _ = reply.send(None);
+                        } else {
+                            expires = tokio::time::Instant::now() + ttl;
+                            let _ = reply.send(Some((deadline(&guard, expires), ttl)));
+                        }
                     }
                     Some(HolderCmd::Release(reply)) => {
-                        remove(&table);
+                        table.remove(lease, &metrics);
                         let _ = reply.send(guard.release().await);
                         return;
                     }
+                    // Unreachable while the entry is in the table, which holds the sender.
                     None => {
-                        // The table was dropped (the API stopped): release.
+                        table.remove(lease, &metrics);
                         let _ = guard.release().await;
                         return;
                     }
@@ -325,6 +420,45 @@ fn hold(table: &Table, metrics: &Metrics, guard: LockGuard, ttl: Duration) {
             }
         }
     });
+    told
+}
+
+/// Counts the acquires waiting for each lock name on this daemon; an entry lives while
+/// one does, so the map holds at most as many names as acquires in flight.
+#[derive(Clone, Default)]
+struct Waiters(Arc<Mutex<HashMap<String, usize>>>);
+
+/// One waiting acquire, counted until dropped (answered, or its client went away).
+struct Waiting {
+    waiters: Waiters,
+    name: String,
+}
+
+impl Waiters {
+    fn enter(&self, name: &str, max: usize) -> Option<Waiting> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(name.to_owned()).or_default();
+        if *n >= max {
+            if *n == 0 {
+                map.remove(name);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(Waiting { waiters: self.clone(), name: name.to_owned() })
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut map = self.waiters.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.name) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.name);
+            }
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -333,10 +467,19 @@ struct AppState {
     metrics: Metrics,
     registry: Arc<Registry>,
     held: Table,
+    waiters: Waiters,
+    max_waiters_per_lock: usize,
+    /// Set once when the daemon starts to stop ([`Api::shutdown`]).
+    stopping: watch::Receiver<bool>,
+    gate: gate::Gate,
 }
 
 fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, Json(ErrorBody { error: msg.into(), code: None })).into_response()
+}
+
+fn error_with_code(status: StatusCode, code: &str, msg: impl Into<String>) -> Response {
+    (status, Json(ErrorBody { error: msg.into(), code: Some(code.to_owned()) })).into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -367,16 +510,45 @@ async fn post_lock(
                 format!("bad query (timeout_ms, n, m, min_peers, ttl_ms are integers): {e}"),
             ),
         },
-        Some((name, "release")) => match serde_json::from_slice::<ReleaseBody>(&body) {
-            Ok(b) => release(s, name, b.token).await,
-            Err(e) => error(StatusCode::BAD_REQUEST, format!("bad release body (expected {{\"token\": N}}): {e}")),
-        },
-        Some((name, "keepalive")) => match serde_json::from_slice::<ReleaseBody>(&body) {
-            Ok(b) => keepalive(s, name, b.token).await,
-            Err(e) => error(StatusCode::BAD_REQUEST, format!("bad keepalive body (expected {{\"token\": N}}): {e}")),
-        },
-        _ => error(StatusCode::NOT_FOUND, "expected POST /v1/locks/{name}/acquire or /v1/locks/{name}/release"),
+        Some((name, action @ ("release" | "keepalive"))) => {
+            let lease = match serde_json::from_slice::<HolderBody>(&body) {
+                Ok(b) => LeaseId::parse(&b.lease).map(|lease| (b.token, lease)),
+                Err(_) => None,
+            };
+            let Some((token, lease)) = lease else {
+                s.metrics.http_rejected("bad_lease");
+                return error_with_code(
+                    StatusCode::BAD_REQUEST,
+                    "bad_lease",
+                    format!(
+                        "bad {action} body: expected {{\"token\": N, \"lease\": \"32 hex digits\"}}, the token and \
+                         lease id the acquire answered"
+                    ),
+                );
+            };
+            let Some(tx) = s.held.holder(name, token, lease) else {
+                s.metrics.http_rejected("not_held");
+                return not_held(name, token);
+            };
+            if action == "release" {
+                release(name, token, tx).await
+            } else {
+                keepalive(&s, name, token, tx).await
+            }
+        }
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "expected POST /v1/locks/{name}/acquire, /v1/locks/{name}/keepalive or /v1/locks/{name}/release",
+        ),
     }
+}
+
+fn not_held(name: &str, token: u64) -> Response {
+    error_with_code(
+        StatusCode::NOT_FOUND,
+        "not_held",
+        format!("lock {name} token {token} is not held by this daemon under that lease (released, lost or expired)"),
+    )
 }
 
 #[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks",
@@ -386,11 +558,11 @@ async fn post_lock(
         ("n" = Option<usize>, Query, description = "Replicas (with m); must be the swarm's"),
         ("m" = Option<usize>, Query, description = "Votes needed (with n); at least the swarm's"),
         ("min_peers" = Option<usize>, Query, description = "Votes from at least this many distinct peers")),
-    responses((status = 200, description = "Held, for this client, while it keeps its lease alive", body = Acquired),
+    responses((status = 200, description = "Held, for this client, until the deadline it answers; keep-alives move the deadline on", body = Acquired),
         (status = 400, description = "Bad name, quorum or query", body = ErrorBody),
         (status = 408, description = "Not won within timeout_ms", body = ErrorBody),
         (status = 409, description = "Lost before it could be handed over", body = ErrorBody),
-        (status = 503, description = "Not ready (code not_ready), busy, or stopped", body = ErrorBody)))]
+        (status = 503, description = "Not ready (code not_ready), stopping (code stopping), busy, too many waiters for this lock, or stopped", body = ErrorBody)))]
 async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
     let quorum = match (q.n, q.m) {
         (Some(n), Some(m)) => Some((n, m)),
@@ -408,28 +580,44 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
             ),
         );
     }
-    if lock_table(&s.held).len() >= MAX_HTTP_LOCKS {
-        s.metrics.http_rejected(gate::Refusal::TooManyLocks.code());
-        return gate::Refusal::TooManyLocks.response();
+    if *s.stopping.borrow() {
+        return s.gate.refuse(gate::Refusal::Stopping);
     }
+    if s.held.len() >= MAX_HTTP_LOCKS {
+        return s.gate.refuse(gate::Refusal::TooManyLocks);
+    }
+    let Some(_waiting) = s.waiters.enter(name, s.max_waiters_per_lock) else {
+        return s.gate.refuse(gate::Refusal::TooManyWaiters);
+    };
+    let lease = match LeaseId::new() {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("no randomness for a lease id: {e}")),
+    };
     let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis), min_peers: q.min_peers };
     let start = Instant::now();
-    let result = s.handle.lock_with(name, opts).await;
+    let mut stopping = s.stopping.clone();
+    let result = tokio::select! {
+        r = s.handle.lock_with(name, opts) => r,
+        // Dropping the acquisition abandons the wait.
+        () = async { let _ = stopping.wait_for(|stop| *stop).await; } => return s.gate.refuse(gate::Refusal::Stopping),
+    };
     let elapsed = start.elapsed();
     match result {
         Ok(guard) => {
             s.metrics.observe_acquire(Outcome::Acquired, elapsed);
-            let (valid_until_ms, valid_for_ms) = deadline_ms(guard.valid_until());
+            let (name, token, distinct_peers) = (guard.name().to_owned(), guard.token(), guard.distinct_peers());
+            let told = hold(&s, lease, guard, ttl);
+            let (valid_until_ms, valid_for_ms) = deadline_ms(told);
             let body = Acquired {
-                name: guard.name().to_owned(),
-                token: guard.token(),
+                name,
+                token,
+                lease: lease.to_hex(),
                 valid_until_ms,
                 valid_for_ms,
-                distinct_peers: guard.distinct_peers(),
+                distinct_peers,
                 ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             };
-            tracing::debug!(name = %body.name, token = body.token, ?elapsed, "lock acquired for an HTTP client");
-            hold(&s.held, &s.metrics, guard, ttl);
+            tracing::debug!(name = %body.name, token, ?elapsed, "lock acquired for an HTTP client");
             (StatusCode::OK, Json(body)).into_response()
         }
         Err(e) => {
@@ -449,53 +637,49 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
     }
 }
 
-#[utoipa::path(post, path = "/v1/locks/{name}/keepalive", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = ReleaseBody,
-    responses((status = 200, description = "Client lease renewed", body = KeptAlive),
-        (status = 404, description = "Not held under that token (released, lost, expired)", body = ErrorBody)))]
-async fn keepalive(s: AppState, name: &str, token: u64) -> Response {
-    let tx = lock_table(&s.held).get(&(name.to_owned(), token)).cloned();
-    if let Some(tx) = tx {
-        let (reply_tx, reply_rx) = oneshot::channel();
-        if tx.send(HolderCmd::KeepAlive(reply_tx)).await.is_ok() {
-            if let Ok((until, ttl)) = reply_rx.await {
+#[utoipa::path(post, path = "/v1/locks/{name}/keepalive", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = HolderBody,
+    responses((status = 200, description = "Client lease renewed; the answer's deadline replaces the last one", body = KeptAlive),
+        (status = 400, description = "No lease id, or a malformed one (code bad_lease)", body = ErrorBody),
+        (status = 404, description = "Not held under that token and lease (released, lost, expired; code not_held): stop using the lock", body = ErrorBody),
+        (status = 503, description = "The daemon is stopping (code stopping): stop using the lock, then release it; or busy: retry, and stop at the last deadline", body = ErrorBody)))]
+async fn keepalive(s: &AppState, name: &str, token: u64, tx: mpsc::Sender<HolderCmd>) -> Response {
+    let (reply_tx, reply_rx) = oneshot::channel();
+    if tx.send(HolderCmd::KeepAlive(reply_tx)).await.is_ok() {
+        match reply_rx.await {
+            Ok(Some((until, ttl))) => {
                 let (valid_until_ms, valid_for_ms) = deadline_ms(until);
                 let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
                 let body = KeptAlive { name: name.to_owned(), token, valid_until_ms, valid_for_ms, ttl_ms };
                 return (StatusCode::OK, Json(body)).into_response();
             }
+            Ok(None) => return s.gate.refuse(gate::Refusal::Stopping),
+            Err(_) => {}
         }
     }
-    error(
-        StatusCode::NOT_FOUND,
-        format!("lock {name} token {token} is not held by this daemon (released, lost or expired)"),
-    )
+    // The holder task ended in between: released, lost or expired.
+    not_held(name, token)
 }
 
-#[utoipa::path(post, path = "/v1/locks/{name}/release", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = ReleaseBody,
+#[utoipa::path(post, path = "/v1/locks/{name}/release", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = HolderBody,
     responses((status = 200, description = "Released", body = Released),
-        (status = 404, description = "Not held under that token", body = ErrorBody)))]
-async fn release(s: AppState, name: &str, token: u64) -> Response {
-    let tx = lock_table(&s.held).get(&(name.to_owned(), token)).cloned();
-    if let Some(tx) = tx {
-        let (reply_tx, reply_rx) = oneshot::channel();
-        if tx.send(HolderCmd::Release(reply_tx)).await.is_ok() {
-            match reply_rx.await {
-                Ok(Ok(())) => {
-                    tracing::debug!(name, token, "lock released by an HTTP client");
-                    return (StatusCode::OK, Json(Released { name: name.to_owned(), token })).into_response();
-                }
-                Ok(Err(e)) => return error(StatusCode::NOT_FOUND, format!("lock {name} token {token}: {e}")),
-                Err(_) => {}
+        (status = 400, description = "No lease id, or a malformed one (code bad_lease)", body = ErrorBody),
+        (status = 404, description = "Not held under that token and lease (code not_held)", body = ErrorBody)))]
+async fn release(name: &str, token: u64, tx: mpsc::Sender<HolderCmd>) -> Response {
+    let (reply_tx, reply_rx) = oneshot::channel();
+    if tx.send(HolderCmd::Release(reply_tx)).await.is_ok() {
+        match reply_rx.await {
+            Ok(Ok(())) => {
+                tracing::debug!(name, token, "lock released by an HTTP client");
+                return (StatusCode::OK, Json(Released { name: name.to_owned(), token })).into_response();
             }
+            Ok(Err(e)) => {
+                return error_with_code(StatusCode::NOT_FOUND, "not_held", format!("lock {name} token {token}: {e}"))
+            }
+            Err(_) => {}
         }
-        // The holder task ended in between: the lock was lost.
-        return error(StatusCode::NOT_FOUND, format!("lock {name} token {token} was lost"));
     }
-    match s.handle.release_by_token(name, token).await {
-        Ok(true) => (StatusCode::OK, Json(Released { name: name.to_owned(), token })).into_response(),
-        Ok(false) => error(StatusCode::NOT_FOUND, format!("lock {name} is not held under token {token}")),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    }
+    // The holder task ended in between: the lock was lost.
+    error_with_code(StatusCode::NOT_FOUND, "not_held", format!("lock {name} token {token} was lost"))
 }
 
 #[utoipa::path(get, path = "/v1/locks/{name}", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")),
@@ -506,7 +690,7 @@ async fn get_lock(State(s): State<AppState>, Path(name): Path<String>) -> Respon
         return error(StatusCode::BAD_REQUEST, format!("invalid lock name {name:?}"));
     }
     let senders: Vec<(u64, mpsc::Sender<HolderCmd>)> =
-        lock_table(&s.held).iter().filter(|((n, _), _)| *n == name).map(|((_, t), tx)| (*t, tx.clone())).collect();
+        s.held.lock().values().filter(|e| e.name == name).map(|e| (e.token, e.tx.clone())).collect();
     let mut held = Vec::new();
     for (token, tx) in senders {
         let (reply_tx, reply_rx) = oneshot::channel();
@@ -559,11 +743,11 @@ async fn get_inspect(State(s): State<AppState>, Path(name): Path<String>) -> Res
     }
 }
 
-#[utoipa::path(post, path = "/v1/revoke/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = ReleaseBody,
+#[utoipa::path(post, path = "/v1/revoke/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = RevokeBody,
     responses((status = 200, description = "The holder gave the lock up", body = crate::inspect::Revoked),
         (status = 404, description = "Not held under that token, or the holder refused", body = ErrorBody)))]
 async fn post_revoke(State(s): State<AppState>, Path(name): Path<String>, body: axum::body::Bytes) -> Response {
-    let token = match serde_json::from_slice::<ReleaseBody>(&body) {
+    let token = match serde_json::from_slice::<RevokeBody>(&body) {
         Ok(b) => b.token,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad revoke body (expected {{\"token\": N}}): {e}")),
     };
@@ -640,7 +824,7 @@ async fn get_metrics(State(s): State<AppState>) -> Response {
         Ok((c, t)) => s.metrics.set_snapshot(c, t),
         Err(e) => tracing::debug!(%e, "metrics: counters unavailable"),
     }
-    s.metrics.set_http_locks_held(lock_table(&s.held).len());
+    s.metrics.set_http_locks_held(s.held.len());
     match metrics::encode(&s.registry) {
         Ok(text) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
         Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed"),
@@ -699,22 +883,41 @@ fn router(state: AppState, gate: gate::Gate) -> Router {
 /// Options of the API ([`Api::bind_with`]).
 #[derive(Clone, Debug)]
 pub struct ApiOptions {
-    /// Requests served at once, waiting acquires included; more are refused (503 `busy`).
+    /// Acquires served at once (waiting ones included); more are refused (503 `busy`).
+    /// Keep-alives, releases and the other requests have pools of their own ([`gate`]).
     pub max_in_flight: usize,
+    /// Acquires waiting at once for one lock name; more are refused (503
+    /// `too_many_waiters`).
+    pub max_waiters_per_lock: usize,
     /// If set, every request needs `Authorization: Bearer <token>`.
     pub token: Option<String>,
     /// If set, `/metrics` (and nothing else) is also served on this address, which may
     /// be any (a remote Prometheus scrapes it): no gate, at most
     /// [`MAX_METRICS_SCRAPES`] at once.
     pub metrics_addr: Option<SocketAddr>,
+    /// Connections open at once on each listener; more are closed on accept.
+    pub max_connections: usize,
+    /// A connection that sends no complete request head within this long (idle between
+    /// requests included) is closed.
+    pub header_timeout: Duration,
 }
 
 /// Scrapes served at once on the metrics address; more wait.
 pub const MAX_METRICS_SCRAPES: usize = 4;
 
+/// Default of [`ApiOptions::max_waiters_per_lock`].
+pub const DEFAULT_MAX_WAITERS_PER_LOCK: usize = 256;
+
 impl Default for ApiOptions {
     fn default() -> Self {
-        ApiOptions { max_in_flight: gate::DEFAULT_MAX_IN_FLIGHT, token: None, metrics_addr: None }
+        ApiOptions {
+            max_in_flight: gate::DEFAULT_MAX_IN_FLIGHT,
+            max_waiters_per_lock: DEFAULT_MAX_WAITERS_PER_LOCK,
+            token: None,
+            metrics_addr: None,
+            max_connections: serve::DEFAULT_MAX_CONNECTIONS,
+            header_timeout: serve::DEFAULT_HEADER_TIMEOUT,
+        }
     }
 }
 
@@ -723,8 +926,21 @@ pub struct Api {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     held: Table,
+    stopping: watch::Sender<bool>,
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
+}
+
+/// How [`Api::shutdown`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// Every lock held for an HTTP client was released by its client or ran out.
+    Clean,
+    /// This many were still held when the patience ran out. Releasing them would cut
+    /// their holders short of the deadline they were told: the caller should stop the
+    /// node without releasing anything (their votes then lapse on their own, after that
+    /// deadline), as a crash would.
+    Abandoned(usize),
 }
 
 impl Api {
@@ -751,9 +967,19 @@ impl Api {
         let addr = check_loopback(addr)?;
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(ApiError::Io)?;
         let addr = listener.local_addr().map_err(ApiError::Io)?;
-        let held: Table = Arc::default();
+        let held = Table::default();
         let gate = gate::Gate::new(options.max_in_flight, options.token, metrics.clone());
-        let state = AppState { handle, metrics, registry, held: held.clone() };
+        let (stopping, stopping_rx) = watch::channel(false);
+        let state = AppState {
+            handle,
+            metrics: metrics.clone(),
+            registry,
+            held: held.clone(),
+            waiters: Waiters::default(),
+            max_waiters_per_lock: options.max_waiters_per_lock.max(1),
+            stopping: stopping_rx,
+            gate: gate.clone(),
+        };
         let metrics_listener = match options.metrics_addr {
             Some(a) => Some(tokio::net::TcpListener::bind(a).await.map_err(ApiError::Io)?),
             None => None,
@@ -762,10 +988,11 @@ impl Api {
             Some(l) => Some(l.local_addr().map_err(ApiError::Io)?),
             None => None,
         };
+        let limits = serve::Limits { max_connections: options.max_connections, header_timeout: options.header_timeout };
         let (stop, stopped) = oneshot::channel::<()>();
         let stopped = futures::FutureExt::shared(stopped);
         let api_stopped = stopped.clone();
-        let serve = axum::serve(listener, router(state.clone(), gate)).with_graceful_shutdown(async move {
+        let serve = serve::serve(listener, router(state.clone(), gate), limits, "api", metrics.clone(), async move {
             let _ = api_stopped.await;
         });
         let task = tokio::spawn(async move {
@@ -774,13 +1001,13 @@ impl Api {
                 .route("/metrics", get(get_metrics))
                 .with_state(state)
                 .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_METRICS_SCRAPES));
-            let scrape = axum::serve(listener, metrics_only).with_graceful_shutdown(async move {
+            let scrape = serve::serve(listener, metrics_only, limits, "metrics", metrics, async move {
                 let _ = stopped.await;
             });
             let (a, b) = tokio::join!(serve, scrape);
             a.and(b)
         });
-        Ok(Api { addr, metrics_addr, held, stop, task })
+        Ok(Api { addr, metrics_addr, held, stopping, stop, task })
     }
 
     /// The bound address.
@@ -793,26 +1020,36 @@ impl Api {
         self.metrics_addr
     }
 
-    /// Stops accepting connections and releases the locks held for HTTP clients. Call
-    /// before stopping the node; acquires still waiting end with 503 when it stops.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(());
-        let holders: Vec<(Key, mpsc::Sender<HolderCmd>)> = lock_table(&self.held).drain().collect();
-        let releases = holders.into_iter().map(|((name, token), tx)| async move {
-            let (reply_tx, reply_rx) = oneshot::channel();
-            if tx.send(HolderCmd::Release(reply_tx)).await.is_ok() {
-                match reply_rx.await {
-                    Ok(Ok(())) => tracing::info!(%name, token, "released a lock held for an HTTP client"),
-                    Ok(Err(e)) => tracing::warn!(%name, token, %e, "releasing a lock held for an HTTP client"),
-                    Err(_) => {}
-                }
-            }
-        });
-        if tokio::time::timeout(Duration::from_secs(5), futures::future::join_all(releases)).await.is_err() {
-            tracing::warn!("gave up releasing HTTP-held locks after 5 s");
+    /// Stops without cutting a holder short. From the call on, acquires are refused and
+    /// waiting ones abandoned (503 `stopping`), and keep-alives are answered 503
+    /// `stopping`, which tells a holder's client to stop using the lock and release it;
+    /// releases are still served. Waits until every lock held for an HTTP client is
+    /// released or has run out with its client lease (no longer renewed, so it ends
+    /// within its TTL), or for `patience`, then stops serving. Call before stopping the
+    /// node; see [`Stopped`] for what to do with the locks still held then.
+    pub async fn shutdown(self, patience: Duration) -> Stopped {
+        let _ = self.stopping.send(true);
+        let held = self.held.len();
+        if held > 0 {
+            tracing::info!(held, ?patience, "stopping: waiting for HTTP clients to release their locks");
         }
-        // Requests still waiting for a lock end when the node stops; do not wait for them.
+        let empty = async {
+            loop {
+                let changed = self.held.changed.notified();
+                if self.held.len() == 0 {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        let outcome = match tokio::time::timeout(patience, empty).await {
+            Ok(()) => Stopped::Clean,
+            Err(_) => Stopped::Abandoned(self.held.len()),
+        };
+        let _ = self.stop.send(());
+        // Requests still open end when the node stops; do not wait for them.
         let _ = tokio::time::timeout(Duration::from_millis(500), self.task).await;
+        outcome
     }
 }
 
@@ -867,7 +1104,17 @@ mod tests {
         want.sort_unstable();
         assert_eq!(paths, want);
         let schemas = doc["components"]["schemas"].as_object().unwrap();
-        for t in ["Acquired", "KeptAlive", "Released", "ReleaseBody", "ErrorBody", "LockView", "Inspection", "Status"] {
+        for t in [
+            "Acquired",
+            "KeptAlive",
+            "Released",
+            "HolderBody",
+            "RevokeBody",
+            "ErrorBody",
+            "LockView",
+            "Inspection",
+            "Status",
+        ] {
             assert!(schemas.contains_key(t), "schema {t} missing: {:?}", schemas.keys().collect::<Vec<_>>());
         }
         let acquire = &doc["paths"]["/v1/locks/{name}/acquire"]["post"];

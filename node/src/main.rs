@@ -65,11 +65,15 @@ enum Cmd {
     /// SIGMA_FENCING_TOKEN= and SIGMA_LOCK_VALID_UNTIL_MS= lines.
     ///
     /// The command gets SIGMA_LOCK_NAME, SIGMA_FENCING_TOKEN and
-    /// SIGMA_LOCK_VALID_UNTIL_MS (the validity at acquisition, ms since the Unix epoch;
-    /// renewals extend it without changing the variable) in its environment and runs in
-    /// its own process group.
-    /// The lock is watched while it runs; if it is lost, the command gets SIGTERM, then
-    /// SIGKILL after --grace. SIGINT, SIGTERM and SIGHUP are forwarded to it.
+    /// SIGMA_LOCK_VALID_UNTIL_MS (the lock's deadline when the command started, ms since
+    /// the Unix epoch: the lock may go to someone else after it, never before; renewals
+    /// move it on without changing the variable) in its environment and runs in its own
+    /// process group. It dies with `sigma lock` (a parent-death SIGKILL), so a killed
+    /// `sigma lock` leaves no command running without the lock.
+    /// The lock is renewed while it runs; if it is lost (the daemon no longer holds it,
+    /// is stopping, is gone, or no renewal came before the deadline), the command gets
+    /// SIGTERM, then SIGKILL after --grace, by the deadline at the latest. SIGINT,
+    /// SIGTERM and SIGHUP are forwarded to it.
     ///
     /// Exit status: the command's (128+N if killed by signal N); 75 if the lock was not
     /// acquired within --timeout; 76 if the lock was lost while the command ran; 78 if
@@ -162,10 +166,30 @@ struct RunArgs {
     /// several users: only those who can read the file can use the API.
     #[arg(long, value_name = "PATH", env = "SIGMA_API_TOKEN_FILE")]
     api_token_file: Option<PathBuf>,
-    /// API requests served at once (waiting acquires included); more are refused with
-    /// 503 `busy`.
+    /// Acquires served at once by the API (waiting ones included); more are refused with
+    /// 503 `busy`. Keep-alives and releases have a pool of their own: waiting acquires
+    /// never starve a holder.
     #[arg(long, value_name = "N", default_value_t = http::gate::DEFAULT_MAX_IN_FLIGHT, env = "SIGMA_API_MAX_REQUESTS")]
     api_max_requests: usize,
+    /// Acquires waiting at once for one lock name through this daemon; more are refused
+    /// with 503 `too_many_waiters`.
+    #[arg(long, value_name = "N", default_value_t = http::DEFAULT_MAX_WAITERS_PER_LOCK, env = "SIGMA_API_MAX_WAITERS_PER_LOCK")]
+    api_max_waiters_per_lock: usize,
+    /// Connections open at once on the API's listener (and on the metrics listener);
+    /// more are closed on accept.
+    #[arg(long, value_name = "N", default_value_t = http::DEFAULT_MAX_CONNECTIONS, env = "SIGMA_HTTP_MAX_CONNECTIONS")]
+    http_max_connections: usize,
+    /// An HTTP connection that sends no complete request head for this long (idle
+    /// between requests included) is closed.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", env = "SIGMA_HTTP_HEADER_TIMEOUT")]
+    http_header_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long to wait for HTTP clients to release their locks (they
+    /// are told the daemon is stopping; a lock not released runs out with its client
+    /// lease). Locks still held after it are left to lapse on their own, as after a
+    /// crash, rather than released under their holders. Keep the service manager's stop
+    /// timeout above it (the unit's TimeoutStopSec). A second signal stops at once.
+    #[arg(long, value_parser = parse_duration, default_value = "30s", env = "SIGMA_STOP_TIMEOUT")]
+    stop_timeout: Duration,
     /// Logical replicas per lock (default 32). Every peer of a swarm must agree.
     #[arg(long, requires = "m", env = "SIGMA_N")]
     n: Option<usize>,
@@ -330,8 +354,11 @@ struct LockArgs {
     /// the last renewal.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     ttl: Duration,
-    /// After SIGTERM to a command whose lock was lost, wait this long before SIGKILL.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    /// Stop the command this long before the lock's deadline when no renewal moved it
+    /// on (SIGTERM, then SIGKILL at the deadline); a lost lock also leaves it at most
+    /// this long between SIGTERM and SIGKILL. At most half of what the deadline leaves
+    /// (the daemon's lease and --ttl).
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
     grace: Duration,
     /// Try once: give up after about a second if the lock is held elsewhere (exit 75).
     #[arg(long = "try", conflicts_with = "timeout")]
@@ -689,7 +716,14 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     };
     let mut node = Node::start(config).await.context("cannot start the node")?;
     let handle = node.handle();
-    let api_options = http::ApiOptions { max_in_flight: args.api_max_requests, token, metrics_addr: args.metrics };
+    let api_options = http::ApiOptions {
+        max_in_flight: args.api_max_requests,
+        max_waiters_per_lock: args.api_max_waiters_per_lock,
+        token,
+        metrics_addr: args.metrics,
+        max_connections: args.http_max_connections,
+        header_timeout: args.http_header_timeout,
+    };
     let api = match Api::bind_with(api_addr, handle.clone(), metrics, Arc::new(registry), api_options).await {
         Ok(api) => api,
         Err(e) => {
@@ -734,14 +768,28 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         _ = int.recv() => "SIGINT",
         why = node.failed() => {
             tracing::error!(%why, "stopping the daemon");
-            api.shutdown().await;
+            api.shutdown(Duration::ZERO).await;
             return Err(anyhow::anyhow!(why));
         }
     };
     tracing::info!(signal = which, "shutting down");
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    api.shutdown().await;
-    node.shutdown().await.context("stopping the node")?;
+    // Holders first: they are told the daemon stops, stop their work and release; only
+    // then does the node go (and with it what it still renews).
+    let stopped = tokio::select! {
+        stopped = api.shutdown(args.stop_timeout) => stopped,
+        _ = term.recv() => http::Stopped::Abandoned(0),
+        _ = int.recv() => http::Stopped::Abandoned(0),
+    };
+    match stopped {
+        http::Stopped::Clean => node.shutdown().await.context("stopping the node")?,
+        http::Stopped::Abandoned(held) => {
+            // Releasing these would hand them on before the deadline their holders were
+            // told; without their renewals their votes lapse after it.
+            tracing::warn!(held, "stopping without releasing the locks HTTP clients still hold");
+            drop(node);
+        }
+    }
     tracing::info!("stopped");
     Ok(0)
 }
@@ -1016,8 +1064,21 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     };
     let token = acquired.token;
     tracing::info!(%name, token, "lock acquired");
+    let mut holding = Holding::confirm(client, name.clone(), acquired, args.ttl).await?;
     if args.command.is_empty() {
-        return hold_until_signal(&client, &name, &acquired, args.ttl, &mut signals).await;
+        return hold_until_signal(&mut holding, &mut signals).await;
+    }
+    // The command is stopped --grace before the deadline, so that its SIGKILL lands by
+    // the deadline. A daemon whose lease leaves less than that (a short --lease-ms) gets
+    // half of what it leaves.
+    let span = holding.deadline.saturating_duration_since(holding.confirmed_at);
+    let grace = args.grace.min(span / 2);
+    if grace < args.grace {
+        eprintln!(
+            "sigma: warning: --grace {:?} is more than half of what lock {name}'s deadline leaves ({span:?}); using \
+             {grace:?}",
+            args.grace
+        );
     }
 
     // Run the command.
@@ -1025,30 +1086,38 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     cmd.args(&args.command[1..])
         .env("SIGMA_LOCK_NAME", &name)
         .env("SIGMA_FENCING_TOKEN", token.to_string())
-        .env("SIGMA_LOCK_VALID_UNTIL_MS", acquired.valid_until_ms.to_string())
+        .env("SIGMA_LOCK_VALID_UNTIL_MS", holding.valid_until_ms.to_string())
         .process_group(0);
+    let parent = nix::unistd::getpid();
+    // SAFETY: between fork and exec the closure makes two system calls and nothing else
+    // (no allocation, no lock): async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            // The command dies with `sigma lock` (`kill -9`, OOM): it must not run on
+            // without the lock. The signal follows the thread that forked, which is the
+            // runtime's main thread (`block_on`), alive until `sigma lock` exits.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if nix::unistd::getppid() != parent {
+                // `sigma lock` died before the line above took effect.
+                return Err(std::io::Error::other("sigma lock is gone"));
+            }
+            Ok(())
+        });
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-            let _ = release(&client, &name, token).await;
+            let _ = holding.release().await;
             return Err(fail(code, format!("cannot run {:?}: {e}", args.command[0])));
         }
     };
     let pgid = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
     let terminal = Terminal::give_to(pgid);
 
-    let mut valid_until = Instant::now() + Duration::from_millis(acquired.valid_for_ms);
     let mut lost: Option<String> = None;
-    let mut warned_unreachable = false;
     let status = loop {
-        // Renew the client lease three times per TTL, and check the lock at least three
-        // times per validity.
-        let poll = valid_until
-            .saturating_duration_since(Instant::now())
-            .min(args.ttl)
-            .div_f64(3.0)
-            .clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let stop_at = holding.deadline.checked_sub(grace).unwrap_or(holding.deadline);
         tokio::select! {
             st = child.wait() => break st.context("waiting for the command")?,
             sig = signals.recv() => {
@@ -1056,30 +1125,11 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
                     kill_group(pg, sig);
                 }
             }
-            _ = tokio::time::sleep(poll) => {
-                match keepalive(&client, &name, token).await {
-                    Ok(Some(kept)) => {
-                        valid_until = Instant::now() + Duration::from_millis(kept.valid_for_ms);
-                        warned_unreachable = false;
-                    }
-                    Ok(None) => lost = Some("the daemon no longer holds it".to_owned()),
-                    // Stop the command --grace before the validity ends, so that even its
-                    // SIGKILL lands while the lock is still guaranteed.
-                    Err(e) if Instant::now() + args.grace >= valid_until => {
-                        lost = Some(format!(
-                            "the daemon cannot confirm it ({e:#}) and its validity ends within --grace"
-                        ));
-                    }
-                    Err(e) => {
-                        if !warned_unreachable {
-                            eprintln!("sigma: warning: cannot check lock {name}: {e:#}");
-                            warned_unreachable = true;
-                        }
-                    }
-                }
+            () = tokio::time::sleep_until(holding.next_renewal(stop_at).into()) => {
+                lost = holding.renew(stop_at).await;
                 if let Some(why) = &lost {
                     eprintln!("sigma: lock {name} (token {token}) was lost: {why}; stopping the command");
-                    break stop_child(&mut child, pgid, args.grace).await?;
+                    break stop_child(&mut child, pgid, grace.min(holding.left())).await?;
                 }
             }
         }
@@ -1088,13 +1138,13 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
 
     let code = exit_code(&status);
     if lost.is_some() {
-        let _ = release(&client, &name, token).await;
+        let _ = holding.release().await;
         return Err(fail(
             EXIT_LOST,
             format!("lock {name} was lost while the command ran (command exit status {code})"),
         ));
     }
-    match release(&client, &name, token).await {
+    match holding.release().await {
         Ok(true) => Ok(code),
         Ok(false) => Err(fail(
             EXIT_LOST,
@@ -1107,33 +1157,122 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     }
 }
 
-/// `sigma lock NAME` without a command: prints the lock and its token, keeps the client
-/// lease alive, releases on SIGINT/SIGTERM/SIGHUP (exit 0), exits 76 if the lock is lost.
-async fn hold_until_signal(
-    client: &Client,
-    name: &str,
-    acquired: &Acquired,
+/// A lock `sigma lock` holds: its lease id and its one deadline, counted from the send
+/// of the keep-alive that answered it (never from an answer's arrival, which may come
+/// late), and renewed well before it.
+struct Holding {
+    client: Client,
+    name: String,
+    token: u64,
+    lease: String,
     ttl: Duration,
-    signals: &mut Signals,
-) -> anyhow::Result<u8> {
-    let token = acquired.token;
+    /// The lock may go to someone else after this, and not before.
+    deadline: Instant,
+    /// The same, as the daemon wrote it (ms since the Unix epoch) at the first renewal.
+    valid_until_ms: u64,
+    /// When the first renewal was sent.
+    confirmed_at: Instant,
+    warned: bool,
+}
+
+impl Holding {
+    /// Renews the lease once at once, so that the deadline the command starts with is
+    /// counted from a send time. A lock lost in between is released and reported.
+    async fn confirm(client: Client, name: String, acquired: Acquired, ttl: Duration) -> anyhow::Result<Holding> {
+        let token = acquired.token;
+        let mut h = Holding {
+            client,
+            name,
+            token,
+            lease: acquired.lease,
+            ttl,
+            deadline: Instant::now(),
+            valid_until_ms: acquired.valid_until_ms,
+            confirmed_at: Instant::now(),
+            warned: false,
+        };
+        let sent = Instant::now();
+        match keepalive(&h.client, &h.name, token, &h.lease).await {
+            Ok(kept) => {
+                h.deadline = sent + Duration::from_millis(kept.valid_for_ms);
+                h.valid_until_ms = kept.valid_until_ms;
+                h.confirmed_at = sent;
+                Ok(h)
+            }
+            Err(e) => {
+                let _ = h.release().await;
+                Err(fail(EXIT_LOST, format!("lock {} (token {token}) was lost at once: {e:#}", h.name)))
+            }
+        }
+    }
+
+    /// Time left until the deadline.
+    fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// When to renew next: half-way to `stop_at` (the time the holder must start to
+    /// stop), at most every quarter of the client lease, at least 50 ms apart.
+    fn next_renewal(&self, stop_at: Instant) -> Instant {
+        let now = Instant::now();
+        now + (stop_at.saturating_duration_since(now) / 2).clamp(Duration::from_millis(50), self.ttl / 4)
+    }
+
+    /// Renews the client lease; `Some(why)` when the lock must be taken as lost: the
+    /// daemon no longer holds it, is stopping or is gone, or `stop_at` came with no
+    /// renewal answered in time.
+    async fn renew(&mut self, stop_at: Instant) -> Option<String> {
+        if Instant::now() >= stop_at {
+            return Some("no keep-alive confirmed it before its deadline".to_owned());
+        }
+        let sent = Instant::now();
+        match keepalive(&self.client, &self.name, self.token, &self.lease).await {
+            Ok(kept) => {
+                self.deadline = self.deadline.max(sent + Duration::from_millis(kept.valid_for_ms));
+                self.warned = false;
+                None
+            }
+            Err(ClientError::NotFound(_)) => Some("the daemon no longer holds it".to_owned()),
+            Err(e) if e.is_stopping() => Some("the daemon is stopping".to_owned()),
+            Err(e) if e.is_refused_connection() => Some(format!("the daemon is gone ({e})")),
+            Err(e) => {
+                if !self.warned {
+                    eprintln!("sigma: warning: cannot renew lock {}: {e:#}", self.name);
+                    self.warned = true;
+                }
+                (Instant::now() >= stop_at).then(|| format!("no keep-alive confirmed it before its deadline ({e})"))
+            }
+        }
+    }
+
+    /// `Ok(true)` released, `Ok(false)` the daemon does not hold it (lost).
+    async fn release(&self) -> Result<bool, ClientError> {
+        let client = self.client.clone().with_timeout(Duration::from_secs(10));
+        match client.release(&self.name, self.token, &self.lease).await {
+            Ok(_) => Ok(true),
+            Err(ClientError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// `sigma lock NAME` without a command: prints the lock and its token, keeps the client
+/// lease alive, releases on SIGINT/SIGTERM/SIGHUP (exit 0), exits 76 if the lock is lost
+/// (at its deadline at the latest).
+async fn hold_until_signal(holding: &mut Holding, signals: &mut Signals) -> anyhow::Result<u8> {
+    let (name, token) = (holding.name.clone(), holding.token);
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "SIGMA_LOCK_NAME={name}")?;
         writeln!(out, "SIGMA_FENCING_TOKEN={token}")?;
-        writeln!(out, "SIGMA_LOCK_VALID_UNTIL_MS={}", acquired.valid_until_ms)?;
+        writeln!(out, "SIGMA_LOCK_VALID_UNTIL_MS={}", holding.valid_until_ms)?;
         out.flush()?;
     }
-    let mut valid_until = Instant::now() + Duration::from_millis(acquired.valid_for_ms);
     loop {
-        let poll = valid_until
-            .saturating_duration_since(Instant::now())
-            .min(ttl)
-            .div_f64(3.0)
-            .clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let stop_at = holding.deadline;
         tokio::select! {
             _ = signals.recv() => {
-                return match release(client, name, token).await {
+                return match holding.release().await {
                     Ok(true) => Ok(0),
                     Ok(false) => Err(fail(EXIT_LOST, format!("lock {name} (token {token}) was no longer held"))),
                     Err(e) => {
@@ -1142,34 +1281,19 @@ async fn hold_until_signal(
                     }
                 };
             }
-            () = tokio::time::sleep(poll) => match keepalive(client, name, token).await {
-                Ok(Some(kept)) => valid_until = Instant::now() + Duration::from_millis(kept.valid_for_ms),
-                Ok(None) => return Err(fail(EXIT_LOST, format!("lock {name} (token {token}) was lost"))),
-                Err(e) if Instant::now() >= valid_until => {
-                    return Err(fail(EXIT_LOST, format!("lock {name}: the daemon cannot confirm it ({e:#}) and its lease has run out")));
+            () = tokio::time::sleep_until(holding.next_renewal(stop_at).into()) => {
+                if let Some(why) = holding.renew(stop_at).await {
+                    let _ = holding.release().await;
+                    return Err(fail(EXIT_LOST, format!("lock {name} (token {token}) was lost: {why}")));
                 }
-                Err(e) => eprintln!("sigma: warning: cannot renew lock {name}: {e:#}"),
-            },
+            }
         }
     }
 }
 
-/// Renews the client lease: `Ok(None)` when the daemon does not hold the lock any more.
-async fn keepalive(client: &Client, name: &str, token: u64) -> Result<Option<KeptAlive>, ClientError> {
-    match client.clone().with_timeout(Duration::from_secs(2)).keepalive(name, token).await {
-        Ok(kept) => Ok(Some(kept)),
-        Err(ClientError::NotFound(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// `Ok(true)` released, `Ok(false)` the daemon does not hold it (lost).
-async fn release(client: &Client, name: &str, token: u64) -> Result<bool, ClientError> {
-    match client.clone().with_timeout(Duration::from_secs(10)).release(name, token).await {
-        Ok(_) => Ok(true),
-        Err(ClientError::NotFound(_)) => Ok(false),
-        Err(e) => Err(e),
-    }
+/// Renews the client lease (a short deadline: a renewal that takes long is no renewal).
+async fn keepalive(client: &Client, name: &str, token: u64, lease: &str) -> Result<KeptAlive, ClientError> {
+    client.clone().with_timeout(Duration::from_secs(2)).keepalive(name, token, lease).await
 }
 
 fn exit_code(status: &std::process::ExitStatus) -> u8 {

@@ -26,7 +26,9 @@
 //! | `sigma_completed_total`, `sigma_completed_messages_total` | counter | messages per CS entry = their ratio |
 //! | `sigma_acquire_duration_seconds` | histogram | `outcome` |
 //! | `sigma_http_locks_held` | gauge | |
-//! | `sigma_http_rejected_total` (refused by the API's gate, `http::gate`) | counter | `reason` |
+//! | `sigma_http_rejected_total` (refused by the API's gate, `http::gate`, or a holder route: `not_held`, `bad_lease`) | counter | `reason` |
+//! | `sigma_http_connections_refused_total` (past `--http-max-connections`) | counter | `listener`: api, metrics |
+//! | `sigma_http_connections_timed_out_total` (no full request head within `--http-header-timeout`) | counter | `listener` |
 //!
 //! The replica totals are sums over the replicas hosted *now*: a replica that moves
 //! away takes its counts with it, which Prometheus reads as a counter reset.
@@ -91,6 +93,8 @@ pub struct Metrics {
     http_locks_held: Gauge,
     client_leases_expired: prometheus_client::metrics::counter::Counter,
     http_rejected: Family<Label, prometheus_client::metrics::counter::Counter>,
+    http_connections_refused: Family<Label, prometheus_client::metrics::counter::Counter>,
+    http_connections_timed_out: Family<Label, prometheus_client::metrics::counter::Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -107,6 +111,8 @@ impl Metrics {
             http_locks_held: Gauge::default(),
             client_leases_expired: Default::default(),
             http_rejected: Family::default(),
+            http_connections_refused: Family::default(),
+            http_connections_timed_out: Family::default(),
         };
         let sub = registry.sub_registry_with_prefix("sigma");
         sub.register_with_unit(
@@ -129,6 +135,16 @@ impl Metrics {
             "http_rejected",
             "HTTP requests refused before reaching the API (bad Host or Origin, form POST, token, size, busy)",
             m.http_rejected.clone(),
+        );
+        sub.register(
+            "http_connections_refused",
+            "HTTP connections closed on accept because the listener had --http-max-connections open",
+            m.http_connections_refused.clone(),
+        );
+        sub.register(
+            "http_connections_timed_out",
+            "HTTP connections closed because no full request head came within --http-header-timeout (idle included)",
+            m.http_connections_timed_out.clone(),
         );
         sub.register_collector(Box::new(CounterCollector { snapshot: m.snapshot.clone() }));
         m
@@ -154,6 +170,16 @@ impl Metrics {
     /// Counts an HTTP request refused by the API's gate (`reason`: a fixed set of codes).
     pub fn http_rejected(&self, reason: &'static str) {
         self.http_rejected.get_or_create(&Label { key: "reason", value: reason }).inc();
+    }
+
+    /// Counts a connection closed on accept (`listener`: `api` or `metrics`).
+    pub fn http_connection_refused(&self, listener: &'static str) {
+        self.http_connections_refused.get_or_create(&Label { key: "listener", value: listener }).inc();
+    }
+
+    /// Counts a connection closed for want of a request head in time.
+    pub fn http_connection_timed_out(&self, listener: &'static str) {
+        self.http_connections_timed_out.get_or_create(&Label { key: "listener", value: listener }).inc();
     }
 
     /// Sets the number of locks held for HTTP clients.

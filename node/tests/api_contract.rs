@@ -57,17 +57,17 @@ async fn answers_match_the_served_openapi_document() {
     let inspection = get_json(&format!("http://{}/v1/inspect/contract%2Fx", d.api)).await;
     assert!(inspection["holder"].is_object(), "{inspection}");
     conforms(&doc, "Inspection", &inspection, "inspect");
-    let kept = client.keepalive("contract/x", held.token).await.unwrap();
+    let kept = client.keepalive("contract/x", held.token, &held.lease).await.unwrap();
     conforms(&doc, "KeptAlive", &serde_json::to_value(&kept).unwrap(), "keepalive");
 
     // An error body too.
     let resp = daemon::http()
         .post(format!("http://{}/v1/locks/contract%2Fx/release", d.api))
-        .json(&serde_json::json!({ "token": held.token + 1 }))
+        .json(&serde_json::json!({ "token": held.token + 1, "lease": held.lease }))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 404);
     conforms(&doc, "ErrorBody", &resp.json::<Value>().await.unwrap(), "release");
-    client.release("contract/x", held.token).await.unwrap();
+    client.release("contract/x", held.token, &held.lease).await.unwrap();
 }

@@ -149,6 +149,7 @@ async fn http_holder_timeout_errors_and_loss() {
     let acq: Value = resp.json().await.unwrap();
     assert_eq!(acq["name"], "held/x");
     let token = acq["token"].as_u64().unwrap();
+    let lease = acq["lease"].as_str().unwrap().to_owned();
     assert!(acq["valid_for_ms"].as_u64().unwrap() > 0, "{acq}");
     let view = get_json(&format!("http://{a}/v1/locks/held%2Fx")).await;
     assert_eq!(view["held"][0]["token"].as_u64(), Some(token), "{view}");
@@ -187,7 +188,8 @@ async fn http_holder_timeout_errors_and_loss() {
 
     // Release: wrong token 404, right token 200, twice 404.
     let release = |token: u64| {
-        client.post(format!("http://{a}/v1/locks/held/x/release")).json(&serde_json::json!({ "token": token })).send()
+        let body = serde_json::json!({ "token": token, "lease": lease });
+        client.post(format!("http://{a}/v1/locks/held/x/release")).json(&body).send()
     };
     assert_eq!(release(token + 1).await.unwrap().status(), 404);
     assert_eq!(release(token).await.unwrap().status(), 200);

@@ -54,3 +54,41 @@ async fn python_clients_take_turns_and_renew_their_lease() {
     assert!(waited.as_secs_f64() > 7.0, "the second got the lock after {waited:?}: {out1}");
     assert!(!out1.contains("lost"), "{out1}");
 }
+
+/// The holder contract in the Python client: with its daemon hung (SIGSTOP: keep-alives
+/// time out, as under an overload), `lost` is set by the deadline its last renewal was
+/// answered with, counted from that renewal's send: within one client TTL (1 s here) of
+/// the hang. It used to wait on, holding, for as long as the daemon did not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_holder_is_lost_by_its_deadline_when_its_daemon_hangs() {
+    use tokio::io::AsyncBufReadExt as _;
+    if Command::new("python3").arg("--version").output().await.is_err() {
+        eprintln!("python3 is not installed: install it (apt-get install python3) to run this test");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d =
+        daemon_with(dir.path(), "hang", &[], &["--listen", "/ip4/127.0.0.1/tcp/0", "--takeover-delay", "100ms"]).await;
+    let status = format!("http://{}/v1/status", d.api);
+    eventually("the daemon to serve", || async { get_json(&status).await["ready"] == true }).await;
+    let mut holder = Command::new("python3")
+        .args([SCRIPT, "--api", &d.api, "--hold", "60", "--ttl", "1", "py/hang"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(holder.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(daemon::PATIENCE, lines.next_line()).await.unwrap().unwrap().unwrap();
+    assert!(first.starts_with("acquired py/hang"), "{first}");
+    // A few renewals first.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(d.child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let hung = std::time::Instant::now();
+    let next = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line()).await;
+    let after = hung.elapsed();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let line = next.expect("the Python holder never noticed it lost the lock").unwrap().unwrap();
+    assert!(line.starts_with("lost py/hang"), "{line}");
+    assert!(after < std::time::Duration::from_millis(1500), "lost {after:?} after the hang, the TTL is 1 s");
+}

@@ -120,14 +120,15 @@ struct Session {
 
 /// A held lock, to unlock.
 enum Held {
-    Sigma(u64),
+    /// Token and lease id.
+    Sigma(u64, String),
     Etcd(etcd::Held),
 }
 
 impl Held {
     fn token(&self) -> u64 {
         match self {
-            Held::Sigma(t) => *t,
+            Held::Sigma(t, _) => *t,
             Held::Etcd(h) => u64::try_from(h.revision).unwrap_or(0),
         }
     }
@@ -152,7 +153,7 @@ impl System {
     async fn lock(&self, s: &Session, name: &str) -> Result<Held> {
         match (self, s.lease) {
             (System::Sigma(_), _) => match api::acquire(&s.http, s.endpoint, name, 60_000).await {
-                Acquire::Granted(a) => Ok(Held::Sigma(a.token)),
+                Acquire::Granted(a) => Ok(Held::Sigma(a.token, a.lease)),
                 Acquire::TimedOut => bail!("sigma: acquire of {name} via {} timed out (60 s)", s.endpoint),
                 Acquire::Failed(e) => bail!("sigma: acquire of {name} via {}: {e}", s.endpoint),
             },
@@ -163,7 +164,7 @@ impl System {
 
     async fn unlock(&self, s: &Session, name: &str, held: Held) -> Result<()> {
         match held {
-            Held::Sigma(token) => match api::release(&s.http, s.endpoint, name, token).await {
+            Held::Sigma(token, lease) => match api::release(&s.http, s.endpoint, name, token, &lease).await {
                 Release::Released => Ok(()),
                 other => bail!("sigma: release of {name} (token {token}) via {}: {other:?}", s.endpoint),
             },

@@ -14,7 +14,15 @@
 //! | `Origin` present and not a loopback origin (a web page) | 403 | `bad_origin` |
 //! | a POST without `Content-Type: application/json` and without a `Sigma-Client` header (a form) | 415 | `bad_content_type` |
 //! | a body larger than [`MAX_BODY`] | 413 | `body_too_large` |
-//! | more than `max_in_flight` requests at once, waiting acquires included | 503 | `busy` |
+//! | more than `max_in_flight` acquires at once (waiting ones included) | 503 | `busy` |
+//! | more than [`HOLDER_IN_FLIGHT`] keep-alives and releases at once | 503 | `busy` |
+//! | more than [`OTHER_IN_FLIGHT`] other requests at once (status, inspect, metrics, …) | 503 | `busy` |
+//!
+//! The three kinds of request draw on three pools of permits: acquires that wait for a
+//! lock cannot starve a holder's keep-alive or release (a refused keep-alive would let
+//! the client lease run out under a holder whose lock is fine), nor the probes and
+//! scrapes that tell an operator what is going on. The acquire handler also bounds the
+//! acquires waiting for one lock name ([`super::ApiOptions::max_waiters_per_lock`]).
 //!
 //! A browser cannot send a JSON content type, a custom header or an `Authorization` header
 //! to another origin without a preflight, which this API never answers. Programs send
@@ -39,6 +47,12 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// Default bound on requests served at once (`--api-max-requests`).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
+/// Keep-alives and releases served at once (their own pool: never starved by acquires).
+pub const HOLDER_IN_FLIGHT: usize = 1024;
+
+/// Requests other than acquires, keep-alives and releases served at once.
+pub const OTHER_IN_FLIGHT: usize = 256;
+
 /// The header a program may send instead of a JSON content type.
 pub const CLIENT_HEADER: &str = "sigma-client";
 
@@ -55,8 +69,13 @@ pub enum Refusal {
     BadContentType,
     /// The body is larger than [`MAX_BODY`].
     BodyTooLarge,
-    /// Too many requests at once.
+    /// Too many requests of its kind at once.
     Busy,
+    /// Too many acquires wait for this lock name on this daemon.
+    TooManyWaiters,
+    /// The daemon is stopping: no new acquire; a holder's keep-alive is refused so that
+    /// its client stops using the lock and releases it.
+    Stopping,
     /// The daemon holds [`super::MAX_HTTP_LOCKS`] locks for HTTP clients (checked by the
     /// acquire handler, answered and counted like the gate's refusals).
     TooManyLocks,
@@ -72,6 +91,8 @@ impl Refusal {
             Refusal::BadContentType => "bad_content_type",
             Refusal::BodyTooLarge => "body_too_large",
             Refusal::Busy => "busy",
+            Refusal::TooManyWaiters => "too_many_waiters",
+            Refusal::Stopping => "stopping",
             Refusal::TooManyLocks => "too_many_locks",
         }
     }
@@ -82,7 +103,9 @@ impl Refusal {
             Refusal::BadHost | Refusal::BadOrigin => StatusCode::FORBIDDEN,
             Refusal::BadContentType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Refusal::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Refusal::Busy | Refusal::TooManyLocks => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Busy | Refusal::TooManyLocks | Refusal::TooManyWaiters | Refusal::Stopping => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -100,7 +123,18 @@ impl Refusal {
                 "a POST needs `Content-Type: application/json` or a `{CLIENT_HEADER}` header (web forms are refused)"
             ),
             Refusal::BodyTooLarge => format!("request body larger than {MAX_BODY} bytes"),
-            Refusal::Busy => "too many requests at once (--api-max-requests): retry later".to_owned(),
+            Refusal::Busy => {
+                "too many requests of this kind at once (--api-max-requests for acquires): retry later".to_owned()
+            }
+            Refusal::TooManyWaiters => {
+                "too many acquires wait for this lock on this daemon (--api-max-waiters-per-lock): retry later"
+                    .to_owned()
+            }
+            Refusal::Stopping => {
+                "the daemon is stopping: a holder must stop using the lock and release it; acquire through another \
+                 daemon"
+                    .to_owned()
+            }
             Refusal::TooManyLocks => format!(
                 "this daemon already holds {} locks for HTTP clients: release some first",
                 super::MAX_HTTP_LOCKS
@@ -114,19 +148,61 @@ impl Refusal {
     }
 }
 
-/// The gate's settings and its count of requests in flight.
+/// What a request is, for the pool of permits it draws on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `POST /v1/locks/{name}/acquire`: may wait as long as a lock is held elsewhere.
+    Acquire,
+    /// `POST /v1/locks/{name}/keepalive` or `…/release`: a holder's, short.
+    Holder,
+    /// Everything else.
+    Other,
+}
+
+impl Kind {
+    /// The kind of a request from its method and path.
+    pub fn of(method: &Method, path: &str) -> Kind {
+        if method != Method::POST || !path.starts_with("/v1/locks/") {
+            return Kind::Other;
+        }
+        match path.rsplit_once('/').map(|(_, action)| action) {
+            Some("acquire") => Kind::Acquire,
+            Some("keepalive" | "release") => Kind::Holder,
+            _ => Kind::Other,
+        }
+    }
+}
+
+/// The gate's settings and its counts of requests in flight, one pool per [`Kind`].
 #[derive(Clone, Debug)]
 pub struct Gate {
-    permits: Arc<Semaphore>,
+    acquires: Arc<Semaphore>,
+    holders: Arc<Semaphore>,
+    others: Arc<Semaphore>,
     token: Option<Arc<str>>,
     metrics: Metrics,
 }
 
 impl Gate {
-    /// At most `max_in_flight` requests at once; `token`: the bearer token every request
+    /// At most `max_in_flight` acquires at once (and [`HOLDER_IN_FLIGHT`],
+    /// [`OTHER_IN_FLIGHT`] of the other kinds); `token`: the bearer token every request
     /// must carry, if any.
     pub fn new(max_in_flight: usize, token: Option<String>, metrics: Metrics) -> Self {
-        Gate { permits: Arc::new(Semaphore::new(max_in_flight.max(1))), token: token.map(Into::into), metrics }
+        Gate {
+            acquires: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            holders: Arc::new(Semaphore::new(HOLDER_IN_FLIGHT)),
+            others: Arc::new(Semaphore::new(OTHER_IN_FLIGHT)),
+            token: token.map(Into::into),
+            metrics,
+        }
+    }
+
+    fn pool(&self, kind: Kind) -> &Arc<Semaphore> {
+        match kind {
+            Kind::Acquire => &self.acquires,
+            Kind::Holder => &self.holders,
+            Kind::Other => &self.others,
+        }
     }
 
     /// The checks on the request line and headers (everything but the in-flight bound).
@@ -172,20 +248,23 @@ impl Gate {
         Ok(())
     }
 
-    fn refuse(&self, why: Refusal) -> Response {
+    /// Counts and answers a refusal.
+    pub fn refuse(&self, why: Refusal) -> Response {
         self.metrics.http_rejected(why.code());
         tracing::debug!(reason = why.code(), "HTTP request refused");
         why.response()
     }
 }
 
-/// The middleware: checks, then holds one in-flight permit while the handler runs (a
-/// waiting acquire holds it until it is answered or its client goes away).
+/// The middleware: checks, then holds one in-flight permit of the request's pool while
+/// the handler runs (a waiting acquire holds it until it is answered or its client goes
+/// away).
 pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Response {
     if let Err(why) = gate.admit(req.method(), req.headers()) {
         return gate.refuse(why);
     }
-    let Ok(permit) = gate.permits.clone().try_acquire_owned() else {
+    let kind = Kind::of(req.method(), req.uri().path());
+    let Ok(permit) = gate.pool(kind).clone().try_acquire_owned() else {
         return gate.refuse(Refusal::Busy);
     };
     let resp = next.run(req).await;
@@ -265,6 +344,18 @@ mod tests {
         assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BadContentType), "no content type");
         let h = headers(&[("host", "127.0.0.1:7700"), JSON, ("content-length", "65537")]);
         assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BodyTooLarge));
+    }
+
+    #[test]
+    fn requests_are_sorted_into_their_pools() {
+        assert_eq!(Kind::of(&Method::POST, "/v1/locks/a/acquire"), Kind::Acquire);
+        assert_eq!(Kind::of(&Method::POST, "/v1/locks/orders/42/acquire"), Kind::Acquire);
+        assert_eq!(Kind::of(&Method::POST, "/v1/locks/a/keepalive"), Kind::Holder);
+        assert_eq!(Kind::of(&Method::POST, "/v1/locks/a%2Fb/release"), Kind::Holder);
+        assert_eq!(Kind::of(&Method::GET, "/v1/locks/acquire"), Kind::Other);
+        assert_eq!(Kind::of(&Method::POST, "/v1/revoke/a"), Kind::Other);
+        assert_eq!(Kind::of(&Method::GET, "/v1/status"), Kind::Other);
+        assert_eq!(Kind::of(&Method::POST, "/v1/admin/block"), Kind::Other);
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Daemon {
     pub peer_id: PeerId,
     pub listen: Vec<Multiaddr>,
     pub api: String,
+    /// The `--metrics` listener's address, if one was asked for.
+    pub metrics: Option<String>,
     pub log: PathBuf,
 }
 
@@ -47,17 +49,16 @@ pub async fn daemon(dir: &Path, tag: &str, bootstrap: &[Multiaddr]) -> Daemon {
     daemon_with(dir, tag, bootstrap, &["--listen", "/ip4/127.0.0.1/tcp/0"]).await
 }
 
-/// [`daemon`] with more arguments (a `--listen` among them). 3 s leases, fast liveness
-/// pings and gossip keep the takeover delay near 5 s.
+/// [`daemon`] with more arguments (a `--listen` among them). 3 s leases (unless `extra`
+/// gives `--lease-ms`), fast liveness pings and gossip keep the takeover delay near 5 s.
 pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: &[&str]) -> Daemon {
     let log = dir.join(format!("{tag}.log"));
     let mut cmd = Command::new(SIGMA);
+    cmd.args(["run", "--api", "127.0.0.1:0"]);
+    if !extra.contains(&"--lease-ms") {
+        cmd.args(["--lease-ms", "3000"]);
+    }
     cmd.args([
-        "run",
-        "--api",
-        "127.0.0.1:0",
-        "--lease-ms",
-        "3000",
         "--ping-interval",
         "200ms",
         "--ping-timeout",
@@ -80,7 +81,7 @@ pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: 
     }
     let mut child = cmd.spawn().expect("spawn sigma run");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut peer_id, mut listen, mut api) = (String::new(), Vec::new(), String::new());
+    let (mut peer_id, mut listen, mut api, mut metrics) = (String::new(), Vec::new(), String::new(), None);
     let ready = async {
         while let Some(line) = lines.next_line().await.unwrap() {
             if let Some(v) = line.strip_prefix("SIGMA_PEER_ID=") {
@@ -89,6 +90,8 @@ pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: 
                 listen.push(v.parse::<Multiaddr>().expect("SIGMA_LISTEN is a multiaddr"));
             } else if let Some(v) = line.strip_prefix("SIGMA_API=") {
                 api = v.to_owned();
+            } else if let Some(v) = line.strip_prefix("SIGMA_METRICS=") {
+                metrics = Some(v.to_owned());
             } else if line == "SIGMA_READY" {
                 return true;
             }
@@ -104,7 +107,7 @@ pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: 
     let peer_id: PeerId = peer_id.parse().expect("SIGMA_PEER_ID is a peer id");
     assert!(!listen.is_empty() && !api.is_empty());
     assert!(listen.iter().all(|a| a.to_string().ends_with(&format!("/p2p/{peer_id}"))), "{listen:?}");
-    Daemon { child, peer_id, listen, api, log }
+    Daemon { child, peer_id, listen, api, metrics, log }
 }
 
 /// An HTTP client that never goes through a proxy (loopback only).

@@ -126,9 +126,9 @@ pub enum Release {
     Failed(String),
 }
 
-/// `POST /v1/locks/{name}/release` with `{"token": …}`.
-pub async fn release(client: &reqwest::Client, api: SocketAddr, name: &str, token: u64) -> Release {
-    match node(client, api).release(name, token).await {
+/// `POST /v1/locks/{name}/release` with `{"token": …, "lease": …}`.
+pub async fn release(client: &reqwest::Client, api: SocketAddr, name: &str, token: u64, lease: &str) -> Release {
+    match node(client, api).release(name, token, lease).await {
         Ok(_) => Release::Released,
         Err(ClientError::NotFound(_)) => Release::NotHeld,
         Err(e) => Release::Failed(e.to_string()),

@@ -133,7 +133,7 @@ async fn round(http: &reqwest::Client, api: SocketAddr, name: &str) -> Result<f6
         Acquire::TimedOut => return Err("acquire timed out (30 s)".into()),
         Acquire::Failed(e) => return Err(format!("acquire: {}", e.chars().take(120).collect::<String>())),
     };
-    match api::release(http, api, name, g.token).await {
+    match api::release(http, api, name, g.token, &g.lease).await {
         Release::Released => Ok(t.elapsed().as_secs_f64() * 1e3),
         other => Err(format!("release: {other:?}")),
     }

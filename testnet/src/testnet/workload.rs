@@ -276,7 +276,7 @@ impl Client {
                 });
                 r.acquire_ms.push((entered - t0).as_secs_f64() * 1e3);
             }
-            match api::release(&self.http, addr, &name, granted.token).await {
+            match api::release(&self.http, addr, &name, granted.token, &granted.lease).await {
                 Release::Released => {}
                 Release::NotHeld => {
                     c.releases_lost.fetch_add(1, Ordering::Relaxed);

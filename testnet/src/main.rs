@@ -151,8 +151,9 @@ struct NetRunArgs {
     /// Lease of a vote in milliseconds (a pause lasts longer than this).
     #[arg(long, default_value_t = 3000, value_name = "MS")]
     lease_ms: u64,
-    /// Faults to fire, any of kill,restart,join,pause,partition,split,isolate
-    /// (comma-separated; restart brings killed nodes back, so it comes with kill).
+    /// Faults to fire, any of kill,restart,restart-graceful,join,pause,partition,split,
+    /// isolate (comma-separated; restart brings killed nodes back, so it comes with kill;
+    /// restart-graceful is SIGTERM then a start, as `systemctl restart`).
     #[arg(long, value_delimiter = ',', value_name = "FAULTS")]
     chaos: Vec<Fault>,
     /// Mean seconds between faults (exponentially distributed).

@@ -35,12 +35,15 @@ use super::workload::{world, NodeState, Phase, Shared, Slot};
 
 /// A kind of fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Fault {
     /// SIGKILL a node.
     Kill,
     /// Restart a killed node, same key and ports.
     Restart,
+    /// SIGTERM a node, wait for it to stop, start it again (same key and ports), as
+    /// `systemctl restart` does: its holders are told it stops and release first.
+    RestartGraceful,
     /// Start a new node.
     Join,
     /// SIGSTOP a node longer than the lease, then SIGCONT.
@@ -55,14 +58,23 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, in display order.
-    pub const ALL: [Fault; 7] =
-        [Fault::Kill, Fault::Restart, Fault::Join, Fault::Pause, Fault::Partition, Fault::Split, Fault::Isolate];
+    pub const ALL: [Fault; 8] = [
+        Fault::Kill,
+        Fault::Restart,
+        Fault::RestartGraceful,
+        Fault::Join,
+        Fault::Pause,
+        Fault::Partition,
+        Fault::Split,
+        Fault::Isolate,
+    ];
 
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Fault::Kill => "kill",
             Fault::Restart => "restart",
+            Fault::RestartGraceful => "restart-graceful",
             Fault::Join => "join",
             Fault::Pause => "pause",
             Fault::Partition => "partition",
@@ -81,10 +93,9 @@ impl fmt::Display for Fault {
 impl FromStr for Fault {
     type Err = String;
     fn from_str(s: &str) -> Result<Fault, String> {
-        Fault::ALL
-            .into_iter()
-            .find(|f| f.name() == s.trim())
-            .ok_or_else(|| format!("unknown fault {s:?} (kill, restart, join, pause, partition, split, isolate)"))
+        Fault::ALL.into_iter().find(|f| f.name() == s.trim()).ok_or_else(|| {
+            format!("unknown fault {s:?} (kill, restart, restart-graceful, join, pause, partition, split, isolate)")
+        })
     }
 }
 
@@ -295,7 +306,7 @@ impl Supervisor {
     fn applicable(&self, kind: Fault) -> bool {
         let members = &self.cluster.members;
         match kind {
-            Fault::Kill => !self.killable().is_empty(),
+            Fault::Kill | Fault::RestartGraceful => !self.killable().is_empty(),
             Fault::Restart => members.iter().any(|m| m.record.state == State::Killed),
             Fault::Join => self.joins < (self.initial() / 2).max(1),
             Fault::Pause => members.iter().filter(|m| m.record.state == State::Running).count() >= 2,
@@ -311,6 +322,7 @@ impl Supervisor {
         match kind {
             Fault::Kill => self.kill().await,
             Fault::Restart => self.restart().await,
+            Fault::RestartGraceful => self.restart_graceful().await,
             Fault::Join => self.join().await,
             Fault::Pause => self.pause(stop).await,
             Fault::Partition | Fault::Split | Fault::Isolate => self.cut(kind, stop).await,
@@ -398,10 +410,49 @@ impl Supervisor {
         running.iter().take(3).filter_map(|m| m.record.listen.first().cloned()).collect()
     }
 
+    /// SIGTERM (the daemon's graceful stop: its HTTP holders are told, and it waits for
+    /// their releases up to its --stop-timeout), then a restart with the same identity.
+    async fn restart_graceful(&mut self) {
+        let victims = self.killable();
+        let Some(&node) = victims.choose(&mut self.rng) else { return };
+        let api = self.cluster.members[node].record.api;
+        if let Ok(c) = api::completed(&self.http, api, Duration::from_secs(1)).await {
+            self.retired = self.retired + c;
+        }
+        self.set_slot(node, NodeState::Down);
+        let m = &mut self.cluster.members[node];
+        let pid = m.record.pid;
+        let stopped = match m.child.take() {
+            Some(mut child) => {
+                // The daemon's own stop timeout is 30 s; past a minute it is hung.
+                tokio::task::spawn_blocking(move || {
+                    proc::terminate(pid, Duration::from_secs(60), || child.try_wait().ok().flatten().is_some())
+                })
+                .await
+                .map_or("the stop was not awaited".to_owned(), |killed| {
+                    if killed {
+                        "did not stop within 60 s of SIGTERM: killed".to_owned()
+                    } else {
+                        format!("SIGTERM {pid}, stopped")
+                    }
+                })
+            }
+            None => "not a child of this run".to_owned(),
+        };
+        m.record.state = State::Killed;
+        self.restart_node(node, Fault::RestartGraceful, &stopped).await;
+    }
+
     async fn restart(&mut self) {
         let killed: Vec<usize> =
             self.cluster.members.iter().filter(|m| m.record.state == State::Killed).map(|m| m.record.index).collect();
         let Some(&node) = killed.choose(&mut self.rng) else { return };
+        self.restart_node(node, Fault::Restart, "").await;
+    }
+
+    /// Starts `node` again with its identity and ports; `before` prefixes the record.
+    async fn restart_node(&mut self, node: usize, kind: Fault, before: &str) {
+        let before = if before.is_empty() { String::new() } else { format!("{before}; ") };
         let old = self.cluster.members[node].record.clone();
         let mut spec = proc::Spec::new(&self.cluster.opts.dir, node, self.cluster.opts.params.clone());
         spec.tcp_port = old.tcp_port;
@@ -422,20 +473,20 @@ impl Supervisor {
                     self.cluster.members[node] = m;
                     self.set_slot(node, NodeState::Up);
                     let detail = if same {
-                        format!("pid {pid}, same identity and ports, empty memory")
+                        format!("{before}pid {pid}, same identity and ports, empty memory")
                     } else {
                         format!(
                             "pid {pid}, but a DIFFERENT peer id {} (key file not reused?)",
                             self.cluster.members[node].record.peer_id
                         )
                     };
-                    self.record(Fault::Restart, node, same, detail);
+                    self.record(kind, node, same, detail);
                     return;
                 }
-                Err(e) => last_err = format!("{e:#}"),
+                Err(e) => last_err = format!("{before}{e:#}"),
             }
         }
-        self.record(Fault::Restart, node, false, last_err);
+        self.record(kind, node, false, last_err);
     }
 
     async fn join(&mut self) {

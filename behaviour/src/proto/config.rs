@@ -31,6 +31,22 @@ pub struct Config {
     pub(crate) max_clock_offset: Duration,
     pub(crate) max_drift_ppm: u32,
     pub(crate) min_voters: usize,
+    /// A planted fault ([`Mutant`]); `None` outside the tests that check a checker.
+    pub(crate) mutant: Option<Mutant>,
+}
+
+/// A fault planted in the core on purpose, to show that a checker catches it (the model
+/// checker, the property tests). Test-only: no setting outside those tests plants one,
+/// and without one the core runs exactly as specified (every mutant is a branch taken
+/// only when its mutant is set).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mutant {
+    /// A replica grants a REQUEST from another acquisition while its owner's vote is
+    /// live: the owner is queued under its timestamp as if its lease had run out, and
+    /// learns of it only at its next contact. Two holders with no reset.
+    GrantOverLiveVote,
 }
 
 /// How a reset replica (all memory lost) gets back into agreement with the others
@@ -102,6 +118,7 @@ impl Default for Config {
             max_clock_offset: Duration::from_secs(5),
             max_drift_ppm: 1_000,
             min_voters: 1,
+            mutant: None,
         }
     }
 }
@@ -279,6 +296,14 @@ impl Config {
     pub fn with_state_bounds(mut self, max_queue: usize, max_tombstones: usize) -> Self {
         self.max_queue = max_queue;
         self.max_tombstones = max_tombstones;
+        self
+    }
+
+    /// Plants a fault in the replicas built from this configuration (see [`Mutant`];
+    /// test-only).
+    #[doc(hidden)]
+    pub fn with_mutant(mut self, mutant: Mutant) -> Self {
+        self.mutant = Some(mutant);
         self
     }
 

@@ -36,6 +36,8 @@ pub mod replica;
 
 pub use client::{Client, ClientStats, Event, LostReason, Phase};
 pub use clock::{LamportClock, Timestamp};
+#[doc(hidden)]
+pub use config::Mutant;
 pub use config::{Config, Recovery};
 pub use error::{ClientError, ConfigError, ReplicaError};
 pub use message::{Response, ToReplica, RELAY_DEPTH};

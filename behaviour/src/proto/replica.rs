@@ -38,7 +38,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use super::clock::{micros, Timestamp};
-use super::config::Config;
+use super::config::{Config, Mutant};
 use super::error::ReplicaError;
 use super::message::{Response, ToReplica, RELAY_DEPTH};
 use super::Time;
@@ -412,6 +412,17 @@ impl<C: Clone + Ord> Replica<C> {
             // A holder's renewal carries its fencing token: the next grant goes above it
             // even if the holder never sends its RELEASE.
             self.last_stamp = self.last_stamp.max(floor);
+        } else if self.config.mutant == Some(Mutant::GrantOverLiveVote) && self.hold_until.is_none() {
+            // The planted fault (test-only): the vote goes to the requester at once,
+            // whether or not the owner's lease still runs.
+            if let Ok(i) = self.position(&ts) {
+                self.remove_waiter(i);
+            }
+            if let Some(owner) = self.owner.take() {
+                self.enqueue(now, owner.ts, owner.echo, owner.heard_at);
+            }
+            self.last_stamp = self.last_stamp.max(floor);
+            self.grant(now, ts.clone(), sent, heard);
         } else if let Ok(i) = self.position(&ts) {
             self.last_stamp = self.last_stamp.max(floor);
             let expires = now + self.waiter_ttl(i);

@@ -42,7 +42,8 @@
 //!   notices arrive late. Replica indices matter to the default order, so no symmetry.
 //!
 //! Common to both: **pause** (budget), **release** by a client that holds or has lost
-//! the lock (budget), **reset** of one replica (budget 0 or 1): it is replaced by
+//! the lock (budget), **reset** of one replica (budget; the same replica may be reset
+//! again): it is replaced by
 //! `Replica::new(config)`, the paper's random reset, and messages in flight reach the new
 //! incarnation. Responses a client will discard whenever they arrive (an older grant
 //! stamp than it knows, or a released acquisition) are dropped from the network: that
@@ -53,17 +54,30 @@
 //! Checked in every state: every replica's `check_invariants()`, a win only with m
 //! votes, well-formed messages never rejected, and the safety bound of the paper (§4).
 //! For two acquisitions both `Holding` with `valid_until() > now` (their own view), let
-//! S be the replicas both count as votes (views naming their own timestamp). A replica
-//! changes sides only through a reset, so at least `2m − n` of S must have been reset
-//! after the earlier of the two grants there. The model records, at the reset of replica
-//! i, every grant `(i, owner, stamp)` still referred to (by a client's view, a message in
-//! flight or the replica itself): those grants were made before the reset. A shared
-//! voter counts when either acquisition's grant there is such a wiped grant (then the
-//! earlier one is). With one reset at most: at n=4, m=3 (2m − n = 2) two valid holders
-//! are always a bug; at n=3, m=2 they need the reset to have hit a shared voter after the
-//! earlier grant. Each run counts the states where two valid holders are excused by the
-//! reset, and keeps the trace to the first (`Report::first_excused`; printed by
-//! `explore_from_env`): evidence that the reset budget is exercised, not vacuous.
+//! S be the replicas where both count a **live** vote (a view naming their own
+//! timestamp, with `vote_until > now`: a lapsed view is no vote). A replica changes sides
+//! only through a reset, so at least `2m − n` of S must have **switched sides through a
+//! reset**: the two grants there come from different incarnations of the replica, so the
+//! earlier one was wiped by a reset that came between them. Two grants of one
+//! incarnation (the replica expired one vote and granted the other, then was reset) are
+//! a double grant, whatever came after. The model records, at a reset of replica i,
+//! every grant `(i, owner, stamp)` still referred to (by a client's view, a message in
+//! flight or the replica itself) with the reset's ordinal; a grant not recorded is the
+//! current incarnation's, and two grants come from different incarnations exactly when
+//! their records differ. With one reset at n=4, m=3 (2m − n = 2) two valid holders are
+//! always a bug; at n=3, m=2 they need a shared live vote that switched sides. Each run
+//! counts the states where two valid holders are excused, by the number of resets made
+//! (`Report::excused_after_resets`), and keeps the trace to the first
+//! (`Report::first_excused`; printed by `explore_from_env`): evidence that the reset
+//! budget is exercised, not vacuous.
+//!
+//! # Mutants
+//!
+//! An oracle that never fails proves nothing. `Bounds::mutant` plants a fault of the core
+//! (`sigma_behaviour::proto::Mutant`, a test-only switch of `Config`; without it the core
+//! runs as specified) in one replica and all its incarnations; the tests require the
+//! invariant to catch it. `GrantOverLiveVote`: the replica grants a REQUEST while its
+//! owner's vote is live. `SIGMA_MODEL="... mutant=1"` plants it in replica 1.
 //!
 //! # The fingerprint
 //!
@@ -85,7 +99,7 @@
 //! # Running
 //!
 //! ```text
-//! cargo test -p sigma-behaviour --test model                      # CI: ~70 s, 1.3 GB
+//! cargo test -p sigma-behaviour --test model                      # CI: ~2 min, 2 GB
 //! cargo test -p sigma-behaviour --release --test model -- --ignored --nocapture --test-threads 1
 //! SIGMA_MODEL_DEPTH=200 cargo test -p sigma-behaviour --release --test model \
 //!     long_scheduled_4_3_lapsed_votes -- --ignored --nocapture
@@ -106,6 +120,7 @@
 mod checker;
 
 use checker::{run, Bounds, Network, Timers};
+use sigma_behaviour::proto::Mutant;
 
 /// Runs `b`, requires the invariant to hold and exactly `states` distinct states.
 fn pinned(b: Bounds, states: usize) -> checker::Report {
@@ -176,8 +191,9 @@ fn scheduled_4_3_lapsed_votes() {
 
 /// Scheduled, n=3, m=2, two clients, one reset, two links cut for good: the holder's
 /// votes behind them lapse at different times, and with the reset a waiter can hold
-/// the lock beside it, sharing only the reset replica. Such states exist (the reset
-/// budget is exercised) and are excused, as the paper's bound allows.
+/// the lock beside it, their one shared live vote at the reset replica, granted to each
+/// by a different incarnation. Such states exist (the reset budget is exercised) and are
+/// excused, as the paper's bound allows.
 #[test]
 fn scheduled_3_2_reset_excuses_two_holders() {
     let b = Bounds {
@@ -192,6 +208,31 @@ fn scheduled_3_2_reset_excuses_two_holders() {
     };
     let r = pinned(b, 146_957);
     assert_eq!(r.excused, 829, "states with two valid holders excused by the reset");
+}
+
+/// `scheduled_3_2_reset_excuses_two_holders` with a fault planted in replica 1: it
+/// grants a REQUEST while its owner's vote is live (`Mutant::GrantOverLiveVote`). The
+/// invariant must catch it; with one reset, a double grant at a replica that was never
+/// reset is excused only while the holders also share a live vote that switched sides
+/// through the reset (2m − n = 1), never by a lapsed view or by a reset that came after
+/// both grants.
+#[test]
+fn scheduled_3_2_a_replica_that_grants_over_a_live_vote_is_caught() {
+    let b = Bounds {
+        network: Network::Scheduled,
+        depth: 75,
+        cuts: 2,
+        heals: 0,
+        releases: 0,
+        resets: 1,
+        copies: 0,
+        mutant: Some((Mutant::GrantOverLiveVote, 1)),
+        ..Bounds::new(3, 2, 2)
+    };
+    let r = run(&b);
+    let v = r.violation.expect("the planted double grant is caught");
+    assert!(v.contains("two valid holders"), "{v}");
+    assert_eq!((r.depth, r.states), (21, 925), "where the first counterexample is found");
 }
 
 /// Any configuration, from `SIGMA_MODEL`, e.g.

@@ -6,8 +6,9 @@
 //! checks the replica invariants, bounded state, the client-side rules of Fig. 5 (a win
 //! needs m votes, a YIELD only when nobody can win), that timers always move forward,
 //! mutual exclusion with the reset budget (two holders valid by their own clocks imply
-//! that at least 2m − n of the replicas both count were reset after the earlier of
-//! their two grants there) and, when the script has no reset, increasing fencing
+//! that at least 2m − n of the replicas where both count a live vote switched sides
+//! through a reset: the two grants there came from different incarnations) and, when
+//! the script has no reset, increasing fencing
 //! tokens and tombstones. A liveness property checks that, without loss and resets,
 //! every acquisition is eventually served. Deterministic scenarios at the end replay
 //! the schedules that once broke exclusion.
@@ -21,7 +22,7 @@
 //! A failing case prints its (shrunk) script, and proptest records its seed in
 //! `properties.proptest-regressions` next to this file, replayed first on later runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -30,7 +31,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sigma_behaviour::proto::client::View;
 use sigma_behaviour::proto::{
-    Client, ClientError, Config, Event, LamportClock, Phase, Replica, ReplicaError, Response, Time, Timestamp,
+    Client, ClientError, Config, Event, LamportClock, Mutant, Phase, Replica, ReplicaError, Response, Time, Timestamp,
     ToReplica,
 };
 
@@ -150,10 +151,12 @@ struct World {
     resets: usize,
     /// When each replica was last reset.
     reset_at: Vec<Option<Time>>,
-    /// Every reset of each replica.
-    resets_of: Vec<Vec<Time>>,
-    /// When replica i issued the grant with stamp s (first seen).
-    grants: BTreeMap<(usize, u64), Time>,
+    /// Resets of each replica so far: the number of its current incarnation.
+    incarnation: Vec<usize>,
+    /// The incarnations of replica i that sent a RESPONSE naming the grant (owner, stamp)
+    /// (ghost state for the exclusion check; two incarnations in one entry would be the
+    /// same grant issued twice across a reset).
+    grants: BTreeMap<(usize, Ts, u64), BTreeSet<usize>>,
     /// Clock offset of each client (its clock reads real time + offset).
     offsets: BTreeMap<Id, Duration>,
     /// Paused clients and when they resume.
@@ -161,6 +164,9 @@ struct World {
     /// Resets take the takeover delay (`Replica::hold_grants_until`): exclusion is then
     /// checked with no reset budget at all.
     delayed_resets: bool,
+    /// A replica where a fault is planted (every incarnation of it): the checks must
+    /// catch it.
+    mutant_at: Option<(Mutant, usize)>,
     last_token: u64,
     rng: ChaCha8Rng,
 }
@@ -181,13 +187,29 @@ impl World {
             lossless,
             resets: 0,
             reset_at: vec![None; n],
-            resets_of: vec![Vec::new(); n],
+            incarnation: vec![0; n],
             grants: BTreeMap::new(),
             offsets: BTreeMap::new(),
             paused: BTreeMap::new(),
             delayed_resets: false,
+            mutant_at: None,
             last_token: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    /// Plants `mutant` in replica `i` (before anything happened, or in place of its
+    /// memory).
+    fn plant(&mut self, mutant: Mutant, i: usize) {
+        self.mutant_at = Some((mutant, i));
+        self.replicas[i] = Replica::new(self.replica_config(i));
+    }
+
+    /// Replica `i`'s configuration: the mutant's, if it is planted there.
+    fn replica_config(&self, i: usize) -> Config {
+        match self.mutant_at {
+            Some((mutant, at)) if at == i => self.cfg.clone().with_mutant(mutant),
+            _ => self.cfg.clone(),
         }
     }
 
@@ -202,13 +224,6 @@ impl World {
 
     fn is_paused(&self, id: Id) -> bool {
         self.paused.get(&id).is_some_and(|&until| self.now < until)
-    }
-
-    /// Notes the time of a replica's current grant, the first time it is seen.
-    fn note_grant(&mut self, i: usize) {
-        if let Some((_, stamp)) = self.replicas[i].owner() {
-            self.grants.entry((i, stamp)).or_insert(self.now);
-        }
     }
 
     fn active(&self) -> Vec<usize> {
@@ -266,14 +281,14 @@ impl World {
                 }
             }
             Op::Reset(i) => {
-                self.replicas[i % self.n] = Replica::new(self.cfg.clone());
+                self.replicas[i % self.n] = Replica::new(self.replica_config(i % self.n));
                 if self.delayed_resets {
                     // Every vote the replica's previous life granted ends by then.
                     let drift = LEASE.mul_f64(f64::from(self.cfg.max_drift_ppm()) / 1e6);
                     self.replicas[i % self.n].hold_grants_until(self.now + LEASE + drift);
                 }
                 self.reset_at[i % self.n] = Some(self.now);
-                self.resets_of[i % self.n].push(self.now);
+                self.incarnation[i % self.n] += 1;
                 self.resets += 1;
             }
             _ => {}
@@ -358,7 +373,6 @@ impl World {
                     Ok(()) | Err(ReplicaError::NotHolder) | Err(ReplicaError::Finished) => {}
                     Err(e) => panic!("replica {to} rejected a well-formed message: {e}"),
                 }
-                self.note_grant(to);
                 self.drain_replica(to);
             }
             Msg::Down { from, to, r } => {
@@ -378,6 +392,10 @@ impl World {
 
     fn drain_replica(&mut self, i: usize) {
         while let Some((to, r)) = self.replicas[i].poll_transmit() {
+            if !r.solicit {
+                // A solicitation names no grant (the client reads nothing but its flag).
+                self.grants.entry((i, r.owner.clone(), r.stamp)).or_default().insert(self.incarnation[i]);
+            }
             let late = self.is_paused(to);
             self.flight.push(Flight { sent_at: self.now, msg: Msg::Down { from: i, to, r }, late });
         }
@@ -463,7 +481,6 @@ impl World {
             if self.replicas[i].poll_timeout().is_some_and(|t| t <= now) {
                 self.replicas[i].handle_timeout(now);
                 assert!(self.replicas[i].poll_timeout().is_none_or(|t| t > now), "replica timer not re-armed");
-                self.note_grant(i);
                 self.drain_replica(i);
             }
         }
@@ -535,8 +552,11 @@ impl World {
 
     /// Mutual exclusion with the reset budget: two acquisitions that both hold the lock
     /// with a validity deadline in the future (each by its own clock) must share at
-    /// least 2m − n counted votes whose replica was reset after the earlier of the two
-    /// grants there. Without resets: at most one holder.
+    /// least 2m − n replicas that switched sides through a reset: both count a live vote
+    /// there (by their own clocks) and the two grants came from different incarnations
+    /// of the replica, so the earlier grant was wiped by a reset between them. Two grants
+    /// of one incarnation are a double grant, whatever reset came later; a lapsed view
+    /// is no vote. Without resets: at most one holder.
     fn check_exclusion(&self) {
         let holders: Vec<&Acq> = self
             .acqs
@@ -545,26 +565,28 @@ impl World {
             .filter(|a| a.client.valid_until().is_some_and(|t| t > self.local(a.client.ts().client)))
             .collect();
         let budget = if self.delayed_resets { usize::MAX } else { 2 * self.m - self.n };
+        let live = |a: &Acq, i: usize| {
+            let v = &a.client.views()[i];
+            let now = self.local(a.client.ts().client);
+            v.owner.as_ref() == Some(a.client.ts()) && v.vote_until.is_some_and(|t| t > now)
+        };
         for (k, a) in holders.iter().enumerate() {
             for b in &holders[k + 1..] {
-                let (va, vb) = (a.client.views(), b.client.views());
-                let shared: Vec<usize> = (0..self.n)
+                let shared: Vec<usize> = (0..self.n).filter(|&i| live(a, i) && live(b, i)).collect();
+                let switched: Vec<usize> = shared
+                    .iter()
+                    .copied()
                     .filter(|&i| {
-                        va[i].owner.as_ref() == Some(a.client.ts()) && vb[i].owner.as_ref() == Some(b.client.ts())
+                        let of = |x: &Acq| self.grants.get(&(i, x.client.ts().clone(), x.client.views()[i].stamp));
+                        // A vote the harness never saw sent would be a bug of its own.
+                        let (ga, gb) = (of(a).expect("a grant sent"), of(b).expect("a grant sent"));
+                        ga.is_disjoint(gb)
                     })
                     .collect();
-                let excused = shared
-                    .iter()
-                    .filter(|&&i| {
-                        let granted = |stamp| self.grants.get(&(i, stamp)).copied().unwrap_or_default();
-                        let earlier = granted(va[i].stamp).min(granted(vb[i].stamp));
-                        self.resets_of[i].iter().any(|&r| r >= earlier)
-                    })
-                    .count();
                 assert!(
-                    excused >= budget,
-                    "mutual exclusion violated at {:?}: {:?} and {:?} both hold; they share replicas {shared:?}, \
-                     of which {excused} were reset after the earlier grant (needed: {})",
+                    switched.len() >= budget,
+                    "mutual exclusion violated at {:?}: {:?} and {:?} both hold; live votes for both at {shared:?}, \
+                     of which {switched:?} switched sides through a reset (needed: {})",
                     self.now,
                     a.client.ts(),
                     b.client.ts(),
@@ -699,6 +721,33 @@ proptest! {
         }
         let starved: Vec<&Ts> = world.acqs.iter().filter(|a| !a.acquired).map(|a| a.client.ts()).collect();
         prop_assert!(starved.is_empty(), "never served after 300 s: {:?}", starved);
+    }
+}
+
+/// The property tests catch a planted fault (`Mutant::GrantOverLiveVote` in replica 0:
+/// it grants a REQUEST while its owner's vote is live) with the scripts of
+/// `exclusion_within_the_reset_budget`: a check of exclusion that cannot fail would pass
+/// here. Seeded (proptest's deterministic runner); the shrunk script is printed.
+#[test]
+fn the_properties_catch_a_replica_that_grants_over_a_live_vote() {
+    use proptest::test_runner::{TestError, TestRunner};
+    let config = ProptestConfig { cases: 1024, failure_persistence: None, ..ProptestConfig::default() };
+    let mut runner = TestRunner::new_with_rng(
+        config,
+        proptest::test_runner::TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha),
+    );
+    let strategy = (quorum(), prop::collection::vec(op(true), 1..250));
+    let result = runner.run(&strategy, |((n, m), script)| {
+        let mut world = World::new(n, m, false, 0);
+        world.plant(Mutant::GrantOverLiveVote, 0);
+        world.run(&script);
+        Ok(())
+    });
+    match result {
+        Err(TestError::Fail(why, ((n, m), script))) => {
+            println!("caught at n = {n}, m = {m} by a script of {} steps: {why}\n{script:?}", script.len());
+        }
+        other => panic!("the planted double grant went unnoticed: {other:?}"),
     }
 }
 
@@ -888,4 +937,33 @@ fn a_late_promotion_notice_is_no_fresh_vote() {
     assert_eq!(w.phase(2), Phase::Holding, "X won once W's leases ran out");
     w.run_for(Duration::from_secs(2), &|_| false); // W resumes; its notices arrive late
     assert_ne!(w.phase(1), Phase::Holding, "W's stale notices do not make it a holder");
+}
+
+/// The model checker's and this file's exclusion check, fooled no more (issue 39): n = 3,
+/// m = 2, a fault planted in replica 1 (it grants a REQUEST while its owner's vote is
+/// live). A holds all three; its link to replica 2 is down for more than a lease, so
+/// replica 2 expires A's vote and promotes B, and A keeps a lapsed view of it. Replica 2
+/// is reset. Then B's REQUEST reaches replica 1, which grants it although A's vote there
+/// is live: A holds {0, 1}, B holds {1, 2}. The two share replica 2 in their views and
+/// it was reset after both grants there, which excused them; but A's vote there had
+/// lapsed and both grants came from one incarnation, so only replica 1 counts, and it
+/// was never reset: a double grant.
+#[test]
+#[should_panic(expected = "live votes for both at [1], of which [] switched sides through a reset")]
+fn a_double_grant_is_not_excused_by_a_reset_of_a_lapsed_voter() {
+    let mut w = World::new(3, 2, false, 0);
+    w.plant(Mutant::GrantOverLiveVote, 1);
+    w.step(&Op::Start(A));
+    w.settle(&|_| false);
+    assert_eq!(w.phase(0), Phase::Holding);
+    // B's traffic with replica 1 is lost until after the reset: no double grant before.
+    let b_to_1 = between(B, 1..2);
+    let a_to_2 = between(A, 2..3);
+    w.step(&Op::Start(B));
+    w.run_for(LEASE + Duration::from_secs(1), &|m: &Msg| a_to_2(m) || b_to_1(m));
+    assert_eq!(w.replicas[2].owner().map(|(ts, _)| ts.client), Some(B), "replica 2 expired A and promoted B");
+    assert_eq!(w.phase(0), Phase::Holding, "A holds on its live votes at 0 and 1");
+    assert_eq!(w.acqs[0].client.views()[2].owner.map(|o| o.client), Some(A), "A's lapsed view of 2");
+    w.step(&Op::Reset(2));
+    w.run_for(Duration::from_secs(1), &a_to_2); // B's REQUEST reaches replica 1
 }

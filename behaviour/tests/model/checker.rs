@@ -1,13 +1,14 @@
 //! The model checker itself: state, actions, fingerprint, invariant, BFS, traces.
 //! See the module doc of `tests/model.rs` for the model.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::{Duration, Instant};
 
+use sigma_behaviour::proto::client::View;
 use sigma_behaviour::proto::{
-    Client, ClientError, Config, Event, LamportClock, Phase, Replica, ReplicaError, Response, Time, Timestamp,
+    Client, ClientError, Config, Event, LamportClock, Mutant, Phase, Replica, ReplicaError, Response, Time, Timestamp,
     ToReplica,
 };
 
@@ -68,7 +69,7 @@ pub struct Bounds {
     pub depth: usize,
     /// (Scheduled) links cut in all; a cut link holds its messages until healed.
     pub cuts: u8,
-    /// Replica resets (0 or 1).
+    /// Replica resets in all (any replica, the same one again included).
     pub resets: u8,
     /// Duplicated messages in all (each message is copied at most once).
     pub copies: u8,
@@ -85,6 +86,9 @@ pub struct Bounds {
     pub heals: u8,
     /// Fingerprints are taken up to a permutation of the replicas.
     pub symmetry: bool,
+    /// A fault planted in one replica (every incarnation of it), to show that the
+    /// invariant catches it: `(mutant, replica)`.
+    pub mutant: Option<(Mutant, usize)>,
 }
 
 impl Bounds {
@@ -106,6 +110,7 @@ impl Bounds {
             releases: clients as u8,
             heals: 0,
             symmetry: true,
+            mutant: None,
         }
     }
 
@@ -134,6 +139,9 @@ impl Bounds {
         b.releases = num("releases", b.releases.into()) as u8;
         b.heals = num("heals", b.heals.into()) as u8;
         b.symmetry = num("symmetry", b.symmetry.into()) != 0;
+        if let Some(i) = get("mutant") {
+            b.mutant = Some((Mutant::GrantOverLiveVote, i.parse().expect("mutant=<replica index>")));
+        }
         match get("timers") {
             Some("lazy") => b.timers = Timers::Lazy,
             Some("prompt") => b.timers = Timers::Prompt,
@@ -256,8 +264,12 @@ struct State {
     flight: Vec<Flight>,
     used: Used,
     /// Grants `(replica, owner, stamp)` made before a reset of that replica and still
-    /// referenced somewhere (ghost state for the invariant).
-    wiped: BTreeSet<(usize, Ts, u64)>,
+    /// referenced somewhere, each with the ordinal of the reset that wiped it (0 for
+    /// the first reset of the run, 1 for the second, ...): ghost state for the
+    /// invariant. A grant not in it was made by its replica's current incarnation, so
+    /// two grants of one replica come from different incarnations (a reset came between
+    /// them) exactly when their entries here differ.
+    wiped: BTreeMap<(usize, Ts, u64), u8>,
     /// (Scheduled) cut links, bit `client * n + replica`.
     cut: u64,
     /// The actor the last action changed (whose fingerprint to refresh).
@@ -385,6 +397,16 @@ struct Model {
     perms: Vec<Vec<usize>>,
 }
 
+impl Model {
+    /// Replica `i`'s configuration: the mutant's, if it is planted there.
+    fn replica_config(&self, i: usize) -> Config {
+        match self.b.mutant {
+            Some((mutant, at)) if at == i => self.cfg.clone().with_mutant(mutant),
+            _ => self.cfg.clone(),
+        }
+    }
+}
+
 fn name(id: Id) -> char {
     (b'A' + id as u8) as char
 }
@@ -430,11 +452,11 @@ impl State {
         let b = &model.b;
         let mut s = State {
             now: Duration::ZERO,
-            replicas: (0..b.n).map(|_| Replica::new(model.cfg.clone())).collect(),
+            replicas: (0..b.n).map(|i| Replica::new(model.replica_config(i))).collect(),
             clients: (0..b.clients).map(|_| None).collect(),
             flight: Vec::new(),
             used: Used::default(),
-            wiped: BTreeSet::new(),
+            wiped: BTreeMap::new(),
             cut: 0,
             touched: None,
             fp_replicas: Vec::new(),
@@ -760,8 +782,11 @@ impl State {
                 }
             }
         }
-        self.wiped.extend(grants.into_iter().map(|(ts, s)| (i, ts, s)));
-        self.replicas[i] = Replica::new(model.cfg.clone());
+        for (ts, s) in grants {
+            // A grant wiped by an earlier reset keeps that reset's ordinal.
+            self.wiped.entry((i, ts, s)).or_insert(self.used.resets);
+        }
+        self.replicas[i] = Replica::new(model.replica_config(i));
         self.used.resets += 1;
         self.touched = Some(Actor::Replica(i as u8));
     }
@@ -863,7 +888,7 @@ impl State {
                 live.insert((i, *ts, s));
             }
         }
-        self.wiped.retain(|g| live.contains(g));
+        self.wiped.retain(|g, _| live.contains(g));
     }
 
     fn refresh_fingerprints(&mut self) {
@@ -880,7 +905,7 @@ impl State {
         let n = self.replicas.len();
         let mut best = u128::MAX;
         let mut msgs: Vec<u128> = Vec::with_capacity(self.flight.len());
-        let mut wiped: Vec<(usize, Ts, u64)> = Vec::with_capacity(self.wiped.len());
+        let mut wiped: Vec<(usize, Ts, u64, u8)> = Vec::with_capacity(self.wiped.len());
         let mut inv = vec![0; n];
         for p in &model.perms {
             // p[i] is the new index of replica i; inv[j] the old index at j.
@@ -925,13 +950,14 @@ impl State {
             }
             h.word(self.cut);
             wiped.clear();
-            wiped.extend(self.wiped.iter().map(|&(i, ts, s)| (p[i], ts, s)));
+            wiped.extend(self.wiped.iter().map(|(&(i, ts, s), &k)| (p[i], ts, s, k)));
             wiped.sort_unstable();
-            for (i, ts, s) in &wiped {
+            for (i, ts, s, k) in &wiped {
                 h.word(*i as u64);
                 h.word(ts.counter);
                 h.word(u64::from(ts.client));
                 h.word(*s);
+                h.word(u64::from(*k));
             }
             best = best.min(h.finish());
         }
@@ -944,37 +970,47 @@ impl State {
         for (i, r) in self.replicas.iter().enumerate() {
             r.check_invariants().map_err(|e| format!("replica {i}: {e}"))?;
         }
+        let now = self.now;
         let holders: Vec<&Client<Id>> = self
             .clients
             .iter()
             .flatten()
-            .filter(|c| c.phase() == Phase::Holding && c.valid_until().is_some_and(|t| t > self.now))
+            .filter(|c| c.phase() == Phase::Holding && c.valid_until().is_some_and(|t| t > now))
             .collect();
         let need = 2 * model.b.m - model.b.n;
         let mut excused = false;
         for (k, a) in holders.iter().enumerate() {
             for b in &holders[k + 1..] {
                 let mut shared = Vec::new();
-                let mut reset = 0;
+                let mut switched = Vec::new();
                 for i in 0..model.b.n {
                     let (va, vb) = (&a.views()[i], &b.views()[i]);
-                    if va.owner.as_ref() == Some(a.ts()) && vb.owner.as_ref() == Some(b.ts()) {
-                        shared.push(i);
-                        if self.wiped.contains(&(i, *a.ts(), va.stamp)) || self.wiped.contains(&(i, *b.ts(), vb.stamp))
-                        {
-                            reset += 1;
-                        }
+                    // A live vote for each, by its own view: a lapsed view is no vote.
+                    let live = |v: &View<Id>, c: &Client<Id>| {
+                        v.owner.as_ref() == Some(c.ts()) && v.vote_until.is_some_and(|t| t > now)
+                    };
+                    if !(live(va, a) && live(vb, b)) {
+                        continue;
+                    }
+                    shared.push(i);
+                    // The replica switched sides through a reset only if the two grants
+                    // come from different incarnations: the earlier one was wiped by a
+                    // reset between them. Two grants of one incarnation (the replica
+                    // switched before a reset) are a double grant, whatever came after.
+                    let incarnation = |c: &Client<Id>, stamp| self.wiped.get(&(i, *c.ts(), stamp));
+                    if incarnation(a, va.stamp) != incarnation(b, vb.stamp) {
+                        switched.push(i);
                     }
                 }
-                if reset < need {
+                if switched.len() < need {
                     return Err(format!(
-                        "two valid holders: {} (valid until {}) and {} (valid until {}) at {}; shared voters {shared:?}, \
-                         {reset} of them reset after the earlier grant, 2m - n = {need}",
+                        "two valid holders: {} (valid until {}) and {} (valid until {}) at {}; live votes for both \
+                         at {shared:?}, of which {switched:?} switched sides through a reset, 2m - n = {need}",
                         name(a.ts().client),
                         secs(a.valid_until().expect("holder")),
                         name(b.ts().client),
                         secs(b.valid_until().expect("holder")),
-                        secs(self.now),
+                        secs(now),
                     ));
                 }
                 excused = true;
@@ -1025,8 +1061,9 @@ impl State {
         for f in &self.flight {
             let _ = writeln!(out, "  in flight: {}", show_msg(&f.msg));
         }
-        for (i, ts, s) in &self.wiped {
-            let _ = writeln!(out, "  grant wiped by the reset: replica {i}, owner {}, stamp {s}", name(ts.client));
+        for ((i, ts, s), k) in &self.wiped {
+            let _ =
+                writeln!(out, "  grant wiped by reset #{}: replica {i}, owner {}, stamp {s}", k + 1, name(ts.client));
         }
         out
     }
@@ -1086,6 +1123,9 @@ pub struct Report {
     /// Of which with two valid holders that the resets excuse (2m − n shared voters
     /// reset): shows that the reset budget is exercised.
     pub excused: usize,
+    /// The excused states by the number of resets the run had made when it reached them
+    /// (index 0 for none, which must stay 0).
+    pub excused_after_resets: Vec<usize>,
     /// The trace to the first of them.
     pub first_excused: Option<String>,
     /// The latest clock reading of any state.
@@ -1112,10 +1152,10 @@ impl Report {
 pub fn run(b: &Bounds) -> Report {
     let cfg = config(b.n, b.m);
     cfg.validate().expect("model configuration is valid");
-    assert!(b.resets <= 1, "the invariant is written for at most one reset");
     // The scheduled network's default order depends on the replica indices (FIFO from
-    // the initial REQUESTs to replica 0, 1, ...; timer ties): no symmetry there.
-    let symmetry = b.symmetry && b.network == Network::Exhaustive;
+    // the initial REQUESTs to replica 0, 1, ...; timer ties): no symmetry there, nor
+    // with a mutant planted in one replica.
+    let symmetry = b.symmetry && b.network == Network::Exhaustive && b.mutant.is_none();
     let b = &Bounds { symmetry, ..b.clone() };
     let perms = if symmetry { permutations(b.n) } else { vec![(0..b.n).collect()] };
     assert!(b.clients * b.n <= 64, "cut links are bits of a u64");
@@ -1131,6 +1171,7 @@ pub fn run(b: &Bounds) -> Report {
     let mut report = Report {
         states: 1,
         excused: 0,
+        excused_after_resets: vec![0; usize::from(b.resets) + 1],
         first_excused: None,
         clock: Duration::ZERO,
         transitions: 0,
@@ -1157,6 +1198,7 @@ pub fn run(b: &Bounds) -> Report {
                 let result = result.and_then(|()| if new { t.check(&model) } else { Ok(false) });
                 if result == Ok(true) {
                     report.excused += 1;
+                    report.excused_after_resets[usize::from(t.used.resets)] += 1;
                     if report.first_excused.is_none() {
                         report.states = seen.len();
                         report.elapsed = started.elapsed();
@@ -1214,10 +1256,11 @@ pub fn run(b: &Bounds) -> Report {
     report.states = seen.len();
     report.elapsed = started.elapsed();
     println!(
-        "model: {} states ({} with two valid holders excused by a reset), {} transitions, depth {} reached, \
-         clock up to {}, {:.1?}: invariant holds",
+        "model: {} states ({} with two valid holders excused by resets; by resets made: {:?}), {} transitions, \
+         depth {} reached, clock up to {}, {:.1?}: invariant holds",
         report.states,
         report.excused,
+        report.excused_after_resets,
         report.transitions,
         report.depth,
         secs(report.clock),

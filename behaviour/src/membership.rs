@@ -4,17 +4,23 @@
 //! glue so that they can be tested on their own:
 //!
 //! - **Readiness.** A peer given bootstrap peers is *joining* until a Kademlia bootstrap
-//!   has completed while it was connected to at least one sigma peer. It hosts nothing
-//!   and lets no acquisition start before that. A peer started without bootstrap peers is
-//!   a one-node swarm and ready at once.
-//! - **Members.** Every sigma peer that was *alive* here, present or departed. Alive:
-//!   connected (and answering liveness pings), or its heartbeat, relayed by the
-//!   membership gossip, advanced while this peer watched, within the gossip liveness
-//!   window and since its last connection here closed. So a peer connected to a few
-//!   others still sees the whole swarm alive, and a peer cut off sees nobody advance. A
-//!   departed member is forgotten after the membership window, but only while this peer
-//!   serves: on the minority side of a split nobody ages out, so the minority never
-//!   comes to believe it is the whole swarm.
+//!   has completed while it was connected to at least one sigma peer, and it has heard
+//!   from a peer that serves (the gossip's serving bit, [`Membership::joined_through`]).
+//!   It hosts nothing and lets no acquisition start before that. A peer started without
+//!   bootstrap peers is a one-node swarm and ready at once.
+//! - **Members.** Every sigma peer *counted* here, present or departed. A peer is
+//!   counted once it is *alive* here while this peer (joined) reaches a majority of the
+//!   members it counts, or when the serving peer this peer joined through named it. Alive: connected (and answering liveness pings),
+//!   or its heartbeat, relayed by the membership gossip, advanced while this peer
+//!   watched, within the gossip liveness window and since its last connection here
+//!   closed. So a peer connected to a few others still sees the whole swarm alive, and a
+//!   peer cut off sees nobody advance. A peer without a majority counts no newcomer
+//!   (it is alive, and hosts what it is closest to, but is neither reachable nor a
+//!   member in the count): a minority cannot grow into a majority by joins. A departed
+//!   member is forgotten after the membership window, but only while this peer serves:
+//!   on the minority side of a split nobody ages out, so the minority never comes to
+//!   believe it is the whole swarm. With a fixed member list (an allow-list), the
+//!   members are the list, whoever is alive. docs/design/membership.md argues the rules.
 //! - **Serving.** A ready peer serves (hosts replicas, grants votes) while it reaches a
 //!   strict majority of the members, itself included. A 50/50 split serves on neither
 //!   side.
@@ -43,7 +49,8 @@ pub const MAX_MEMBERS: usize = 10_000;
 pub enum Readiness {
     /// Serving: ready, and a majority of the members is reachable.
     Serving,
-    /// Given bootstrap peers and not yet joined to them.
+    /// Given bootstrap peers and not yet joined to them: no Kademlia bootstrap with a
+    /// sigma peer completed, or no peer that serves heard.
     Joining,
     /// No address that other peers can dial is known for this peer (no confirmed
     /// external address, where one is required): it hosts nothing, and no peer counts
@@ -75,9 +82,9 @@ impl std::fmt::Display for Readiness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Readiness::Serving => f.write_str("serving"),
-            Readiness::Joining => {
-                f.write_str("joining the swarm (no Kademlia bootstrap completed with a sigma peer yet)")
-            }
+            Readiness::Joining => f.write_str(
+                "joining the swarm (no Kademlia bootstrap completed with a sigma peer, or no serving peer heard, yet)",
+            ),
             Readiness::Unreachable => {
                 f.write_str("unreachable (no external address that other peers can dial: hosts no replica)")
             }
@@ -98,8 +105,12 @@ struct Member {
     up: bool,
     /// Alive as of the last count: connected, or heartbeat fresh.
     alive: bool,
-    /// Was alive here at least once: counts toward the members (a peer only heard of
-    /// does not, or one stale table relayed to a newcomer would make it a majority).
+    /// Was alive here at least once (a peer only heard of was not: one stale table
+    /// relayed to a newcomer must not make it a majority).
+    seen: bool,
+    /// Counts toward the majority: alive here while this peer had a majority, named by
+    /// the serving peer this one joined through, or on the fixed member list. A peer
+    /// without a majority counts no newcomer.
     counted: bool,
     /// When it was last seen alive (for a departed member: when it left).
     left_at: Time,
@@ -121,6 +132,7 @@ impl Member {
         Member {
             up: false,
             alive: false,
+            seen: false,
             counted: false,
             left_at: now,
             beat,
@@ -133,7 +145,12 @@ impl Member {
 
     /// Alive here once, and not now.
     fn departed(&self) -> bool {
-        self.counted && !self.alive
+        self.seen && !self.alive
+    }
+
+    /// A member present or departed (as [`Membership::peers`]).
+    fn known(&self) -> bool {
+        self.seen || self.counted
     }
 
     fn alive_at(&self, now: Time) -> bool {
@@ -144,15 +161,25 @@ impl Member {
 /// The membership view of one peer (see the module doc).
 #[derive(Clone, Debug)]
 pub struct Membership {
+    /// Not yet joined: `bootstrapped` and `joined_through` are both needed (without a
+    /// fixed member list; with one, `bootstrapped` is enough).
     joining: bool,
+    /// A Kademlia bootstrap completed while a sigma peer was alive here.
+    bootstrapped: bool,
+    /// A peer that serves was heard (or there is a fixed member list).
+    vouched: bool,
+    /// The fixed member list, if any: the members are these, whoever else is alive.
+    fixed: Option<std::collections::HashSet<PeerId>>,
     window: Duration,
     delay: Duration,
     liveness: Duration,
     members: HashMap<PeerId, Member>,
     /// Gossip requests numbered so far ([`Membership::next_exchange`]).
     exchange: u64,
-    /// Members alive now (kept as a count: readiness is asked on every event).
+    /// Counted members alive now (kept as a count: readiness is asked on every event).
     up: usize,
+    /// Alive peers not counted (newcomers to a peer without a majority).
+    pending: usize,
     /// Members counted toward the majority.
     counted: usize,
     /// How long a heartbeat heard through gossip keeps its member alive.
@@ -184,12 +211,16 @@ impl Membership {
     pub fn new(joining: bool, window: Duration, delay: Duration, liveness: Duration) -> Self {
         Membership {
             joining,
+            bootstrapped: false,
+            vouched: false,
+            fixed: None,
             window,
             delay,
             liveness,
             members: HashMap::new(),
             exchange: 0,
             up: 0,
+            pending: 0,
             counted: 0,
             gossip_liveness: liveness,
             beat: (0, 0),
@@ -214,6 +245,24 @@ impl Membership {
     pub fn with_gossip(mut self, liveness: Duration, incarnation: u64) -> Self {
         self.gossip_liveness = liveness;
         self.beat = (incarnation, 0);
+        self
+    }
+
+    /// The members are `peers` (and this peer), whoever else is alive: a majority is
+    /// one of the list, and a joining peer needs no serving peer to join through (any
+    /// two majorities of one list overlap). For a swarm closed by an allow-list that
+    /// every peer shares. Call before anything else.
+    pub fn with_members(mut self, peers: impl IntoIterator<Item = PeerId>, local: PeerId) -> Self {
+        let fixed: std::collections::HashSet<PeerId> =
+            peers.into_iter().filter(|p| *p != local).take(MAX_MEMBERS).collect();
+        for p in &fixed {
+            let mut m = Member::new(*p, Duration::ZERO, (0, 0));
+            m.counted = true;
+            self.members.insert(*p, m);
+        }
+        self.counted = fixed.len();
+        self.fixed = Some(fixed);
+        self.vouched = true;
         self
     }
 
@@ -249,7 +298,7 @@ impl Membership {
         let at = now.saturating_sub(age);
         match self.members.get_mut(&peer) {
             Some(m) if beat > m.beat => {
-                let first = m.beat == (0, 0) && !m.up && !m.counted;
+                let first = m.beat == (0, 0) && !m.up && !m.seen;
                 let was = m.alive;
                 m.beat = beat;
                 m.beat_at = at;
@@ -281,8 +330,10 @@ impl Membership {
     }
 
     /// Brings `peer`'s alive flag and the counts up to date; a member that was alive
-    /// and is not any more departs now.
+    /// and is not any more departs now. A peer alive for the first time is counted only
+    /// while this peer reaches a majority (and is on the list, if there is one).
     fn recount(&mut self, peer: PeerId, now: Time) {
+        let admits = self.admits(&peer);
         let Some(m) = self.members.get_mut(&peer) else { return };
         let alive = m.alive_at(now);
         if alive == m.alive {
@@ -294,19 +345,88 @@ impl Membership {
         m.alive = alive;
         m.left_at = now;
         if alive {
-            self.up += 1;
-            if !m.counted {
+            m.seen = true;
+            if !m.counted && admits {
                 m.counted = true;
                 self.counted += 1;
             }
+            if m.counted {
+                self.up += 1;
+            } else {
+                self.pending += 1;
+            }
         } else {
-            self.up -= 1;
+            if m.counted {
+                self.up -= 1;
+            } else {
+                self.pending -= 1;
+            }
             if self.departures.len() >= MAX_MEMBERS {
                 // Too many to tell apart: every key counts as recently departed.
                 self.departures.clear();
                 self.overflow_until = Some(now);
             }
             self.departures.push((peer, now));
+        }
+    }
+
+    /// Whether `peer`, alive and not counted, may be counted now: this peer has joined
+    /// and reaches a strict majority of the members it counts (counting one more alive
+    /// peer then keeps a majority, where it could make one of a minority), and `peer`
+    /// is on the list if there is one.
+    fn admits(&self, peer: &PeerId) -> bool {
+        match &self.fixed {
+            Some(list) => list.contains(peer),
+            None => self.majority(),
+        }
+    }
+
+    /// Counts `peer` toward the majority (it is known here).
+    fn count(&mut self, peer: &PeerId) {
+        let Some(m) = self.members.get_mut(peer) else { return };
+        if m.counted || self.fixed.as_ref().is_some_and(|l| !l.contains(peer)) {
+            return;
+        }
+        m.counted = true;
+        self.counted += 1;
+        if m.alive {
+            self.pending -= 1;
+            self.up += 1;
+        }
+    }
+
+    /// Whether this joining peer still waits for a serving peer to join through (see
+    /// [`Membership::joined_through`]).
+    pub fn needs_voucher(&self) -> bool {
+        self.joining && !self.vouched
+    }
+
+    /// `peer`, which serves (its gossip says so), sent a table naming `members` (the
+    /// members alive there, which it counts). A joining peer joins through it: it
+    /// counts `peer` and those members, heard of or alive, so that its first majority
+    /// is one of a serving peer's members and not of whoever it happens to reach; it
+    /// is ready once a bootstrap has completed too. A peer not joining ignores it.
+    pub fn joined_through(&mut self, peer: PeerId, members: impl IntoIterator<Item = PeerId>, now: Time) {
+        if !self.needs_voucher() {
+            return;
+        }
+        self.vouched = true;
+        if !self.members.contains_key(&peer) {
+            if self.members.len() >= MAX_MEMBERS {
+                self.forget_one(now);
+            }
+            self.members.insert(peer, Member::new(peer, now, (0, 0)));
+        }
+        self.count(&peer);
+        for p in members {
+            self.count(&p);
+        }
+        self.join_if_done();
+    }
+
+    fn join_if_done(&mut self) {
+        if self.joining && self.bootstrapped && self.vouched {
+            self.joining = false;
         }
     }
 
@@ -368,7 +488,7 @@ impl Membership {
 
     /// The Kademlia keys of every member, present or departed (as [`Membership::peers`]).
     pub fn peer_keys(&self) -> impl Iterator<Item = &KBucketKey<PeerId>> + Clone {
-        self.members.values().filter(|m| m.counted).map(|m| &m.key)
+        self.members.values().filter(|m| m.known()).map(|m| &m.key)
     }
 
     /// The alive member closest to `key`, if it is closer than `than`.
@@ -383,9 +503,10 @@ impl Membership {
             .map(|(_, p)| p)
     }
 
-    /// Every member, present or departed (this peer not included).
+    /// Every member, present or departed (this peer not included): counted here, or
+    /// alive here once.
     pub fn peers(&self) -> impl Iterator<Item = &PeerId> + Clone {
-        self.members.iter().filter(|(_, m)| m.counted).map(|(p, _)| p)
+        self.members.iter().filter(|(_, m)| m.known()).map(|(p, _)| p)
     }
 
     /// Members not alive now (departed within the window, or frozen in a minority).
@@ -393,21 +514,30 @@ impl Membership {
         self.members.iter().filter(|(_, m)| m.departed()).map(|(p, _)| p)
     }
 
-    /// A Kademlia bootstrap completed.
+    /// A Kademlia bootstrap completed: it counts toward joining if a sigma peer is
+    /// alive here.
     pub fn bootstrapped(&mut self) {
-        if self.joining && self.reachable() > 0 {
-            self.joining = false;
+        if self.joining && self.up + self.pending > 0 {
+            self.bootstrapped = true;
+            self.join_if_done();
         }
     }
 
-    /// Members, this peer included.
+    /// Members counted toward the majority, this peer included.
     pub fn members(&self) -> usize {
         self.counted + 1
     }
 
-    /// Reachable members (alive: connected or heartbeat fresh), this peer excluded.
+    /// Reachable members (counted, and alive: connected or heartbeat fresh), this peer
+    /// excluded.
     pub fn reachable(&self) -> usize {
         self.up
+    }
+
+    /// Alive peers not counted toward the majority: newcomers alive while this peer had
+    /// no majority (counted once it has one), or peers off the fixed list.
+    pub fn uncounted(&self) -> usize {
+        self.pending
     }
 
     /// Whether this peer may serve, and why not.
@@ -471,9 +601,12 @@ impl Membership {
                 let window = self.window;
                 let before = self.members.len();
                 let forgotten = &mut self.forgotten;
+                let fixed = &self.fixed;
                 self.members.retain(|p, m| {
-                    let keep = m.alive || now.saturating_sub(m.left_at) < window;
-                    if !keep && m.counted {
+                    let keep = m.alive
+                        || now.saturating_sub(m.left_at) < window
+                        || fixed.as_ref().is_some_and(|l| l.contains(p));
+                    if !keep && m.known() {
                         forgotten.push(*p);
                     }
                     keep
@@ -489,6 +622,15 @@ impl Membership {
             }
         }
         let serving = self.readiness() == Readiness::Serving;
+        if self.fixed.is_none() && self.pending > 0 && self.majority() {
+            // A majority again: the newcomers that came while it had none are counted
+            // now (alive, they add as many to the reachable as to the members).
+            let newcomers: Vec<PeerId> =
+                self.members.iter().filter(|(_, m)| m.alive && !m.counted).map(|(p, _)| *p).collect();
+            for p in newcomers {
+                self.count(&p);
+            }
+        }
         match (self.serving_since, serving) {
             (None, true) => {
                 self.serving_since = Some(now);
@@ -521,7 +663,12 @@ impl Membership {
     }
 
     fn forget_one(&mut self, now: Time) {
-        let oldest = self.members.iter().filter(|(_, m)| !m.alive).min_by_key(|(_, m)| (m.counted, m.left_at));
+        let fixed = &self.fixed;
+        let oldest = self
+            .members
+            .iter()
+            .filter(|(p, m)| !m.alive && !fixed.as_ref().is_some_and(|l| l.contains(*p)))
+            .min_by_key(|(_, m)| (m.counted, m.left_at));
         if let Some((&peer, _)) = oldest {
             if self.members.remove(&peer).is_some_and(|m| m.counted) {
                 self.counted -= 1;
@@ -567,7 +714,7 @@ mod tests {
     }
 
     #[test]
-    fn a_joining_peer_is_ready_after_a_bootstrap_with_a_peer() {
+    fn a_joining_peer_is_ready_after_a_bootstrap_with_a_peer_and_a_serving_peer_heard() {
         let mut m = view(true);
         m.tick(Duration::ZERO);
         m.bootstrapped();
@@ -576,8 +723,101 @@ mod tests {
         m.connected(p, S);
         m.bootstrapped();
         m.tick(S);
+        assert_eq!(m.readiness(), Readiness::Joining, "no serving peer heard yet");
+        assert_eq!(m.uncounted(), 1, "a peer that does not serve counts no newcomer");
+        m.joined_through(p, [], S);
+        m.tick(S);
         assert_eq!(m.readiness(), Readiness::Serving);
         assert!(m.serving());
+        assert_eq!((m.reachable(), m.members(), m.uncounted()), (1, 2, 0));
+    }
+
+    /// Issue 40, scenario 1: peers A, B, C; the cut {A} | {B, C}; D and E join through
+    /// A during it. Counted, they would make A reach 3 of 5 (and D and E, 3 of 3).
+    #[test]
+    fn a_minority_counts_no_newcomer_until_it_serves_again() {
+        let mut a = view(false);
+        let (b, c) = (PeerId::random(), PeerId::random());
+        a.connected(b, Duration::ZERO);
+        a.connected(c, Duration::ZERO);
+        a.tick(Duration::ZERO);
+        assert!(a.serving());
+        a.disconnected(b, S);
+        a.disconnected(c, S);
+        assert!(a.tick(S), "serving stopped");
+        let (d, e) = (PeerId::random(), PeerId::random());
+        a.connected(d, 2 * S);
+        a.connected(e, 2 * S);
+        a.tick(2 * S);
+        assert_eq!(a.readiness(), Readiness::Minority { reachable: 1, members: 3 }, "the newcomers counted");
+        assert_eq!(a.uncounted(), 2);
+        assert!(a.is_alive(&d), "alive all the same (it hosts the keys it is closest to)");
+        // One newcomer departs and comes back: still not counted.
+        a.disconnected(d, 3 * S);
+        a.connected(d, 4 * S);
+        a.tick(4 * S);
+        assert_eq!(a.readiness(), Readiness::Minority { reachable: 1, members: 3 });
+        // Healed: A serves on its old members, and counts the newcomers then.
+        a.connected(b, 5 * S);
+        a.connected(c, 5 * S);
+        a.tick(5 * S);
+        assert!(a.serving());
+        assert_eq!((a.reachable() + 1, a.members(), a.uncounted()), (5, 5, 0));
+        // Counted now: they are members like the others (a cut of A with them is 3 of 5).
+        a.disconnected(b, 6 * S);
+        a.disconnected(c, 6 * S);
+        assert!(!a.tick(6 * S));
+        assert_eq!(a.readiness(), Readiness::Serving, "A, D and E: 3 of 5 counted while A served");
+    }
+
+    /// A joining peer counts the peer it joined through and the members that peer named:
+    /// its first majority is one of a serving peer's members, not of whoever it reaches.
+    #[test]
+    fn a_joining_peer_counts_the_members_of_the_peer_it_joined_through() {
+        let mut d = view(true);
+        let (a, b, c) = (PeerId::random(), PeerId::random(), PeerId::random());
+        d.connected(a, Duration::ZERO);
+        d.bootstrapped();
+        for p in [b, c] {
+            d.heard(p, (1, 1), Duration::ZERO, Duration::ZERO, None);
+        }
+        d.joined_through(a, [b, c], Duration::ZERO);
+        d.tick(Duration::ZERO);
+        assert_eq!(d.readiness(), Readiness::Minority { reachable: 2, members: 4 }, "b and c not heard alive yet");
+        d.heard(b, (1, 2), Duration::ZERO, S, None);
+        d.tick(S);
+        assert!(d.serving(), "3 of 4");
+        // Only the first serving peer heard vouches; later ones are ordinary gossip.
+        let x = PeerId::random();
+        d.heard(x, (1, 1), Duration::ZERO, S, None);
+        d.joined_through(x, [], S);
+        assert_eq!(d.members(), 4);
+    }
+
+    /// With a fixed member list (an allow-list) the majority is one of the list, and a
+    /// joining peer needs no serving peer: any two majorities of the list overlap.
+    #[test]
+    fn with_a_member_list_the_majority_is_of_the_list() {
+        let local = PeerId::random();
+        let list: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
+        let mut m = view(true).with_members(list.iter().copied().chain([local]), local);
+        assert_eq!(m.members(), 5);
+        m.connected(list[0], Duration::ZERO);
+        m.bootstrapped();
+        m.tick(Duration::ZERO);
+        assert_eq!(m.readiness(), Readiness::Minority { reachable: 2, members: 5 }, "joined without a voucher");
+        // A peer off the list is alive but never counted, serving or not.
+        let stranger = PeerId::random();
+        m.connected(stranger, S);
+        m.connected(list[1], S);
+        m.tick(S);
+        assert!(m.serving(), "3 of the 5 listed");
+        assert_eq!((m.reachable() + 1, m.members(), m.uncounted()), (3, 5, 1));
+        // Listed peers never met are not forgotten after the window.
+        for t in 2..200 {
+            m.tick(t * S);
+        }
+        assert_eq!(m.members(), 5);
     }
 
     #[test]

@@ -302,6 +302,16 @@ pub struct Beat {
 pub struct Gossip {
     /// The heartbeats.
     pub beats: Vec<Beat>,
+    /// Whether the sender serves (reaches a majority of its members): a joining peer
+    /// joins only through one that does. Absent in tables of peers from before the
+    /// field, which are taken as serving (their own rule let them count whoever
+    /// joined), so that a rolling upgrade still joins.
+    #[serde(default = "serving_if_absent")]
+    pub serving: bool,
+}
+
+fn serving_if_absent() -> bool {
+    true
 }
 
 impl Gossip {
@@ -623,7 +633,7 @@ mod tests {
         use futures::executor::block_on;
         use libp2p::request_response::Codec as _;
         let beat = |_| Beat { peer: PeerId::random(), incarnation: u64::MAX, counter: u64::MAX, age_ms: u32::MAX };
-        let full = Gossip { beats: (0..MAX_GOSSIP_BEATS).map(beat).collect() };
+        let full = Gossip { beats: (0..MAX_GOSSIP_BEATS).map(beat).collect(), serving: true };
         assert!(full.is_valid());
         let mut codec = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default()
             .set_request_size_maximum(MAX_GOSSIP_BYTES);
@@ -633,7 +643,35 @@ mod tests {
         assert!(len <= MAX_GOSSIP_BYTES, "{len} bytes");
         buf.set_position(0);
         assert_eq!(block_on(codec.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap(), full);
-        let over = Gossip { beats: (0..=MAX_GOSSIP_BEATS).map(beat).collect() };
+        let over = Gossip { beats: (0..=MAX_GOSSIP_BEATS).map(beat).collect(), serving: true };
         assert!(!over.is_valid());
+    }
+
+    /// The serving bit is an optional field of the gossip, not a new protocol: a table
+    /// of a peer from before it decodes as serving (a rolling upgrade still joins), and
+    /// an older peer ignores it.
+    #[test]
+    fn the_serving_bit_is_optional_both_ways() {
+        use futures::executor::block_on;
+        use libp2p::request_response::Codec as _;
+        #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        struct Before {
+            beats: Vec<Beat>,
+        }
+        let beats = vec![Beat { peer: PeerId::random(), incarnation: 1, counter: 2, age_ms: 3 }];
+        let mut old = libp2p::request_response::cbor::codec::Codec::<Before, Before>::default();
+        let mut new = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default();
+        let mut buf = futures::io::Cursor::new(Vec::new());
+        block_on(old.write_request(&GOSSIP_PROTOCOL, &mut buf, Before { beats: beats.clone() })).unwrap();
+        buf.set_position(0);
+        let read = block_on(new.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap();
+        assert_eq!(read, Gossip { beats: beats.clone(), serving: true });
+        let mut buf = futures::io::Cursor::new(Vec::new());
+        block_on(new.write_request(&GOSSIP_PROTOCOL, &mut buf, Gossip { beats: beats.clone(), serving: false }))
+            .unwrap();
+        buf.set_position(0);
+        assert_eq!(block_on(old.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap(), Before { beats: beats.clone() });
+        buf.set_position(0);
+        assert!(!block_on(new.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap().serving);
     }
 }

@@ -106,19 +106,24 @@ struct Net {
 
 impl Net {
     async fn new(count: usize, joining: bool) -> Net {
-        let mut swarms = Vec::new();
-        let mut addrs = Vec::new();
+        let mut net = Net { swarms: Vec::new(), addrs: Vec::new(), holders: HashMap::new(), names: HashMap::new() };
         for _ in 0..count {
-            let mut s = Swarm::new_ephemeral_tokio(|kp| Peer {
-                block: allow_block_list::Behaviour::default(),
-                sigma: Behaviour::new(kp.public().to_peer_id(), config(joining)),
-                dials: FailedDials::default(),
-            });
-            let (addr, _) = s.listen().with_memory_addr_external().await;
-            swarms.push(s);
-            addrs.push(addr);
+            net.spawn(joining).await;
         }
-        Net { swarms, addrs, holders: HashMap::new(), names: HashMap::new() }
+        net
+    }
+
+    /// Starts one more peer (`joining`: given bootstrap peers); answers its index.
+    async fn spawn(&mut self, joining: bool) -> usize {
+        let mut s = Swarm::new_ephemeral_tokio(|kp| Peer {
+            block: allow_block_list::Behaviour::default(),
+            sigma: Behaviour::new(kp.public().to_peer_id(), config(joining)),
+            dials: FailedDials::default(),
+        });
+        let (addr, _) = s.listen().with_memory_addr_external().await;
+        self.swarms.push(s);
+        self.addrs.push(addr);
+        self.swarms.len() - 1
     }
 
     fn dump(&self, name: &str, acqs: &[(usize, AcquisitionId)]) {
@@ -255,10 +260,12 @@ fn won(i: usize, id: AcquisitionId) -> impl FnMut(&Net, usize, &Event) -> bool {
 }
 
 /// A peer given bootstrap peers hosts nothing and wins nothing until it has joined; the
-/// same peer once joined wins.
+/// same peer once joined (through peers that serve) wins.
 #[tokio::test]
 async fn a_joining_peer_grants_nothing_until_it_has_joined() {
-    let mut net = Net::new(3, true).await;
+    let mut net = Net::new(1, true).await;
+    net.spawn(false).await;
+    net.spawn(false).await;
     let id = net.acquire(0, "joining");
     assert_eq!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Joining);
     let seen = net.drive(Duration::from_secs(1), |_, _, _| false).await;
@@ -440,4 +447,63 @@ async fn only_a_peer_that_does_not_serve_dials_departed_members_again() {
     }
     assert_eq!(&dials[..2], &[0, 0], "serving peers dialled the departed member: {dials:?}");
     assert!(dials[2] >= 2, "the cut-off peer dials its departed members every 2 s: {dials:?}");
+}
+
+/// A minority must not grow into a majority by joins (issue 40, scenario 1). Peers 0, 1
+/// and 2 serve; the cut {0} | {1, 2} leaves 0 reaching 1 of 3. Two new peers, 3 and 4,
+/// join through 0 only, during the cut. Counting them would make 0 reach 3 of 5, and
+/// them 3 of 3: both sides would grant the same lock. A peer that does not serve counts
+/// no newcomer, and a joining peer joins only through a peer that serves: 0 stays a
+/// minority, 3 and 4 stay joining, and only the majority side's waiter wins. Once the
+/// cut heals, 0 serves again and 3 and 4 join through it.
+#[tokio::test]
+async fn a_minority_does_not_grow_into_a_majority_by_joins() {
+    let mut net = Net::new(3, false).await;
+    net.mesh(&[0, 1, 2]).await;
+    // Past the start delay: the swarm serves at once.
+    let warm = net.acquire(1, "warm-up");
+    net.drive(Duration::from_secs(30), won(1, warm)).await;
+    net.release(1, warm);
+    net.cut(&[0], &[1, 2]);
+    assert!(net.stops_serving(&[0], LIVENESS).await, "the cut-off peer still serves after {LIVENESS:?}");
+    assert_eq!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Minority { reachable: 1, members: 3 });
+    // Two peers start during the cut with peer 0 as their bootstrap peer; they cannot
+    // reach 1 and 2 either.
+    let joiners = [net.spawn(true).await, net.spawn(true).await];
+    net.cut(&joiners, &[1, 2]);
+    net.mesh(&[0, joiners[0], joiners[1]]).await;
+    for j in joiners {
+        net.swarms[j].behaviour_mut().sigma.bootstrap().expect("peer 0 is known");
+    }
+    let minority = net.acquire(0, "orders");
+    let majority = net.acquire(1, "orders");
+    // The majority side wins (after the takeover delay of the keys 0 hosted); the
+    // driver panics if the minority's side also grants while it holds.
+    net.drive(Duration::from_secs(30), won(1, majority)).await;
+    if net.holders.get("orders") != Some(&(1, majority)) {
+        net.dump("orders", &[(0, minority), (1, majority)]);
+    }
+    assert!(net.holders.get("orders") == Some(&(1, majority)), "the majority side serves");
+    // Long enough for the minority's side to have served and waited out a takeover
+    // delay, had it counted the newcomers.
+    let delay = net.swarms[0].behaviour().sigma.takeover_delay();
+    net.drive(delay + LEASE, |_, _, _| false).await;
+    let r = net.swarms[0].behaviour().sigma.readiness();
+    assert_eq!(r, Readiness::Minority { reachable: 1, members: 3 }, "peer 0 counted the peers that joined it");
+    for j in joiners {
+        assert_eq!(net.swarms[j].behaviour().sigma.readiness(), Readiness::Joining, "peer {j} joined a minority");
+    }
+    let waiting = net.swarms[0].behaviour().sigma.acquisition(minority).map(|a| a.phase);
+    assert_eq!(waiting, Some(proto::Phase::Waiting), "the minority's waiter waits");
+    // Healed: peer 0 serves again, and the newcomers join through it.
+    net.release(1, majority);
+    net.heal();
+    net.mesh(&[0, 1, 2, joiners[0], joiners[1]]).await;
+    net.drive(Duration::from_secs(30), won(0, minority)).await;
+    assert!(net.holders.get("orders") == Some(&(0, minority)), "the minority's waiter is served after the heal");
+    let all = net.acquire(joiners[0], "after");
+    net.drive(Duration::from_secs(30), won(joiners[0], all)).await;
+    for i in 0..5 {
+        assert_eq!(net.swarms[i].behaviour().sigma.readiness(), Readiness::Serving, "peer {i}");
+    }
 }

@@ -148,6 +148,10 @@ impl Node {
             tracing::info!("no bootstrap peers: a one-node swarm until others join");
         }
         let mut behaviour = config.behaviour.clone().with_joining(joining).with_external_address_required(true);
+        // An allow-list is the membership: a majority is one of the listed peers.
+        if let Some(peers) = &config.admission.allowed_peers {
+            behaviour = behaviour.with_members(Some(peers.clone()));
+        }
         // Listen addresses at least this wide count as external (see `external_addresses`).
         let listen_floor = Scope::widest(bootstrap.iter().filter(|(peer, _)| *peer != local).map(|(_, a)| a));
         if behaviour.connection_watermarks().is_none() {

@@ -27,6 +27,7 @@ pub struct Config {
     pub(super) max_concurrent_streams: usize,
     pub(super) boot_clock: BootClock,
     pub(super) joining: bool,
+    pub(super) members: Option<HashSet<PeerId>>,
     pub(super) external_address_required: bool,
     pub(super) min_voters: Option<usize>,
     pub(super) membership_window: Duration,
@@ -165,6 +166,7 @@ impl Default for Config {
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             boot_clock: BootClock::default(),
             joining: false,
+            members: None,
             external_address_required: false,
             min_voters: None,
             membership_window: DEFAULT_MEMBERSHIP_WINDOW,
@@ -213,10 +215,20 @@ impl Config {
         self
     }
     /// This peer was given bootstrap peers: it hosts nothing and starts no acquisition
-    /// until a Kademlia bootstrap has completed with a sigma peer connected. Without
-    /// this, the peer is a one-node swarm until others join it.
+    /// until a Kademlia bootstrap has completed with a sigma peer connected and it has
+    /// heard from a peer that serves (it joins through that peer). Without this, the
+    /// peer is a one-node swarm until others join it.
     pub fn with_joining(mut self, joining: bool) -> Self {
         self.joining = joining;
+        self
+    }
+    /// The swarm's members are these peers (an allow-list every peer shares): a peer
+    /// serves while it reaches a strict majority of them, itself included, and no
+    /// other peer counts; a joining peer needs no serving peer to join through.
+    /// Default: none, members are the peers that have been alive here while it had a
+    /// majority (docs/design/membership.md).
+    pub fn with_members(mut self, peers: Option<HashSet<PeerId>>) -> Self {
+        self.members = peers;
         self
     }
     /// Host replicas only while the swarm has a confirmed external address (one that

@@ -123,8 +123,10 @@ impl Behaviour {
     /// here: it is never a target.)
     pub(super) fn gossip_round(&mut self, now: Time) {
         use rand::seq::{IteratorRandom, SliceRandom};
-        if !self.dialable() {
-            return; // not a member anywhere: no peer would take its table
+        if !self.dialable() && !self.membership.needs_voucher() {
+            // Not a member anywhere: no peer would take its table. Until it has heard a
+            // serving peer, it still asks: the answer says whether that peer serves.
+            return;
         }
         self.membership.beat();
         self.gossip_rounds += 1;
@@ -215,11 +217,12 @@ impl Behaviour {
                 age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
             })
             .collect();
-        wire::Gossip { beats }
+        wire::Gossip { beats, serving: self.membership.serving() }
     }
 
     /// Merges a gossip table from `peer`, a sigma peer (in the routing table, or an
-    /// alive member): members that became alive take over the keys they are closer to.
+    /// alive member): members that became alive take over the keys they are closer to;
+    /// a joining peer joins through `peer` if it serves ([`Membership::joined_through`]).
     /// `echo`: the exchange number of a request (its reply is then
     /// `gossip_table(now, echo)`), none for a reply.
     pub(super) fn merge_gossip(&mut self, peer: PeerId, gossip: wire::Gossip, echo: Option<u64>) {
@@ -233,7 +236,7 @@ impl Behaviour {
         }
         let now = self.clock.now();
         let mut woke = Vec::new();
-        for b in gossip.beats {
+        for b in &gossip.beats {
             if b.peer == self.local {
                 continue;
             }
@@ -244,6 +247,14 @@ impl Behaviour {
         }
         for p in woke {
             self.hand_over_to(p);
+        }
+        if gossip.serving && self.membership.needs_voucher() {
+            let was_ready = self.membership.ready();
+            let named = gossip.beats.iter().map(|b| b.peer).filter(|p| *p != self.local);
+            self.membership.joined_through(peer, named, now);
+            if !was_ready && self.membership.ready() {
+                tracing::info!(through = %peer, "joined the swarm: ready");
+            }
         }
         self.housekeeping(now);
     }

@@ -325,6 +325,9 @@ impl Behaviour {
         let incarnation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64).max(1);
         let mut membership = Membership::new(config.joining, config.membership_window, config.takeover_delay(), stall)
             .with_gossip(config.gossip_liveness, incarnation);
+        if let Some(list) = &config.members {
+            membership = membership.with_members(list.iter().copied(), local);
+        }
         membership.set_dialable(!config.external_address_required);
         let clock = Clock::new(config.boot_clock.clone());
         Behaviour {
@@ -558,10 +561,14 @@ impl Behaviour {
                 let was_ready = self.membership.ready();
                 if result.is_ok() {
                     self.membership.bootstrapped();
+                    let now = self.clock.now();
                     if !was_ready && self.membership.ready() {
                         tracing::info!("joined the swarm: ready");
-                        let now = self.clock.now();
                         self.housekeeping(now);
+                    } else if self.membership.needs_voucher() {
+                        // Joined through a serving peer only: ask the peers just met now
+                        // (their answers say whether they serve) rather than a round later.
+                        self.gossip_round(now);
                     }
                 }
                 self.cut_bootstrap(id, step, was_ready);

@@ -1192,7 +1192,7 @@ impl Holding {
             warned: false,
         };
         let sent = Instant::now();
-        match keepalive(&h.client, &h.name, token, &h.lease).await {
+        match keepalive(&h.client, &h.name, token, &h.lease, KEEPALIVE_TIMEOUT).await {
             Ok(kept) => {
                 h.deadline = sent + Duration::from_millis(kept.valid_for_ms);
                 h.valid_until_ms = kept.valid_until_ms;
@@ -1225,8 +1225,10 @@ impl Holding {
         if Instant::now() >= stop_at {
             return Some("no keep-alive confirmed it before its deadline".to_owned());
         }
+        // An answer after `stop_at` would come too late to move it: wait no longer.
         let sent = Instant::now();
-        match keepalive(&self.client, &self.name, self.token, &self.lease).await {
+        let patience = stop_at.saturating_duration_since(sent).min(KEEPALIVE_TIMEOUT);
+        match keepalive(&self.client, &self.name, self.token, &self.lease, patience).await {
             Ok(kept) => {
                 self.deadline = self.deadline.max(sent + Duration::from_millis(kept.valid_for_ms));
                 self.warned = false;
@@ -1291,9 +1293,18 @@ async fn hold_until_signal(holding: &mut Holding, signals: &mut Signals) -> anyh
     }
 }
 
-/// Renews the client lease (a short deadline: a renewal that takes long is no renewal).
-async fn keepalive(client: &Client, name: &str, token: u64, lease: &str) -> Result<KeptAlive, ClientError> {
-    client.clone().with_timeout(Duration::from_secs(2)).keepalive(name, token, lease).await
+/// The longest a renewal may take (one that takes long is no renewal).
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Renews the client lease, waiting at most `patience` for the answer.
+async fn keepalive(
+    client: &Client,
+    name: &str,
+    token: u64,
+    lease: &str,
+    patience: Duration,
+) -> Result<KeptAlive, ClientError> {
+    client.clone().with_timeout(patience).keepalive(name, token, lease).await
 }
 
 fn exit_code(status: &std::process::ExitStatus) -> u8 {

@@ -16,19 +16,19 @@ refused connection); at once if the daemon says the lock is gone or that it is s
 Stop touching the resource when `lock.lost` is set. The lease id the acquire answers is
 the secret that proves this client holds the lock; the fencing token is public.
 
-As a command: python3 sigma_lock.py [--api 127.0.0.1:7591] [--hold SECONDS] [--ttl SECONDS] NAME
+As a command: python3 sigma_lock.py [--api 127.0.0.1:7591|unix:PATH] [--hold SECONDS] [--ttl SECONDS] NAME
 prints `acquired NAME token T`, holds the lock, prints `released NAME token T`.
 """
 
 import argparse
+import http.client
 import json
 import os
+import socket
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 
 class SigmaError(Exception):
@@ -39,10 +39,24 @@ class SigmaError(Exception):
         self.status, self.code = status, code
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the daemon's unix socket (`--api unix:PATH`)."""
+
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
 class SigmaLock:
     def __init__(self, name, api=None, timeout_s=None, ttl_s=5.0, token_file=None):
         self.name = name
-        self.api = api or os.environ.get("SIGMA_API", "127.0.0.1:7591")
+        default = "unix:/run/sigma/api.sock" if os.path.exists("/run/sigma/api.sock") else "127.0.0.1:7591"
+        self.api = api or os.environ.get("SIGMA_API", default)
         self.timeout_s, self.ttl_s = timeout_s, ttl_s
         token_file = token_file or os.environ.get("SIGMA_API_TOKEN_FILE")
         self.bearer = open(token_file).read().strip() if token_file else None
@@ -53,27 +67,34 @@ class SigmaLock:
         self._stop = threading.Event()
         self._renewer = None
 
+    def _connection(self, timeout):
+        if self.api.startswith("unix:"):
+            return _UnixConnection(self.api[len("unix:"):], timeout)
+        host, port = self.api.rsplit(":", 1)
+        return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+
     def _post(self, action, body=None, query=None, timeout=30):
-        path = urllib.parse.quote(self.name, safe="") + "/" + action
-        url = f"http://{self.api}/v1/locks/{path}"
+        path = "/v1/locks/" + urllib.parse.quote(self.name, safe="") + "/" + action
         if query:
-            url += "?" + urllib.parse.urlencode(query)
+            path += "?" + urllib.parse.urlencode(query)
         # A JSON content type on every POST: the daemon refuses what a web form could send.
         headers = {"Content-Type": "application/json"}
         if self.bearer:
             headers["Authorization"] = "Bearer " + self.bearer
-        data = json.dumps(body or {}).encode()
-        request = urllib.request.Request(url, data=data, method="POST", headers=headers)
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+        conn = self._connection(timeout)
         try:
-            with opener.open(request, timeout=timeout) as resp:
-                return json.load(resp)
-        except urllib.error.HTTPError as e:
+            conn.request("POST", path, body=json.dumps(body or {}).encode(), headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        if resp.status >= 400:
             try:
-                err = json.load(e)
+                err = json.loads(data)
             except ValueError:
                 err = {}
-            raise SigmaError(e.code, err.get("code"), err.get("error", e.reason)) from None
+            raise SigmaError(resp.status, err.get("code"), err.get("error", resp.reason))
+        return json.loads(data)
 
     def acquire(self):
         query = {"ttl_ms": int(self.ttl_s * 1000)}
@@ -118,10 +139,9 @@ class SigmaLock:
                 if e.status == 404 or e.code == "stopping":  # gone, or the daemon stops
                     self.lost.set()
                     return
-            except urllib.error.URLError as e:
-                if isinstance(e.reason, ConnectionRefusedError):  # the daemon is gone
-                    self.lost.set()
-                    return
+            except (ConnectionRefusedError, FileNotFoundError):  # the daemon is gone
+                self.lost.set()
+                return
             except OSError:
                 pass  # no answer in time: try again until the deadline
 
@@ -149,7 +169,7 @@ class SigmaLock:
 def main():
     parser = argparse.ArgumentParser(description="Hold a sigma lock for a while.")
     parser.add_argument("name")
-    parser.add_argument("--api", default=None, help="IP:PORT of the daemon's API [$SIGMA_API or 127.0.0.1:7591]")
+    parser.add_argument("--api", default=None, help="the daemon's API, IP:PORT or unix:PATH [$SIGMA_API, else unix:/run/sigma/api.sock if it exists, else 127.0.0.1:7591]")
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to hold the lock")
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     parser.add_argument("--ttl", type=float, default=5.0, help="client lease in seconds")
@@ -169,3 +189,6 @@ if __name__ == "__main__":
     except SigmaError as e:
         print(f"sigma_lock.py: {e}", file=sys.stderr)
         raise SystemExit(75 if e.status == 408 else 69)
+    except OSError as e:
+        print(f"sigma_lock.py: cannot reach the sigma daemon (is `sigma run` running?): {e}", file=sys.stderr)
+        raise SystemExit(69)

@@ -31,13 +31,14 @@
 //! # }
 //! ```
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde::de::DeserializeOwned;
 
-use crate::http::{gate, Acquired, ErrorBody, HolderBody, KeptAlive, LockView, PeerList, Released, RevokeBody};
+use crate::http::{
+    gate, Acquired, ApiAddr, ErrorBody, HolderBody, KeptAlive, LockView, PeerList, Released, RevokeBody,
+};
 use crate::inspect::{Inspection, Revoked};
 use crate::Status;
 
@@ -54,7 +55,7 @@ pub enum ClientError {
     #[error("cannot reach the sigma daemon at {api} (is `sigma run` running?): {source}")]
     Unreachable {
         /// The API address.
-        api: SocketAddr,
+        api: ApiAddr,
         /// What the transport said.
         source: reqwest::Error,
     },
@@ -62,7 +63,7 @@ pub enum ClientError {
     #[error("the sigma daemon at {api} did not answer in time")]
     NoAnswer {
         /// The API address.
-        api: SocketAddr,
+        api: ApiAddr,
     },
     /// `408`: the lock was not won within the acquire's timeout.
     #[error("timed out waiting for the lock")]
@@ -94,15 +95,16 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The daemon refused the connection: nothing listens on its address (the daemon
-    /// is not running). For a holder, no keep-alive can succeed any more.
+    /// The daemon refused the connection: nothing listens on its address, or its socket
+    /// is gone (the daemon is not running). For a holder, no keep-alive can succeed any
+    /// more.
     pub fn is_refused_connection(&self) -> bool {
         match self {
             ClientError::Unreachable { source, .. } => {
                 source.is_connect()
-                    && std::error::Error::source(source)
-                        .and_then(|e| find_io(e))
-                        .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+                    && std::error::Error::source(source).and_then(|e| find_io(e)).is_some_and(|e| {
+                        matches!(e.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound)
+                    })
             }
             _ => false,
         }
@@ -143,24 +145,35 @@ pub struct AcquireOptions {
 /// A client of one daemon's API. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Client {
-    api: SocketAddr,
+    api: ApiAddr,
+    /// `http://IP:PORT`, or `http://localhost` over a unix socket.
+    base: String,
     http: reqwest::Client,
     token: Option<HeaderValue>,
     timeout: Duration,
 }
 
 impl Client {
-    /// A client of the API at `api` (loopback: the daemon serves nowhere else).
-    pub fn new(api: SocketAddr) -> Client {
+    /// A client of the API at `api`: a loopback address (the daemon serves no other) or
+    /// a unix socket.
+    pub fn new(api: impl Into<ApiAddr>) -> Client {
         // Loopback only: never through a proxy from the environment.
         let http = reqwest::Client::builder().no_proxy().build().unwrap_or_default();
         Client::with_http(api, http)
     }
 
     /// The same over an existing `reqwest` client (connection pool shared with other
-    /// daemons' clients).
-    pub fn with_http(api: SocketAddr, http: reqwest::Client) -> Client {
-        Client { api, http, token: None, timeout: DEFAULT_TIMEOUT }
+    /// daemons' clients). A unix socket gets a `reqwest` client of its own.
+    pub fn with_http(api: impl Into<ApiAddr>, http: reqwest::Client) -> Client {
+        let api = api.into();
+        let (base, http) = match &api {
+            ApiAddr::Tcp(a) => (format!("http://{a}"), http),
+            ApiAddr::Unix(path) => {
+                let http = reqwest::Client::builder().unix_socket(path.as_path()).build().unwrap_or_default();
+                ("http://localhost".to_owned(), http)
+            }
+        };
+        Client { api, base, http, token: None, timeout: DEFAULT_TIMEOUT }
     }
 
     /// Sends `Authorization: Bearer <token>` (a daemon started with `--api-token-file`).
@@ -178,8 +191,8 @@ impl Client {
     }
 
     /// The API address.
-    pub fn api(&self) -> SocketAddr {
-        self.api
+    pub fn api(&self) -> &ApiAddr {
+        &self.api
     }
 
     /// `POST /v1/locks/{name}/acquire`: waits until the lock is held (or
@@ -232,38 +245,38 @@ impl Client {
 
     /// `GET /v1/inspect/{name}`: the lock seen from the hosts of all its replicas.
     pub async fn inspect(&self, name: &str) -> Result<Inspection, ClientError> {
-        let url = format!("http://{}/v1/inspect/{}", self.api, encode_name(name));
+        let url = format!("{}/v1/inspect/{}", self.base, encode_name(name));
         self.call(self.http.get(url).timeout(self.timeout)).await
     }
 
     /// `POST /v1/revoke/{name}`: an operator's break-lock (see [`crate::NodeHandle::revoke`]).
     pub async fn revoke(&self, name: &str, token: u64) -> Result<Revoked, ClientError> {
-        let url = format!("http://{}/v1/revoke/{}", self.api, encode_name(name));
+        let url = format!("{}/v1/revoke/{}", self.base, encode_name(name));
         self.call(self.http.post(url).json(&RevokeBody { token }).timeout(self.timeout)).await
     }
 
     /// `GET /v1/status`.
     pub async fn status(&self) -> Result<Status, ClientError> {
-        self.call(self.http.get(format!("http://{}/v1/status", self.api)).timeout(self.timeout)).await
+        self.call(self.http.get(format!("{}/v1/status", self.base)).timeout(self.timeout)).await
     }
 
     /// `GET /metrics`: the OpenMetrics text.
     pub async fn metrics(&self) -> Result<String, ClientError> {
-        let resp = self.send(self.http.get(format!("http://{}/metrics", self.api)).timeout(self.timeout)).await?;
+        let resp = self.send(self.http.get(format!("{}/metrics", self.base)).timeout(self.timeout)).await?;
         resp.text().await.map_err(|e| ClientError::Decode(e.to_string()))
     }
 
     /// `POST /v1/admin/block` (or `unblock`): answers the peers blocked afterwards.
     pub async fn block(&self, peers: &[String], block: bool) -> Result<Vec<String>, ClientError> {
         let action = if block { "block" } else { "unblock" };
-        let url = format!("http://{}/v1/admin/{action}", self.api);
+        let url = format!("{}/v1/admin/{action}", self.base);
         let request = self.http.post(url).json(&PeerList { peers: peers.to_vec() }).timeout(self.timeout);
         let list: PeerList = self.call(request).await?;
         Ok(list.peers)
     }
 
     fn lock_url(&self, name: &str, action: Option<&str>) -> String {
-        let base = format!("http://{}/v1/locks/{}", self.api, encode_name(name));
+        let base = format!("{}/v1/locks/{}", self.base, encode_name(name));
         action.map_or_else(|| base.clone(), |a| format!("{base}/{a}"))
     }
 
@@ -280,9 +293,9 @@ impl Client {
         }
         let resp = request.send().await.map_err(|e| {
             if e.is_timeout() {
-                ClientError::NoAnswer { api: self.api }
+                ClientError::NoAnswer { api: self.api.clone() }
             } else {
-                ClientError::Unreachable { api: self.api, source: e }
+                ClientError::Unreachable { api: self.api.clone(), source: e }
             }
         })?;
         let status = resp.status();

@@ -1,11 +1,14 @@
 //! The local HTTP control API of a sigma daemon: for `sigma lock`, `sigma status`, the
-//! testnet driver and programs in other languages. It binds to a loopback address only
-//! ([`Api::bind`] refuses anything else). Every request passes the [`gate`] first:
-//! `Host` and `Origin` must be loopback (no web page, no DNS rebinding), every POST
-//! carries `Content-Type: application/json` (or a `Sigma-Client` header), bodies are at
-//! most 64 KiB, at most `--api-max-requests` are served at once, and with
-//! `--api-token-file` every request needs `Authorization: Bearer <token>`. Without a
-//! token, any local program that can reach the port can take and release locks.
+//! testnet driver and programs in other languages. It listens on a unix socket
+//! ([`ApiAddr::Unix`], mode [`SOCKET_MODE`]: the daemon's user and group, each client's
+//! user id logged) or on a loopback address ([`Api::bind`] refuses any other). Every
+//! request passes the [`gate`] first: `Host` and `Origin` must be loopback (no web page,
+//! no DNS rebinding), every POST carries `Content-Type: application/json` (or a
+//! `Sigma-Client` header), bodies are at most 64 KiB, acquires, holders' requests and
+//! the rest are bounded in separate pools, and with `--api-token-file` every request
+//! needs `Authorization: Bearer <token>`. On loopback TCP without a token, any local
+//! program that can reach the port can take locks (and release only those whose lease
+//! id it was given).
 //!
 //! | method and path | body | answer |
 //! | --- | --- | --- |
@@ -40,6 +43,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -57,7 +61,7 @@ use tokio::task::JoinHandle;
 pub mod gate;
 mod serve;
 
-pub use serve::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
+pub use serve::{Peer, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 
 use crate::metrics::{self, Metrics, Outcome};
 use crate::{LockError, LockGuard, LockOptions, NodeHandle, RevokeError};
@@ -69,6 +73,8 @@ pub enum ApiError {
     BadAddress(String),
     /// The address is not a loopback address.
     NotLoopback(SocketAddr),
+    /// A daemon already answers on this unix socket.
+    SocketInUse(PathBuf),
     /// Binding failed.
     Io(std::io::Error),
 }
@@ -76,7 +82,12 @@ pub enum ApiError {
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ApiError::BadAddress(s) => write!(f, "bad API address {s:?}: expected IP:PORT, e.g. 127.0.0.1:7591"),
+            ApiError::BadAddress(s) => {
+                write!(f, "bad API address {s:?}: expected IP:PORT (e.g. 127.0.0.1:7591) or unix:PATH")
+            }
+            ApiError::SocketInUse(p) => {
+                write!(f, "another process answers on the API socket {}: is a daemon already running?", p.display())
+            }
             ApiError::NotLoopback(a) => write!(
                 f,
                 "refusing API address {a}: the control API has no authentication and binds to loopback only \
@@ -98,6 +109,74 @@ impl std::error::Error for ApiError {
 
 /// Default API address of `sigma run` and of the client commands.
 pub const DEFAULT_API: &str = "127.0.0.1:7591";
+
+/// The API socket of the shipped systemd unit (`RuntimeDirectory=sigma`): the client
+/// commands use it when it exists and no address is given.
+pub const DEFAULT_API_SOCKET: &str = "/run/sigma/api.sock";
+
+/// Mode of the API's unix socket: its owner (the daemon's user) and its group may
+/// connect; who is in the group decides who may use the API.
+pub const SOCKET_MODE: u32 = 0o660;
+
+/// Where the control API listens: a loopback TCP address, or a unix socket (whose
+/// file permissions and directory decide who may connect, and which no other user's
+/// process can take over while the daemon is down).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiAddr {
+    /// A loopback address.
+    Tcp(SocketAddr),
+    /// A unix socket at this path.
+    Unix(PathBuf),
+}
+
+impl ApiAddr {
+    /// `unix:PATH`, or a loopback `IP:PORT` ([`parse_loopback_addr`]).
+    pub fn parse(s: &str) -> Result<ApiAddr, ApiError> {
+        match s.trim().strip_prefix("unix:") {
+            Some("") => Err(ApiError::BadAddress(s.to_owned())),
+            Some(path) => Ok(ApiAddr::Unix(PathBuf::from(path))),
+            None => parse_loopback_addr(s).map(ApiAddr::Tcp),
+        }
+    }
+}
+
+impl From<SocketAddr> for ApiAddr {
+    fn from(a: SocketAddr) -> ApiAddr {
+        ApiAddr::Tcp(a)
+    }
+}
+
+impl std::fmt::Display for ApiAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiAddr::Tcp(a) => write!(f, "{a}"),
+            ApiAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// Binds the API's unix socket at `path` with [`SOCKET_MODE`]. A socket file left by a
+/// daemon that is gone is replaced; one a live process answers on is refused.
+fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, ApiError> {
+    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(ApiError::Io(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            )));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ApiError::SocketInUse(path.to_owned()));
+        }
+        std::fs::remove_file(path).map_err(ApiError::Io)?;
+    }
+    // Created with the umask's mode (at most the owner may connect), then opened to the
+    // group: never wider than SOCKET_MODE in between.
+    let listener = tokio::net::UnixListener::bind(path).map_err(ApiError::Io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(ApiError::Io)?;
+    Ok(listener)
+}
 
 /// Parses `IP:PORT` (or `localhost:PORT`) and checks that it is a loopback address.
 pub fn parse_loopback_addr(s: &str) -> Result<SocketAddr, ApiError> {
@@ -498,13 +577,14 @@ fn split_action(path: &str) -> Option<(&str, &str)> {
 
 async fn post_lock(
     State(s): State<AppState>,
+    axum::Extension(peer): axum::Extension<serve::Peer>,
     Path(path): Path<String>,
     query: Result<Query<AcquireQuery>, QueryRejection>,
     body: axum::body::Bytes,
 ) -> Response {
     match split_action(&path) {
         Some((name, "acquire")) => match query {
-            Ok(Query(q)) => acquire(s, name, q).await,
+            Ok(Query(q)) => acquire(s, name, q, peer).await,
             Err(e) => error(
                 StatusCode::BAD_REQUEST,
                 format!("bad query (timeout_ms, n, m, min_peers, ttl_ms are integers): {e}"),
@@ -563,7 +643,7 @@ fn not_held(name: &str, token: u64) -> Response {
         (status = 408, description = "Not won within timeout_ms", body = ErrorBody),
         (status = 409, description = "Lost before it could be handed over", body = ErrorBody),
         (status = 503, description = "Not ready (code not_ready), stopping (code stopping), busy, too many waiters for this lock, or stopped", body = ErrorBody)))]
-async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
+async fn acquire(s: AppState, name: &str, q: AcquireQuery, peer: serve::Peer) -> Response {
     let quorum = match (q.n, q.m) {
         (Some(n), Some(m)) => Some((n, m)),
         (None, None) => None,
@@ -617,7 +697,14 @@ async fn acquire(s: AppState, name: &str, q: AcquireQuery) -> Response {
                 distinct_peers,
                 ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             };
-            tracing::debug!(name = %body.name, token, ?elapsed, "lock acquired for an HTTP client");
+            // On the unix socket (the production path) every hold is logged with the
+            // client's user id; on loopback TCP (development, benchmarks) at debug.
+            match peer.uid {
+                Some(uid) => {
+                    tracing::info!(name = %body.name, token, uid, ?elapsed, "lock acquired for an HTTP client")
+                }
+                None => tracing::debug!(name = %body.name, token, ?elapsed, "lock acquired for an HTTP client"),
+            }
             (StatusCode::OK, Json(body)).into_response()
         }
         Err(e) => {
@@ -746,14 +833,19 @@ async fn get_inspect(State(s): State<AppState>, Path(name): Path<String>) -> Res
 #[utoipa::path(post, path = "/v1/revoke/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = RevokeBody,
     responses((status = 200, description = "The holder gave the lock up", body = crate::inspect::Revoked),
         (status = 404, description = "Not held under that token, or the holder refused", body = ErrorBody)))]
-async fn post_revoke(State(s): State<AppState>, Path(name): Path<String>, body: axum::body::Bytes) -> Response {
+async fn post_revoke(
+    State(s): State<AppState>,
+    axum::Extension(peer): axum::Extension<serve::Peer>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
     let token = match serde_json::from_slice::<RevokeBody>(&body) {
         Ok(b) => b.token,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad revoke body (expected {{\"token\": N}}): {e}")),
     };
     match s.handle.revoke(&name, token).await {
         Ok(done) => {
-            tracing::warn!(name, token, holder = %done.holder, "lock revoked through the API");
+            tracing::warn!(name, token, holder = %done.holder, uid = ?peer.uid, "lock revoked through the API");
             (StatusCode::OK, Json(done)).into_response()
         }
         Err(e @ RevokeError::NotFound { .. }) => error(StatusCode::NOT_FOUND, e.to_string()),
@@ -786,18 +878,32 @@ async fn get_blocked(State(s): State<AppState>) -> Response {
 
 #[utoipa::path(post, path = "/v1/admin/block", tag = "admin", request_body = PeerList,
     responses((status = 200, description = "Their connections closed and refused; the peers blocked afterwards", body = PeerList)))]
-async fn post_block(State(s): State<AppState>, body: axum::body::Bytes) -> Response {
+async fn post_block(
+    State(s): State<AppState>,
+    axum::Extension(peer): axum::Extension<serve::Peer>,
+    body: axum::body::Bytes,
+) -> Response {
     match parse_peers(&body) {
-        Ok(peers) => block(s, peers, true).await,
+        Ok(peers) => {
+            tracing::info!(?peers, uid = ?peer.uid, "peers blocked through the API");
+            block(s, peers, true).await
+        }
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }
 
 #[utoipa::path(post, path = "/v1/admin/unblock", tag = "admin", request_body = PeerList,
     responses((status = 200, description = "The peers blocked afterwards", body = PeerList)))]
-async fn post_unblock(State(s): State<AppState>, body: axum::body::Bytes) -> Response {
+async fn post_unblock(
+    State(s): State<AppState>,
+    axum::Extension(peer): axum::Extension<serve::Peer>,
+    body: axum::body::Bytes,
+) -> Response {
     match parse_peers(&body) {
-        Ok(peers) => block(s, peers, false).await,
+        Ok(peers) => {
+            tracing::info!(?peers, uid = ?peer.uid, "peers unblocked through the API");
+            block(s, peers, false).await
+        }
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }
@@ -923,7 +1029,7 @@ impl Default for ApiOptions {
 
 /// A running control API.
 pub struct Api {
-    addr: SocketAddr,
+    addr: ApiAddr,
     metrics_addr: Option<SocketAddr>,
     held: Table,
     stopping: watch::Sender<bool>,
@@ -948,7 +1054,7 @@ impl Api {
     /// for `handle` with the default [`ApiOptions`]. `registry` must already contain
     /// `metrics` (and libp2p's).
     pub async fn bind(
-        addr: SocketAddr,
+        addr: impl Into<ApiAddr>,
         handle: NodeHandle,
         metrics: Metrics,
         registry: Arc<Registry>,
@@ -958,15 +1064,20 @@ impl Api {
 
     /// [`Api::bind`] with options.
     pub async fn bind_with(
-        addr: SocketAddr,
+        addr: impl Into<ApiAddr>,
         handle: NodeHandle,
         metrics: Metrics,
         registry: Arc<Registry>,
         options: ApiOptions,
     ) -> Result<Api, ApiError> {
-        let addr = check_loopback(addr)?;
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(ApiError::Io)?;
-        let addr = listener.local_addr().map_err(ApiError::Io)?;
+        let (listener, addr) = match addr.into() {
+            ApiAddr::Tcp(addr) => {
+                let listener = tokio::net::TcpListener::bind(check_loopback(addr)?).await.map_err(ApiError::Io)?;
+                let addr = listener.local_addr().map_err(ApiError::Io)?;
+                (serve::Listener::Tcp(listener), ApiAddr::Tcp(addr))
+            }
+            ApiAddr::Unix(path) => (serve::Listener::Unix(bind_socket(&path)?), ApiAddr::Unix(path)),
+        };
         let held = Table::default();
         let gate = gate::Gate::new(options.max_in_flight, options.token, metrics.clone());
         let (stopping, stopping_rx) = watch::channel(false);
@@ -1001,9 +1112,10 @@ impl Api {
                 .route("/metrics", get(get_metrics))
                 .with_state(state)
                 .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_METRICS_SCRAPES));
-            let scrape = serve::serve(listener, metrics_only, limits, "metrics", metrics, async move {
-                let _ = stopped.await;
-            });
+            let scrape =
+                serve::serve(serve::Listener::Tcp(listener), metrics_only, limits, "metrics", metrics, async move {
+                    let _ = stopped.await;
+                });
             let (a, b) = tokio::join!(serve, scrape);
             a.and(b)
         });
@@ -1011,8 +1123,8 @@ impl Api {
     }
 
     /// The bound address.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+    pub fn local_addr(&self) -> &ApiAddr {
+        &self.addr
     }
 
     /// The metrics address, if one was asked for ([`ApiOptions::metrics_addr`]).
@@ -1049,6 +1161,9 @@ impl Api {
         let _ = self.stop.send(());
         // Requests still open end when the node stops; do not wait for them.
         let _ = tokio::time::timeout(Duration::from_millis(500), self.task).await;
+        if let ApiAddr::Unix(path) = &self.addr {
+            let _ = std::fs::remove_file(path);
+        }
         outcome
     }
 }

@@ -45,7 +45,7 @@ async fn answers_match_the_served_openapi_document() {
     let doc = get_json(&format!("http://{}/v1/openapi.json", d.api)).await;
     assert_eq!(doc["openapi"].as_str().map(|v| &v[..2]), Some("3."), "{doc}");
 
-    let client = Client::new(d.api.parse().unwrap());
+    let client = Client::new(d.api.parse::<std::net::SocketAddr>().unwrap());
     let opts = AcquireOptions { timeout: Some(std::time::Duration::from_secs(30)), ..AcquireOptions::default() };
     let held = client.acquire("contract/x", &opts).await.expect("a one-node swarm grants");
     conforms(&doc, "Acquired", &serde_json::to_value(&held).unwrap(), "acquire");

@@ -152,7 +152,10 @@ async fn the_systemd_unit_verifies_and_its_command_runs_as_systemd_runs_it() {
         .unwrap_or_else(|e| panic!("systemd-analyze: {e} (Debian: apt-get install systemd; .ci/run installs it)"));
     let complaints = String::from_utf8_lossy(&verify.stderr);
     assert!(verify.status.success() && complaints.trim().is_empty(), "systemd-analyze verify: {complaints}");
-    for line in ["Type=notify", "StateDirectory=sigma", "KillSignal=SIGTERM"] {
+    let config_text = std::fs::read_to_string(deploy.join("sigma.toml")).unwrap();
+    assert!(config_text.contains("api = \"unix:/run/sigma/api.sock\""), "the shipped config uses the socket");
+    assert!(config_text.contains("metrics = \"127.0.0.1:"), "the shipped config keeps metrics on loopback");
+    for line in ["Type=notify", "StateDirectory=sigma", "RuntimeDirectory=sigma", "KillSignal=SIGTERM"] {
         assert!(unit.lines().any(|l| l == line), "the unit lacks {line}");
     }
 
@@ -168,17 +171,20 @@ async fn the_systemd_unit_verifies_and_its_command_runs_as_systemd_runs_it() {
     let socket_path = dir.path().join("notify");
     let socket = UnixDatagram::bind(&socket_path).unwrap();
     socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    // The shipped config's API socket in /run/sigma (RuntimeDirectory), moved here.
+    let api = format!("unix:{}", dir.path().join("api.sock").display());
     let env: [(&str, &Path); 5] = [
         ("STATE_DIRECTORY", &state),
         ("NOTIFY_SOCKET", &socket_path),
         ("SIGMA_LISTEN", Path::new("/ip4/127.0.0.1/tcp/0")),
-        ("SIGMA_API", Path::new("127.0.0.1:0")),
+        ("SIGMA_API", Path::new(&api)),
         ("SIGMA_METRICS", Path::new("127.0.0.1:0")),
     ];
     let args: Vec<&str> = args[1..].iter().map(String::as_str).collect();
     let log = dir.path().join("unit.log");
     let (_unit, lines) = start(&args, &env, std::fs::File::create(&log).unwrap().into()).await;
-    assert!(lines["SIGMA_API"].starts_with("127.0.0.1:") && lines["SIGMA_METRICS"].starts_with("127.0.0.1:"));
+    assert_eq!(lines["SIGMA_API"], api);
+    assert!(lines["SIGMA_METRICS"].starts_with("127.0.0.1:"));
     let mut buf = [0u8; 512];
     let n = socket.recv(&mut buf).unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1"));

@@ -111,6 +111,24 @@ fn recording_command(started: &Path, stopped: &Path) -> String {
     )
 }
 
+/// The text of a log without its terminal colour sequences (`ESC [ … m`).
+fn without_colours(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn process_is_gone(pid: i32) -> bool {
     // A zombie (exited, not yet reaped by its new parent) runs nothing.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -346,4 +364,59 @@ async fn idle_sockets_are_closed_and_connections_capped() {
             "connections past the cap are counted as {refused}: {text}"
         );
     }
+}
+
+/// Scenario 3, the local API's access: on a unix socket (mode 0660) only its owner and
+/// group can connect, every lock taken is logged with the connecting user's id, no
+/// other process can take the socket over while the daemon runs, and it is gone once
+/// the daemon stopped (a client then finds no daemon rather than an impostor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_on_a_unix_socket_is_its_owners_and_logs_who_holds() {
+    use sigma_node::client::Client;
+    use sigma_node::http::ApiAddr;
+    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("api.sock");
+    let api = format!("unix:{}", socket.display());
+    let mut d = daemon_with(
+        dir.path(),
+        "sock",
+        &[],
+        &["--listen", "/ip4/127.0.0.1/tcp/0", "--takeover-delay", "100ms", "--api", &api],
+    )
+    .await;
+    assert_eq!(d.api, api, "SIGMA_API= names the socket");
+    let meta = std::fs::symlink_metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660, "owner and group only");
+    let client = Client::new(ApiAddr::Unix(socket.clone()));
+    eventually("the daemon to serve", || {
+        let client = client.clone();
+        async move { client.status().await.is_ok_and(|s| s.ready) }
+    })
+    .await;
+    let out =
+        sigma_lock(&api, "sock/x", &["--timeout", "30s"], "echo held $SIGMA_FENCING_TOKEN").output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("held "));
+    // This process's user id: the owner of the directory it just made.
+    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(dir.path()).unwrap());
+    let log = without_colours(&std::fs::read_to_string(&d.log).unwrap());
+    assert!(
+        log.lines().any(|l| l.contains("lock acquired for an HTTP client") && l.contains(&format!("uid={uid}"))),
+        "the hold is logged with the client's uid {uid}"
+    );
+    // A second daemon cannot take the socket over.
+    let out = Command::new(SIGMA)
+        .args(["run", "--ephemeral-key", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", &api])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another process answers"), "{out:?}");
+    // Stopped, the daemon leaves no socket behind.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(d.child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(tokio::time::timeout(PATIENCE, d.child.wait()).await.unwrap().unwrap().success());
+    assert!(!socket.exists(), "the socket outlived the daemon");
 }

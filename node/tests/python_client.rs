@@ -92,3 +92,32 @@ async fn a_python_holder_is_lost_by_its_deadline_when_its_daemon_hangs() {
     assert!(line.starts_with("lost py/hang"), "{line}");
     assert!(after < std::time::Duration::from_millis(1500), "lost {after:?} after the hang, the TTL is 1 s");
 }
+
+/// The Python client over the daemon's unix socket (`--api unix:PATH`), and a clear
+/// error, not a traceback, when no daemon answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_speaks_over_the_unix_socket() {
+    if Command::new("python3").arg("--version").output().await.is_err() {
+        eprintln!("python3 is not installed: install it (apt-get install python3) to run this test");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let api = format!("unix:{}", dir.path().join("api.sock").display());
+    let _d = daemon_with(
+        dir.path(),
+        "pysock",
+        &[],
+        &["--listen", "/ip4/127.0.0.1/tcp/0", "--takeover-delay", "100ms", "--api", &api],
+    )
+    .await;
+    let out =
+        Command::new("python3").args([SCRIPT, "--api", &api, "--timeout", "30", "py/sock"]).output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("acquired py/sock token") && stdout.contains("released py/sock token"), "{stdout}");
+    let gone = format!("unix:{}", dir.path().join("nobody.sock").display());
+    let out = Command::new("python3").args([SCRIPT, "--api", &gone, "py/sock"]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(stderr.contains("cannot reach the sigma daemon") && !stderr.contains("Traceback"), "{stderr}");
+}

@@ -11,7 +11,8 @@
 //!   has no deadline here: an acquire may wait as long as its lock is held elsewhere.
 //!
 //! HTTP/1.1 only (what the clients speak); each connection is served by hyper with the
-//! axum router as its service.
+//! axum router as its service. Every request carries the connection's [`Peer`] as an
+//! extension: on a unix socket, the connecting process's user id (`SO_PEERCRED`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,8 +20,8 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -30,6 +31,39 @@ use crate::metrics::Metrics;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default of [`Limits::header_timeout`] (`--http-header-timeout`).
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A bound listener.
+pub enum Listener {
+    /// TCP (loopback for the API; any address for metrics).
+    Tcp(TcpListener),
+    /// A unix socket.
+    Unix(UnixListener),
+}
+
+/// Who is at the other end of a request's connection, as the kernel says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    /// The connecting process's user id (unix sockets only).
+    pub uid: Option<u32>,
+}
+
+/// An accepted connection.
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream, Peer),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Listener::Tcp(l) => l.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+            Listener::Unix(l) => l.accept().await.map(|(s, _)| {
+                let uid = s.peer_cred().ok().map(|c| c.uid());
+                Accepted::Unix(s, Peer { uid })
+            }),
+        }
+    }
+}
 
 /// The bounds of one listener.
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +79,7 @@ pub struct Limits {
 /// connection to close after its request in progress and returns (the caller bounds how
 /// long it waits for the rest). `listener_name` labels the metrics.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     router: Router,
     limits: Limits,
     listener_name: &'static str,
@@ -61,7 +95,7 @@ pub async fn serve(
             () = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(stream) => stream,
                 Err(e) => {
                     // Out of file descriptors, or a connection reset before accept: not
                     // the listener's end. Give the others a moment to close.
@@ -76,31 +110,59 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let service = TowerToHyperService::new(router.clone());
-        let mut closing = closing_rx.clone();
-        let metrics = metrics.clone();
+        let connection = Connection {
+            router: router.clone(),
+            limits,
+            listener_name,
+            metrics: metrics.clone(),
+            closing: closing_rx.clone(),
+        };
         connections.spawn(async move {
             let _slot = slot;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            let mut connection = std::pin::pin!(connection);
-            let served = tokio::select! {
-                r = connection.as_mut() => r,
-                () = async { let _ = closing.wait_for(|c| *c).await; } => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(e) = served {
-                if e.is_timeout() {
-                    metrics.http_connection_timed_out(listener_name);
-                }
-                tracing::trace!(%e, listener = listener_name, "HTTP connection ended");
+            match stream {
+                Accepted::Tcp(s) => connection.serve(s, Peer::default()).await,
+                Accepted::Unix(s, peer) => connection.serve(s, peer).await,
             }
         });
     }
     let _ = closing.send(true);
     while connections.join_next().await.is_some() {}
     Ok(())
+}
+
+/// What serving one connection needs.
+struct Connection {
+    router: Router,
+    limits: Limits,
+    listener_name: &'static str,
+    metrics: Metrics,
+    closing: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(mut self, stream: S, peer: Peer) {
+        let router = self.router;
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(peer);
+            tower::Service::call(&mut router.clone(), request)
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder.timer(TokioTimer::new()).header_read_timeout(self.limits.header_timeout);
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let mut connection = std::pin::pin!(connection);
+        let closing = &mut self.closing;
+        let served = tokio::select! {
+            r = connection.as_mut() => r,
+            () = async { let _ = closing.wait_for(|c| *c).await; } => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        if let Err(e) = served {
+            if e.is_timeout() {
+                self.metrics.http_connection_timed_out(self.listener_name);
+            }
+            tracing::trace!(%e, listener = self.listener_name, "HTTP connection ended");
+        }
+    }
 }

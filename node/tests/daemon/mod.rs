@@ -50,11 +50,15 @@ pub async fn daemon(dir: &Path, tag: &str, bootstrap: &[Multiaddr]) -> Daemon {
 }
 
 /// [`daemon`] with more arguments (a `--listen` among them). 3 s leases (unless `extra`
-/// gives `--lease-ms`), fast liveness pings and gossip keep the takeover delay near 5 s.
+/// gives `--lease-ms`), fast liveness pings and gossip keep the takeover delay near 5 s;
+/// the API on a free loopback port unless `extra` gives `--api`.
 pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: &[&str]) -> Daemon {
     let log = dir.join(format!("{tag}.log"));
     let mut cmd = Command::new(SIGMA);
-    cmd.args(["run", "--api", "127.0.0.1:0"]);
+    cmd.arg("run");
+    if !extra.contains(&"--api") {
+        cmd.args(["--api", "127.0.0.1:0"]);
+    }
     if !extra.contains(&"--lease-ms") {
         cmd.args(["--lease-ms", "3000"]);
     }

@@ -65,9 +65,9 @@
 //! flight or the replica itself) with the reset's ordinal; a grant not recorded is the
 //! current incarnation's, and two grants come from different incarnations exactly when
 //! their records differ. With one reset at n=4, m=3 (2m − n = 2) two valid holders are
-//! always a bug; at n=3, m=2 they need a shared live vote that switched sides. Each run
-//! counts the states where two valid holders are excused, by the number of resets made
-//! (`Report::excused_after_resets`), and keeps the trace to the first
+//! always a bug; at n=3, m=2 and at n=5, m=3 they need a shared live vote that switched
+//! sides. Each run counts the states where two valid holders are excused, by the number
+//! of resets made (`Report::excused_after_resets`), and keeps the trace to the first
 //! (`Report::first_excused`; printed by `explore_from_env`): evidence that the reset
 //! budget is exercised, not vacuous.
 //!
@@ -99,7 +99,7 @@
 //! # Running
 //!
 //! ```text
-//! cargo test -p sigma-behaviour --test model                      # CI: ~2 min, 2 GB
+//! cargo test -p sigma-behaviour --test model                      # CI: ~1.5 min, 1.6 GB
 //! cargo test -p sigma-behaviour --release --test model -- --ignored --nocapture --test-threads 1
 //! SIGMA_MODEL_DEPTH=200 cargo test -p sigma-behaviour --release --test model \
 //!     long_scheduled_4_3_lapsed_votes -- --ignored --nocapture
@@ -107,8 +107,9 @@
 //!     cargo test -p sigma-behaviour --release --test model explore_from_env -- --ignored --nocapture
 //! ```
 //!
-//! The second line runs the long configurations (`#[ignore]`: about 8 minutes on two
-//! busy cores, up to 7.5 GB for `long_scheduled_3_2_late_notices`); `SIGMA_MODEL_DEPTH`
+//! The second line runs the long configurations (`#[ignore]`: about half an hour on two
+//! busy cores, 20 minutes and 8 GB of it `long_scheduled_5_3_two_cuts_two_resets`, up to
+//! 7.5 GB for `long_scheduled_3_2_late_notices`); `SIGMA_MODEL_DEPTH`
 //! overrides their depth (memory grows with the widest level, ~6 KB a state),
 //! `SIGMA_MODEL` runs any configuration (keys of `Bounds::parse`). Every run prints,
 //! per level, the new states, the states and transitions so far, how far the clock got
@@ -210,6 +211,49 @@ fn scheduled_3_2_reset_excuses_two_holders() {
     assert_eq!(r.excused, 829, "states with two valid holders excused by the reset");
 }
 
+/// Scheduled, n=5, m=3 (2m − n = 1), two clients, two resets, one link cut for good,
+/// the holder never releases. With one cut the holder keeps four live votes and the
+/// waiter gets at most one by a lapse: it needs two more, each from a replica that
+/// switched sides through a reset. So no state is excused after one reset, and some are
+/// after two (with two cuts one reset suffices: `long_scheduled_5_3_two_cuts_two_resets`).
+#[test]
+fn scheduled_5_3_two_resets() {
+    let b = Bounds {
+        network: Network::Scheduled,
+        depth: 120,
+        cuts: 1,
+        heals: 0,
+        releases: 0,
+        resets: 2,
+        copies: 0,
+        ..Bounds::new(5, 3, 2)
+    };
+    let r = pinned(b, 1_054_387);
+    assert_eq!(r.excused_after_resets, [0, 0, 452], "states with two valid holders excused, by resets made");
+}
+
+/// `scheduled_5_3_two_resets` with the fault of
+/// `scheduled_3_2_a_replica_that_grants_over_a_live_vote_is_caught` planted in replica 1:
+/// caught, with two resets to hide it behind.
+#[test]
+fn scheduled_5_3_a_replica_that_grants_over_a_live_vote_is_caught() {
+    let b = Bounds {
+        network: Network::Scheduled,
+        depth: 120,
+        cuts: 1,
+        heals: 0,
+        releases: 0,
+        resets: 2,
+        copies: 0,
+        mutant: Some((Mutant::GrantOverLiveVote, 1)),
+        ..Bounds::new(5, 3, 2)
+    };
+    let r = run(&b);
+    let v = r.violation.expect("the planted double grant is caught");
+    assert!(v.contains("two valid holders"), "{v}");
+    assert_eq!((r.depth, r.states), (39, 13_142), "where the first counterexample is found");
+}
+
 /// `scheduled_3_2_reset_excuses_two_holders` with a fault planted in replica 1: it
 /// grants a REQUEST while its owner's vote is live (`Mutant::GrantOverLiveVote`). The
 /// invariant must catch it; with one reset, a double grant at a replica that was never
@@ -276,6 +320,28 @@ fn long_scheduled_3_2_late_notices() {
         ..Bounds::new(3, 2, 3)
     };
     run(&long(b, 52)).assert_holds();
+}
+
+/// `scheduled_5_3_two_resets` with two links cut: one reset can excuse two holders
+/// (the holder keeps exactly m live votes, the waiter has two by lapses and needs one
+/// more). At depth 120: 17,023,991 states, 27,875 excused (by resets made: 0, 364,
+/// 27,511); 20 minutes and 8 GB in the test profile on two busy cores:
+/// `cargo test -p sigma-behaviour --release --test model long_scheduled_5_3_two_cuts_two_resets -- --ignored --nocapture`
+#[test]
+#[ignore = "long: cargo test --release -- --ignored"]
+fn long_scheduled_5_3_two_cuts_two_resets() {
+    let b = Bounds {
+        network: Network::Scheduled,
+        cuts: 2,
+        heals: 0,
+        releases: 0,
+        resets: 2,
+        copies: 0,
+        ..Bounds::new(5, 3, 2)
+    };
+    let r = run(&long(b, 120));
+    r.assert_holds();
+    println!("excused by resets made: {:?}", r.excused_after_resets);
 }
 
 /// `scheduled_4_3_lapsed_votes`, sixty steps deeper (about two leases more).

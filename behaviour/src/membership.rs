@@ -44,6 +44,10 @@ use crate::proto::Time;
 /// stay on the safe side, counts as a departure that has just happened).
 pub const MAX_MEMBERS: usize = 10_000;
 
+/// Longest takeover delay a member's settings can impose on this peer (a lease of an
+/// hour is far past any sensible one; a larger value heard is taken as this).
+pub const MAX_TAKEOVER_DELAY: Duration = Duration::from_secs(3600);
+
 /// Why a peer does not serve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Readiness {
@@ -125,6 +129,9 @@ struct Member {
     /// The last gossip request ([`Membership::next_exchange`]) whose table held this
     /// member's heartbeat at least as new as ours: the reply to it leaves the member out.
     echoed: u64,
+    /// Its own takeover delay (from its settings: lease, drift, liveness), relayed with
+    /// its heartbeat; none from a peer that does not say.
+    delay: Option<Duration>,
 }
 
 impl Member {
@@ -140,6 +147,7 @@ impl Member {
             fresh_until: None,
             key: KBucketKey::from(peer),
             echoed: 0,
+            delay: None,
         }
     }
 
@@ -171,7 +179,14 @@ pub struct Membership {
     /// The fixed member list, if any: the members are these, whoever else is alive.
     fixed: Option<std::collections::HashSet<PeerId>>,
     window: Duration,
+    /// This peer's own takeover delay (from its settings).
     delay: Duration,
+    /// The takeover delay in force: the longest of this peer's and of its members'
+    /// (present or departed) own delays.
+    swarm_delay: Duration,
+    /// A member's delay dropped or left: `swarm_delay` is recomputed at the next tick
+    /// (until then it stays the longer one).
+    swarm_delay_stale: bool,
     liveness: Duration,
     members: HashMap<PeerId, Member>,
     /// Gossip requests numbered so far ([`Membership::next_exchange`]).
@@ -216,6 +231,8 @@ impl Membership {
             fixed: None,
             window,
             delay,
+            swarm_delay: delay,
+            swarm_delay_stale: false,
             liveness,
             members: HashMap::new(),
             exchange: 0,
@@ -235,9 +252,41 @@ impl Membership {
         }
     }
 
-    /// The takeover delay.
+    /// The takeover delay in force: the longest of this peer's own and of the own
+    /// delays its members (present or departed) announced. A replica taken over must
+    /// wait out the votes its previous host could grant, and those last as long as
+    /// that host's lease and liveness settings say, not this peer's.
     pub fn delay(&self) -> Duration {
+        self.swarm_delay
+    }
+
+    /// This peer's own takeover delay (from its settings), as gossiped.
+    pub fn own_delay(&self) -> Duration {
         self.delay
+    }
+
+    /// `peer` announced its own takeover delay `delay` with heartbeat `beat`: taken if
+    /// that is the newest heartbeat known of it (a stale relay does not undo a newer
+    /// value), capped at [`MAX_TAKEOVER_DELAY`].
+    pub fn heard_delay(&mut self, peer: &PeerId, beat: Beat, delay: Duration) {
+        let delay = delay.min(MAX_TAKEOVER_DELAY);
+        let Some(m) = self.members.get_mut(peer) else { return };
+        if m.beat != beat || m.delay == Some(delay) {
+            return;
+        }
+        if m.delay.is_some_and(|d| d > delay) {
+            self.swarm_delay_stale = true;
+        }
+        m.delay = Some(delay);
+        if m.known() {
+            self.swarm_delay = self.swarm_delay.max(delay);
+        }
+    }
+
+    fn recompute_swarm_delay(&mut self) {
+        let members = self.members.values().filter(|m| m.known()).filter_map(|m| m.delay);
+        self.swarm_delay = members.fold(self.delay, Duration::max);
+        self.swarm_delay_stale = false;
     }
 
     /// Members heard of only through gossip stay alive this long after their heartbeat
@@ -346,6 +395,9 @@ impl Membership {
         m.left_at = now;
         if alive {
             m.seen = true;
+            if let Some(d) = m.delay {
+                self.swarm_delay = self.swarm_delay.max(d);
+            }
             if !m.counted && admits {
                 m.counted = true;
                 self.counted += 1;
@@ -389,6 +441,9 @@ impl Membership {
         }
         m.counted = true;
         self.counted += 1;
+        if let Some(d) = m.delay {
+            self.swarm_delay = self.swarm_delay.max(d);
+        }
         if m.alive {
             self.pending -= 1;
             self.up += 1;
@@ -436,17 +491,22 @@ impl Membership {
         self.beat
     }
 
-    /// The heartbeats to gossip, with their ages: those of the members alive here
+    /// The heartbeats to gossip, with their ages and their members' own takeover
+    /// delays: those of the members alive here
     /// (this peer's own is [`Membership::own_beat`], age 0). In the reply to gossip
     /// request `reply_to` ([`Membership::next_exchange`]), only those the request did not
     /// already hold as new: the requester ends up with the same table as if it had been
     /// sent ours whole (merging a beat no newer than its own changes nothing), for
     /// about half the beats.
-    pub fn beats(&self, now: Time, reply_to: Option<u64>) -> impl Iterator<Item = (PeerId, Beat, Duration)> + '_ {
+    pub fn beats(
+        &self,
+        now: Time,
+        reply_to: Option<u64>,
+    ) -> impl Iterator<Item = (PeerId, Beat, Duration, Option<Duration>)> + '_ {
         self.members
             .iter()
             .filter(move |(_, m)| m.alive && m.beat != (0, 0) && reply_to.is_none_or(|x| m.echoed != x))
-            .map(move |(p, m)| (*p, m.beat, now.saturating_sub(m.beat_at)))
+            .map(move |(p, m)| (*p, m.beat, now.saturating_sub(m.beat_at), m.delay))
     }
 
     /// Numbers a gossip request about to be merged (see [`Membership::heard`]).
@@ -613,9 +673,13 @@ impl Membership {
                 });
                 if self.members.len() != before {
                     self.counted = self.members.values().filter(|m| m.counted).count();
+                    self.swarm_delay_stale = true;
                 }
             }
-            let delay = self.delay;
+            if self.swarm_delay_stale {
+                self.recompute_swarm_delay();
+            }
+            let delay = self.swarm_delay;
             self.departures.retain(|(_, t)| now.saturating_sub(*t) < delay);
             if self.overflow_until.is_some_and(|t| t + delay <= now) {
                 self.overflow_until = None;
@@ -657,9 +721,10 @@ impl Membership {
     /// serving began, or after a member `closer` to the replica's key than this peer
     /// departed (or one was forgotten for lack of room).
     pub fn hold_until(&self, now: Time, closer: impl Fn(&PeerId) -> bool) -> Option<Time> {
-        let began = self.serving_since.map(|t| t + self.delay);
-        let departed = self.departures.iter().filter(|(p, _)| closer(p)).map(|(_, t)| *t + self.delay).max();
-        [began, departed, self.overflow_until.map(|t| t + self.delay)].into_iter().flatten().max().filter(|t| *t > now)
+        let delay = self.swarm_delay;
+        let began = self.serving_since.map(|t| t + delay);
+        let departed = self.departures.iter().filter(|(p, _)| closer(p)).map(|(_, t)| *t + delay).max();
+        [began, departed, self.overflow_until.map(|t| t + delay)].into_iter().flatten().max().filter(|t| *t > now)
     }
 
     fn forget_one(&mut self, now: Time) {
@@ -670,6 +735,7 @@ impl Membership {
             .filter(|(p, m)| !m.alive && !fixed.as_ref().is_some_and(|l| l.contains(*p)))
             .min_by_key(|(_, m)| (m.counted, m.left_at));
         if let Some((&peer, _)) = oldest {
+            self.swarm_delay_stale = true;
             if self.members.remove(&peer).is_some_and(|m| m.counted) {
                 self.counted -= 1;
                 self.overflow_until = Some(now);
@@ -794,6 +860,47 @@ mod tests {
         assert_eq!(d.members(), 4);
     }
 
+    /// Issue 40, scenario 2: settings differ per peer. The takeover delay in force is the
+    /// longest own delay of this peer and its members, present or departed; a stale
+    /// relay does not change it, a remote value is capped, and it shrinks back once the
+    /// member with the long one is forgotten.
+    #[test]
+    fn the_takeover_delay_is_the_longest_of_the_members() {
+        let mut m = view(false);
+        m.tick(Duration::ZERO);
+        let (p, q) = (PeerId::random(), PeerId::random());
+        // Two members that stay, so that this peer serves (and forgets) throughout.
+        for r in [PeerId::random(), PeerId::random()] {
+            m.connected(r, Duration::ZERO);
+        }
+        m.connected(p, Duration::ZERO);
+        m.heard(p, (1, 1), Duration::ZERO, Duration::ZERO, None);
+        m.heard_delay(&p, (1, 1), 66 * S);
+        assert_eq!(m.delay(), 66 * S, "a member with a 60 s lease");
+        assert_eq!(m.own_delay(), 10 * S);
+        m.heard_delay(&p, (1, 0), 17 * S);
+        assert_eq!(m.delay(), 66 * S, "a stale relay is ignored");
+        // Heard of only (never alive here): not counted yet.
+        m.heard(q, (1, 1), Duration::ZERO, Duration::ZERO, None);
+        m.heard_delay(&q, (1, 1), 100 * 3600 * S);
+        assert_eq!(m.delay(), 66 * S);
+        m.heard(q, (1, 2), Duration::ZERO, S, None);
+        m.heard_delay(&q, (1, 2), 100 * 3600 * S);
+        assert_eq!(m.delay(), MAX_TAKEOVER_DELAY, "alive: its delay counts, capped");
+        // Departed members still count (their votes may be out there) ...
+        m.disconnected(p, 5 * S);
+        m.tick(5 * S);
+        assert!(!m.is_alive(&p) && !m.is_alive(&q));
+        assert!(m.serving());
+        assert_eq!(m.hold_until(5 * S, |x| *x == p), Some(5 * S + MAX_TAKEOVER_DELAY));
+        // ... until they are forgotten.
+        for t in 6..=70 {
+            m.tick(t * S);
+        }
+        assert_eq!(m.members(), 3, "both forgotten after the window");
+        assert_eq!(m.delay(), 10 * S);
+    }
+
     /// With a fixed member list (an allow-list) the majority is one of the list, and a
     /// joining peer needs no serving peer: any two majorities of the list overlap.
     #[test]
@@ -909,7 +1016,7 @@ mod tests {
         }
         m.tick(S);
         let all = |m: &Membership, reply_to| {
-            let mut v: Vec<PeerId> = m.beats(S, reply_to).map(|(p, _, _)| p).collect();
+            let mut v: Vec<PeerId> = m.beats(S, reply_to).map(|(p, _, _, _)| p).collect();
             v.sort();
             v
         };

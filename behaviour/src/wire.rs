@@ -294,6 +294,11 @@ pub struct Beat {
     pub counter: u64,
     /// How long ago, in ms, the relaying peer (or one before it) first saw this beat.
     pub age_ms: u32,
+    /// The member's own takeover delay in ms (from its lease and liveness settings),
+    /// relayed with its beat: the takeover delay in force is the swarm's longest.
+    /// Absent from peers from before the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
 }
 
 /// A gossip exchange: the sender's own heartbeat and those of the members alive to it;
@@ -632,7 +637,13 @@ mod tests {
     fn a_full_gossip_table_fits_the_frame_limit() {
         use futures::executor::block_on;
         use libp2p::request_response::Codec as _;
-        let beat = |_| Beat { peer: PeerId::random(), incarnation: u64::MAX, counter: u64::MAX, age_ms: u32::MAX };
+        let beat = |_| Beat {
+            peer: PeerId::random(),
+            incarnation: u64::MAX,
+            counter: u64::MAX,
+            age_ms: u32::MAX,
+            delay_ms: Some(u64::MAX),
+        };
         let full = Gossip { beats: (0..MAX_GOSSIP_BEATS).map(beat).collect(), serving: true };
         assert!(full.is_valid());
         let mut codec = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default()
@@ -658,7 +669,7 @@ mod tests {
         struct Before {
             beats: Vec<Beat>,
         }
-        let beats = vec![Beat { peer: PeerId::random(), incarnation: 1, counter: 2, age_ms: 3 }];
+        let beats = vec![Beat { peer: PeerId::random(), incarnation: 1, counter: 2, age_ms: 3, delay_ms: None }];
         let mut old = libp2p::request_response::cbor::codec::Codec::<Before, Before>::default();
         let mut new = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default();
         let mut buf = futures::io::Cursor::new(Vec::new());

@@ -115,9 +115,14 @@ impl Net {
 
     /// Starts one more peer (`joining`: given bootstrap peers); answers its index.
     async fn spawn(&mut self, joining: bool) -> usize {
+        self.spawn_with(config(joining)).await
+    }
+
+    /// Starts one more peer with `config`; answers its index.
+    async fn spawn_with(&mut self, config: Config) -> usize {
         let mut s = Swarm::new_ephemeral_tokio(|kp| Peer {
             block: allow_block_list::Behaviour::default(),
-            sigma: Behaviour::new(kp.public().to_peer_id(), config(joining)),
+            sigma: Behaviour::new(kp.public().to_peer_id(), config),
             dials: FailedDials::default(),
         });
         let (addr, _) = s.listen().with_memory_addr_external().await;
@@ -506,4 +511,40 @@ async fn a_minority_does_not_grow_into_a_majority_by_joins() {
     for i in 0..5 {
         assert_eq!(net.swarms[i].behaviour().sigma.readiness(), Readiness::Serving, "peer {i}");
     }
+}
+
+/// Settings differ per peer (issue 40, scenario 2): peer 0 grants 15 s leases, peers 1
+/// and 2 the 2 s of [`config`], so their own takeover delay (≈ 5 s) is shorter than a
+/// vote of peer 0 lives. A holder whose m votes are peer 0's keeps them valid for up
+/// to 15 s after peer 0 is cut off; the takeover delay of the peers that take its keys
+/// over must outlast them: it is computed from the longest of the swarm's settings.
+#[tokio::test]
+async fn a_longer_lease_elsewhere_lengthens_the_takeover_delay() {
+    let long = Duration::from_secs(15);
+    let mut net = Net::new(0, false).await;
+    net.spawn_with(
+        config(false)
+            .with_protocol(proto::Config::default().with_quorum(5, 3).with_lease(long).with_request_timeout(LEASE / 4)),
+    )
+    .await;
+    net.spawn(false).await;
+    net.spawn(false).await;
+    // A name with 3 or 4 of its 5 keys on peer 0: the holder's m votes are peer 0's,
+    // and it won with a second voter.
+    let name = (0..2_000)
+        .map(|k| format!("settings-{k}"))
+        .find(|name| (3..=4).contains(&hosts(&net, name, &[0, 1, 2]).iter().filter(|&&h| h == 0).count()))
+        .expect("such a name among 2,000");
+    net.mesh(&[0, 1, 2]).await;
+    let held = net.acquire(0, &name);
+    net.drive(Duration::from_secs(40), won(0, held)).await;
+    assert!(net.holders.contains_key(&name), "peer 0 holds {name}");
+    net.cut(&[0], &[1, 2]);
+    let next = net.acquire(1, &name);
+    // The driver panics if peer 1 wins while peer 0's holder still counts itself one.
+    net.drive(Duration::from_secs(40), won(1, next)).await;
+    if net.holders.get(&name) != Some(&(1, next)) {
+        net.dump(&name, &[(0, held), (1, next)]);
+    }
+    assert!(net.holders.get(&name) == Some(&(1, next)), "the majority side serves {name} again");
 }

@@ -207,14 +207,15 @@ impl Behaviour {
     /// ([`Membership::beats`](crate::membership::Membership::beats)).
     pub(super) fn gossip_table(&self, now: Time, reply_to: Option<u64>) -> wire::Gossip {
         let own = self.membership.own_beat();
-        let beats = std::iter::once((self.local, own, Duration::ZERO))
+        let beats = std::iter::once((self.local, own, Duration::ZERO, Some(self.membership.own_delay())))
             .chain(self.membership.beats(now, reply_to))
             .take(wire::MAX_GOSSIP_BEATS)
-            .map(|(peer, (incarnation, counter), age)| wire::Beat {
+            .map(|(peer, (incarnation, counter), age, delay)| wire::Beat {
                 peer,
                 incarnation,
                 counter,
                 age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
+                delay_ms: delay.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             })
             .collect();
         wire::Gossip { beats, serving: self.membership.serving() }
@@ -241,8 +242,12 @@ impl Behaviour {
                 continue;
             }
             let age = Duration::from_millis(u64::from(b.age_ms));
-            if self.membership.heard(b.peer, (b.incarnation, b.counter), age, now, echo) {
+            let beat = (b.incarnation, b.counter);
+            if self.membership.heard(b.peer, beat, age, now, echo) {
                 woke.push(b.peer);
+            }
+            if let Some(ms) = b.delay_ms {
+                self.membership.heard_delay(&b.peer, beat, Duration::from_millis(ms));
             }
         }
         for p in woke {

@@ -150,6 +150,8 @@ pub struct Client {
     base: String,
     http: reqwest::Client,
     token: Option<HeaderValue>,
+    /// Sent instead of `token` on the admin routes (block, revoke).
+    admin_token: Option<HeaderValue>,
     timeout: Duration,
 }
 
@@ -173,7 +175,7 @@ impl Client {
                 ("http://localhost".to_owned(), http)
             }
         };
-        Client { api, base, http, token: None, timeout: DEFAULT_TIMEOUT }
+        Client { api, base, http, token: None, admin_token: None, timeout: DEFAULT_TIMEOUT }
     }
 
     /// Sends `Authorization: Bearer <token>` (a daemon started with `--api-token-file`).
@@ -181,6 +183,15 @@ impl Client {
         let value = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| ClientError::BadRequest("the API token is not a valid header value".to_owned()))?;
         self.token = Some(value);
+        Ok(self)
+    }
+
+    /// Sends `Authorization: Bearer <token>` on the admin routes (`revoke`, `block`): the
+    /// daemon's admin token (`--admin-token-file`).
+    pub fn with_admin_token(mut self, token: &str) -> Result<Client, ClientError> {
+        let value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| ClientError::BadRequest("the admin token is not a valid header value".to_owned()))?;
+        self.admin_token = Some(value);
         Ok(self)
     }
 
@@ -252,7 +263,7 @@ impl Client {
     /// `POST /v1/revoke/{name}`: an operator's break-lock (see [`crate::NodeHandle::revoke`]).
     pub async fn revoke(&self, name: &str, token: u64) -> Result<Revoked, ClientError> {
         let url = format!("{}/v1/revoke/{}", self.base, encode_name(name));
-        self.call(self.http.post(url).json(&RevokeBody { token }).timeout(self.timeout)).await
+        self.call_admin(self.http.post(url).json(&RevokeBody { token }).timeout(self.timeout)).await
     }
 
     /// `GET /v1/status`.
@@ -262,7 +273,8 @@ impl Client {
 
     /// `GET /metrics`: the OpenMetrics text.
     pub async fn metrics(&self) -> Result<String, ClientError> {
-        let resp = self.send(self.http.get(format!("{}/metrics", self.base)).timeout(self.timeout)).await?;
+        let request = self.http.get(format!("{}/metrics", self.base)).timeout(self.timeout);
+        let resp = self.send(request, self.token.as_ref()).await?;
         resp.text().await.map_err(|e| ClientError::Decode(e.to_string()))
     }
 
@@ -271,7 +283,7 @@ impl Client {
         let action = if block { "block" } else { "unblock" };
         let url = format!("{}/v1/admin/{action}", self.base);
         let request = self.http.post(url).json(&PeerList { peers: peers.to_vec() }).timeout(self.timeout);
-        let list: PeerList = self.call(request).await?;
+        let list: PeerList = self.call_admin(request).await?;
         Ok(list.peers)
     }
 
@@ -281,14 +293,24 @@ impl Client {
     }
 
     async fn call<T: DeserializeOwned>(&self, request: reqwest::RequestBuilder) -> Result<T, ClientError> {
-        let resp = self.send(request).await?;
+        let resp = self.send(request, self.token.as_ref()).await?;
         resp.json().await.map_err(|e| ClientError::Decode(e.to_string()))
     }
 
-    /// Sends with the gate's header (and the token), and turns refusals into errors.
-    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+    /// [`Client::call`] on an admin route: with the admin token.
+    async fn call_admin<T: DeserializeOwned>(&self, request: reqwest::RequestBuilder) -> Result<T, ClientError> {
+        let resp = self.send(request, self.admin_token.as_ref()).await?;
+        resp.json().await.map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// Sends with the gate's header (and `bearer`), and turns refusals into errors.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        bearer: Option<&HeaderValue>,
+    ) -> Result<reqwest::Response, ClientError> {
         let mut request = request.header(gate::CLIENT_HEADER, "sigma-client");
-        if let Some(t) = &self.token {
+        if let Some(t) = bearer {
             request = request.header(AUTHORIZATION, t.clone());
         }
         let resp = request.send().await.map_err(|e| {

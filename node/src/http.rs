@@ -995,8 +995,11 @@ pub struct ApiOptions {
     /// Acquires waiting at once for one lock name; more are refused (503
     /// `too_many_waiters`).
     pub max_waiters_per_lock: usize,
-    /// If set, every request needs `Authorization: Bearer <token>`.
+    /// If set, every request but the admin ones needs `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// The token the admin routes (`/v1/admin/*`, `/v1/revoke/*`) need; `None`: they
+    /// are refused (403 `admin_disabled`).
+    pub admin_token: Option<String>,
     /// If set, `/metrics` (and nothing else) is also served on this address, which may
     /// be any (a remote Prometheus scrapes it): no gate, at most
     /// [`MAX_METRICS_SCRAPES`] at once.
@@ -1020,6 +1023,7 @@ impl Default for ApiOptions {
             max_in_flight: gate::DEFAULT_MAX_IN_FLIGHT,
             max_waiters_per_lock: DEFAULT_MAX_WAITERS_PER_LOCK,
             token: None,
+            admin_token: None,
             metrics_addr: None,
             max_connections: serve::DEFAULT_MAX_CONNECTIONS,
             header_timeout: serve::DEFAULT_HEADER_TIMEOUT,
@@ -1079,7 +1083,7 @@ impl Api {
             ApiAddr::Unix(path) => (serve::Listener::Unix(bind_socket(&path)?), ApiAddr::Unix(path)),
         };
         let held = Table::default();
-        let gate = gate::Gate::new(options.max_in_flight, options.token, metrics.clone());
+        let gate = gate::Gate::new(options.max_in_flight, options.token, options.admin_token, metrics.clone());
         let (stopping, stopping_rx) = watch::channel(false);
         let state = AppState {
             handle,

@@ -169,6 +169,12 @@ struct RunArgs {
     /// several users: only those who can read the file can use the API.
     #[arg(long, value_name = "PATH", env = "SIGMA_API_TOKEN_FILE")]
     api_token_file: Option<PathBuf>,
+    /// The admin routes (`/v1/admin/*`, `/v1/revoke/*`: break-lock and the block list)
+    /// need `Authorization: Bearer <token>` with the token of this file (created with a
+    /// random token, mode 0600, if missing), and no other [default: `admin.token` beside
+    /// the key file; with --ephemeral-key and no file, the admin routes are refused].
+    #[arg(long, value_name = "PATH", env = "SIGMA_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
     /// Acquires served at once by the API (waiting ones included); more are refused with
     /// 503 `busy`. Keep-alives and releases have a pool of their own: waiting acquires
     /// never starve a holder.
@@ -382,6 +388,11 @@ struct ApiArgs {
     /// File holding the API's bearer token (the daemon's --api-token-file).
     #[arg(long, value_name = "PATH", env = "SIGMA_API_TOKEN_FILE")]
     api_token_file: Option<PathBuf>,
+    /// File holding the daemon's admin token, for `sigma release` (the daemon's
+    /// --admin-token-file) [default: admin.token in the default state directory, else
+    /// /var/lib/sigma/admin.token, if readable].
+    #[arg(long, value_name = "PATH", env = "SIGMA_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -659,6 +670,15 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         Some(path) => Some(load_or_create_token(path).with_context(|| format!("API token file {}", path.display()))?),
         None => None,
     };
+    let admin_token_file =
+        args.admin_token_file.clone().or_else(|| Some(key_file.as_ref()?.parent()?.join(ADMIN_TOKEN_FILE)));
+    let admin_token = match &admin_token_file {
+        Some(path) => Some(load_or_create_token(path).with_context(|| format!("admin token file {}", path.display()))?),
+        None => {
+            tracing::warn!("no admin token file (--ephemeral-key): the admin routes are refused");
+            None
+        }
+    };
     if args.api_max_requests == 0 {
         bail!("--api-max-requests must be at least 1");
     }
@@ -724,6 +744,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         max_in_flight: args.api_max_requests,
         max_waiters_per_lock: args.api_max_waiters_per_lock,
         token,
+        admin_token,
         metrics_addr: args.metrics,
         max_connections: args.http_max_connections,
         header_timeout: args.http_header_timeout,
@@ -832,16 +853,31 @@ impl ApiArgs {
             }
             None => http::ApiAddr::parse(DEFAULT_API)?,
         };
-        let client = Client::new(addr);
-        match &self.api_token_file {
+        let mut client = Client::new(addr);
+        if let Some(path) = &self.api_token_file {
+            let token = read_token(path)
+                .map_err(|e| fail(EXIT_UNAVAILABLE, format!("API token file {}: {e:#}", path.display())))?;
+            client = client
+                .with_token(&token)
+                .map_err(|_| fail(EXIT_USAGE, format!("API token file {}: not a valid token", path.display())))?;
+        }
+        let admin = match &self.admin_token_file {
+            Some(path) => Some(
+                read_token(path)
+                    .map_err(|e| fail(EXIT_UNAVAILABLE, format!("admin token file {}: {e:#}", path.display())))?,
+            ),
+            // The daemons this user runs, then the shipped unit's; unreadable: none.
+            None => default_key_file()
+                .and_then(|k| Some(k.parent()?.join(ADMIN_TOKEN_FILE)))
+                .into_iter()
+                .chain([PathBuf::from("/var/lib/sigma").join(ADMIN_TOKEN_FILE)])
+                .find_map(|p| read_token(&p).ok()),
+        };
+        match admin {
+            Some(token) => client
+                .with_admin_token(&token)
+                .map_err(|_| fail(EXIT_USAGE, "the admin token is not a valid token".to_owned())),
             None => Ok(client),
-            Some(path) => {
-                let token = read_token(path)
-                    .map_err(|e| fail(EXIT_UNAVAILABLE, format!("API token file {}: {e:#}", path.display())))?;
-                client
-                    .with_token(&token)
-                    .map_err(|_| fail(EXIT_USAGE, format!("API token file {}: not a valid token", path.display())))
-            }
         }
     }
 }
@@ -865,24 +901,38 @@ fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
-/// The daemon's API token: read from `path`, or, if it does not exist, a new random
-/// token written there with mode 0600.
+/// A token file: read from `path`, or, if it does not exist, a new random token written
+/// there with mode 0600. The file appears whole or not at all (written aside, then
+/// linked into place), so daemons that share it and start together read one token.
 fn load_or_create_token(path: &std::path::Path) -> anyhow::Result<String> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
-        Ok(mut file) => {
-            let mut bytes = [0u8; 32];
-            std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-            let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            writeln!(file, "{token}")?;
-            tracing::info!(path = %path.display(), "created the API token file");
+    if path.exists() {
+        return read_token(path);
+    }
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".{}.new", std::process::id()));
+    let aside = PathBuf::from(aside);
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&aside)?;
+    writeln!(file, "{token}")?;
+    drop(file);
+    let linked = std::fs::hard_link(&aside, path);
+    let _ = std::fs::remove_file(&aside);
+    match linked {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), "created a token file");
             Ok(token)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_token(path),
         Err(e) => Err(e.into()),
     }
 }
+
+/// The admin token file's name, in the directory of the daemon's key file by default.
+const ADMIN_TOKEN_FILE: &str = "admin.token";
 
 // ---------------------------------------------------------------------------------
 // sigma status

@@ -441,10 +441,10 @@ async fn an_isolated_daemon_is_not_ready_and_rejoins_when_unblocked() {
     let dir = tempfile::tempdir().unwrap();
     let nodes = swarm(dir.path()).await;
     let (c, others) = (&nodes[2], &nodes[..2]);
-    let blocked = admin(&c.api, "block", others.iter().map(|d| d.peer_id.to_string()).collect()).await;
+    let blocked = admin(dir.path(), &c.api, "block", others.iter().map(|d| d.peer_id.to_string()).collect()).await;
     assert_eq!(blocked["peers"].as_array().map(Vec::len), Some(2), "{blocked}");
     for d in others {
-        admin(&d.api, "block", vec![c.peer_id.to_string()]).await;
+        admin(dir.path(), &d.api, "block", vec![c.peer_id.to_string()]).await;
     }
     let status_url = format!("http://{}/v1/status", c.api);
     eventually("the cut-off daemon to see it is in a minority", || {
@@ -460,9 +460,9 @@ async fn an_isolated_daemon_is_not_ready_and_rejoins_when_unblocked() {
     let out = lock_cmd_with(&nodes[0].api, "mainland", &["--timeout", "30s"], "echo ran").output().await.unwrap();
     assert!(out.status.success(), "the majority serves: {}", String::from_utf8_lossy(&out.stderr));
 
-    admin(&c.api, "unblock", others.iter().map(|d| d.peer_id.to_string()).collect()).await;
+    admin(dir.path(), &c.api, "unblock", others.iter().map(|d| d.peer_id.to_string()).collect()).await;
     for d in others {
-        admin(&d.api, "unblock", vec![c.peer_id.to_string()]).await;
+        admin(dir.path(), &d.api, "unblock", vec![c.peer_id.to_string()]).await;
     }
     eventually("the healed daemon to reconnect and serve", || {
         let url = status_url.clone();
@@ -473,10 +473,17 @@ async fn an_isolated_daemon_is_not_ready_and_rejoins_when_unblocked() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// `POST /v1/admin/{action}` with `{"peers": [...]}`.
-async fn admin(api: &str, action: &str, peers: Vec<String>) -> Value {
+/// `POST /v1/admin/{action}` with `{"peers": [...]}`, with the admin token of the
+/// daemons whose key files are in `dir`.
+async fn admin(dir: &Path, api: &str, action: &str, peers: Vec<String>) -> Value {
     let url = format!("http://{api}/v1/admin/{action}");
-    let resp = http().post(&url).json(&serde_json::json!({ "peers": peers })).send().await.unwrap();
+    let resp = http()
+        .post(&url)
+        .bearer_auth(daemon::admin_token(dir))
+        .json(&serde_json::json!({ "peers": peers }))
+        .send()
+        .await
+        .unwrap();
     assert!(resp.status().is_success(), "{action}: {}", resp.status());
     resp.json::<Value>().await.unwrap()
 }
@@ -520,6 +527,8 @@ async fn inspect_and_release_from_another_daemon() {
 
     let out = Command::new(SIGMA)
         .args(["release", "broken", "--token", &token.to_string(), "--api", &c.api])
+        .arg("--admin-token-file")
+        .arg(dir.path().join("admin.token"))
         .output()
         .await
         .unwrap();
@@ -530,6 +539,8 @@ async fn inspect_and_release_from_another_daemon() {
 
     let out = Command::new(SIGMA)
         .args(["release", "broken", "--token", &token.to_string(), "--api", &b.api])
+        .arg("--admin-token-file")
+        .arg(dir.path().join("admin.token"))
         .output()
         .await
         .unwrap();

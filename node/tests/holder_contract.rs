@@ -420,3 +420,66 @@ async fn the_api_on_a_unix_socket_is_its_owners_and_logs_who_holds() {
     assert!(tokio::time::timeout(PATIENCE, d.child.wait()).await.unwrap().unwrap().success());
     assert!(!socket.exists(), "the socket outlived the daemon");
 }
+
+/// Scenario 3, the admin routes: break-lock and the block list need the daemon's admin
+/// token (beside its key file by default), and neither no credential nor the lock
+/// routes' token will do; a daemon without one refuses them. They used to be open to
+/// every local process that could reach the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_routes_need_their_own_credential() {
+    let dir = tempfile::tempdir().unwrap();
+    let api_token = dir.path().join("api.token");
+    let extra = ["--listen", "/ip4/127.0.0.1/tcp/0", "--api-token-file", api_token.to_str().unwrap()];
+    let d = daemon_with(dir.path(), "admin", &[], &extra).await;
+    let api_token = std::fs::read_to_string(&api_token).unwrap().trim().to_owned();
+    let admin_token = daemon::admin_token(dir.path());
+    assert_ne!(api_token, admin_token);
+    let call = |path: &str, bearer: Option<&str>, body: Value| {
+        let mut request = http().post(format!("http://{}{path}", d.api)).json(&body);
+        if let Some(b) = bearer {
+            request = request.bearer_auth(b);
+        }
+        async move {
+            let resp = request.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    for bearer in [None, Some(api_token.as_str())] {
+        let (status, body) = call("/v1/admin/block", bearer, json!({ "peers": [] })).await;
+        assert_eq!((status, body["code"].as_str()), (401, Some("unauthorized")), "block with {bearer:?}: {body}");
+        let (status, body) = call("/v1/revoke/x", bearer, json!({ "token": 1 })).await;
+        assert_eq!((status, body["code"].as_str()), (401, Some("unauthorized")), "revoke with {bearer:?}: {body}");
+    }
+    let (status, body) = call("/v1/admin/block", Some(&admin_token), json!({ "peers": [] })).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call("/v1/revoke/x", Some(&admin_token), json!({ "token": 1 })).await;
+    assert_eq!(status, 404, "authorised, and nobody holds x under token 1: {body}");
+    let status = http().get(format!("http://{}/v1/status", d.api)).bearer_auth(&api_token).send().await.unwrap();
+    assert_eq!(status.status(), 200, "the lock routes take the API token");
+
+    let out = Command::new(SIGMA)
+        .args(["run", "--ephemeral-key", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(out.stdout.unwrap()));
+    let mut api = String::new();
+    while let Some(line) = tokio::time::timeout(PATIENCE, lines.next_line()).await.unwrap().unwrap() {
+        if let Some(a) = line.strip_prefix("SIGMA_API=") {
+            api = a.to_owned();
+            break;
+        }
+    }
+    let resp = http()
+        .post(format!("http://{api}/v1/admin/block"))
+        .bearer_auth(&admin_token)
+        .json(&json!({ "peers": [] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "admin_disabled");
+}

@@ -9,7 +9,9 @@
 //!
 //! | check | status | code |
 //! | --- | --- | --- |
-//! | a bearer token is configured (`--api-token-file`) and `Authorization: Bearer …` does not match | 401 | `unauthorized` |
+//! | an admin route (`/v1/admin/*`, `/v1/revoke/*`) and no admin token is configured | 403 | `admin_disabled` |
+//! | an admin route and `Authorization: Bearer …` is not the admin token (`--admin-token-file`) | 401 | `unauthorized` |
+//! | another route, a bearer token is configured (`--api-token-file`) and `Authorization: Bearer …` does not match | 401 | `unauthorized` |
 //! | `Host` missing or not a loopback address or `localhost` (DNS rebinding) | 403 | `bad_host` |
 //! | `Origin` present and not a loopback origin (a web page) | 403 | `bad_origin` |
 //! | a POST without `Content-Type: application/json` and without a `Sigma-Client` header (a form) | 415 | `bad_content_type` |
@@ -61,6 +63,8 @@ pub const CLIENT_HEADER: &str = "sigma-client";
 pub enum Refusal {
     /// Missing or wrong bearer token.
     Unauthorized,
+    /// An admin route on a daemon with no admin token.
+    AdminDisabled,
     /// `Host` is not loopback.
     BadHost,
     /// `Origin` is not loopback.
@@ -86,6 +90,7 @@ impl Refusal {
     pub fn code(self) -> &'static str {
         match self {
             Refusal::Unauthorized => "unauthorized",
+            Refusal::AdminDisabled => "admin_disabled",
             Refusal::BadHost => "bad_host",
             Refusal::BadOrigin => "bad_origin",
             Refusal::BadContentType => "bad_content_type",
@@ -100,7 +105,7 @@ impl Refusal {
     fn status(self) -> StatusCode {
         match self {
             Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
-            Refusal::BadHost | Refusal::BadOrigin => StatusCode::FORBIDDEN,
+            Refusal::BadHost | Refusal::BadOrigin | Refusal::AdminDisabled => StatusCode::FORBIDDEN,
             Refusal::BadContentType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Refusal::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::Busy | Refusal::TooManyLocks | Refusal::TooManyWaiters | Refusal::Stopping => {
@@ -112,7 +117,12 @@ impl Refusal {
     fn message(self) -> String {
         match self {
             Refusal::Unauthorized => {
-                "this API needs `Authorization: Bearer <token>` (the daemon's --api-token-file)".to_owned()
+                "this route needs `Authorization: Bearer <token>` (the daemon's --api-token-file; \
+                                       on the admin routes, its --admin-token-file)"
+                    .to_owned()
+            }
+            Refusal::AdminDisabled => {
+                "the admin routes are off: the daemon has no admin token (start it with --admin-token-file)".to_owned()
             }
             Refusal::BadHost => {
                 "the Host header must name a loopback address or localhost (the API answers local programs only)"
@@ -155,6 +165,8 @@ pub enum Kind {
     Acquire,
     /// `POST /v1/locks/{name}/keepalive` or `…/release`: a holder's, short.
     Holder,
+    /// `/v1/admin/*` and `POST /v1/revoke/*`: need the admin token.
+    Admin,
     /// Everything else.
     Other,
 }
@@ -162,6 +174,9 @@ pub enum Kind {
 impl Kind {
     /// The kind of a request from its method and path.
     pub fn of(method: &Method, path: &str) -> Kind {
+        if path.starts_with("/v1/admin/") || path.starts_with("/v1/revoke/") {
+            return Kind::Admin;
+        }
         if method != Method::POST || !path.starts_with("/v1/locks/") {
             return Kind::Other;
         }
@@ -180,19 +195,22 @@ pub struct Gate {
     holders: Arc<Semaphore>,
     others: Arc<Semaphore>,
     token: Option<Arc<str>>,
+    admin_token: Option<Arc<str>>,
     metrics: Metrics,
 }
 
 impl Gate {
     /// At most `max_in_flight` acquires at once (and [`HOLDER_IN_FLIGHT`],
     /// [`OTHER_IN_FLIGHT`] of the other kinds); `token`: the bearer token every request
-    /// must carry, if any.
-    pub fn new(max_in_flight: usize, token: Option<String>, metrics: Metrics) -> Self {
+    /// but the admin ones must carry, if any; `admin_token`: the one the admin routes
+    /// need (none: they are refused).
+    pub fn new(max_in_flight: usize, token: Option<String>, admin_token: Option<String>, metrics: Metrics) -> Self {
         Gate {
             acquires: Arc::new(Semaphore::new(max_in_flight.max(1))),
             holders: Arc::new(Semaphore::new(HOLDER_IN_FLIGHT)),
             others: Arc::new(Semaphore::new(OTHER_IN_FLIGHT)),
             token: token.map(Into::into),
+            admin_token: admin_token.map(Into::into),
             metrics,
         }
     }
@@ -201,13 +219,17 @@ impl Gate {
         match kind {
             Kind::Acquire => &self.acquires,
             Kind::Holder => &self.holders,
-            Kind::Other => &self.others,
+            Kind::Other | Kind::Admin => &self.others,
         }
     }
 
     /// The checks on the request line and headers (everything but the in-flight bound).
-    pub fn admit(&self, method: &Method, headers: &HeaderMap) -> Result<(), Refusal> {
-        if let Some(token) = &self.token {
+    pub fn admit(&self, kind: Kind, method: &Method, headers: &HeaderMap) -> Result<(), Refusal> {
+        let needed = match kind {
+            Kind::Admin => Some(self.admin_token.as_ref().ok_or(Refusal::AdminDisabled)?),
+            _ => self.token.as_ref(),
+        };
+        if let Some(token) = needed {
             let given = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
@@ -260,10 +282,10 @@ impl Gate {
 /// the handler runs (a waiting acquire holds it until it is answered or its client goes
 /// away).
 pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Response {
-    if let Err(why) = gate.admit(req.method(), req.headers()) {
+    let kind = Kind::of(req.method(), req.uri().path());
+    if let Err(why) = gate.admit(kind, req.method(), req.headers()) {
         return gate.refuse(why);
     }
-    let kind = Kind::of(req.method(), req.uri().path());
     let Ok(permit) = gate.pool(kind).clone().try_acquire_owned() else {
         return gate.refuse(Refusal::Busy);
     };
@@ -297,7 +319,7 @@ mod tests {
 
     fn gate(token: Option<&str>) -> Gate {
         let mut registry = prometheus_client::registry::Registry::default();
-        Gate::new(4, token.map(str::to_owned), Metrics::register(&mut registry))
+        Gate::new(4, token.map(str::to_owned), Some("adm1n".to_owned()), Metrics::register(&mut registry))
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
@@ -314,36 +336,57 @@ mod tests {
     fn a_local_program_passes() {
         let g = gate(None);
         for host in ["127.0.0.1:7700", "localhost:7700", "LOCALHOST", "[::1]:7700", "127.0.0.2"] {
-            assert_eq!(g.admit(&Method::GET, &headers(&[("host", host)])), Ok(()), "{host}");
-            assert_eq!(g.admit(&Method::POST, &headers(&[("host", host), JSON])), Ok(()), "{host}");
+            assert_eq!(g.admit(Kind::Other, &Method::GET, &headers(&[("host", host)])), Ok(()), "{host}");
+            assert_eq!(g.admit(Kind::Other, &Method::POST, &headers(&[("host", host), JSON])), Ok(()), "{host}");
         }
         let h = headers(&[("host", "127.0.0.1:1"), ("content-type", "application/json; charset=utf-8")]);
-        assert_eq!(g.admit(&Method::POST, &h), Ok(()));
+        assert_eq!(g.admit(Kind::Other, &Method::POST, &h), Ok(()));
         let h = headers(&[("host", "127.0.0.1:1"), (CLIENT_HEADER, "x")]);
-        assert_eq!(g.admit(&Method::POST, &h), Ok(()));
+        assert_eq!(g.admit(Kind::Other, &Method::POST, &h), Ok(()));
         let h = headers(&[("host", "127.0.0.1:1"), ("origin", "http://localhost:7700"), JSON]);
-        assert_eq!(g.admit(&Method::POST, &h), Ok(()));
+        assert_eq!(g.admit(Kind::Other, &Method::POST, &h), Ok(()));
     }
 
     #[test]
     fn web_pages_and_rebound_names_are_refused() {
         let g = gate(None);
         for host in ["evil.example:7700", "127.0.0.1.evil.example", "10.0.0.1:7700", "[::2]:1", "[::1", ""] {
-            assert_eq!(g.admit(&Method::GET, &headers(&[("host", host)])), Err(Refusal::BadHost), "{host:?}");
+            assert_eq!(
+                g.admit(Kind::Other, &Method::GET, &headers(&[("host", host)])),
+                Err(Refusal::BadHost),
+                "{host:?}"
+            );
         }
-        assert_eq!(g.admit(&Method::GET, &HeaderMap::new()), Err(Refusal::BadHost), "no Host");
+        assert_eq!(g.admit(Kind::Other, &Method::GET, &HeaderMap::new()), Err(Refusal::BadHost), "no Host");
         for origin in ["http://evil.example", "null", "file://", "http://127.0.0.1.evil.example"] {
             let h = headers(&[("host", "127.0.0.1:7700"), ("origin", origin), JSON]);
-            assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BadOrigin), "{origin}");
+            assert_eq!(g.admit(Kind::Other, &Method::POST, &h), Err(Refusal::BadOrigin), "{origin}");
         }
         for ct in ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"] {
             let h = headers(&[("host", "127.0.0.1:7700"), ("content-type", ct)]);
-            assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BadContentType), "{ct}");
+            assert_eq!(g.admit(Kind::Other, &Method::POST, &h), Err(Refusal::BadContentType), "{ct}");
         }
         let h = headers(&[("host", "127.0.0.1:7700")]);
-        assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BadContentType), "no content type");
+        assert_eq!(g.admit(Kind::Other, &Method::POST, &h), Err(Refusal::BadContentType), "no content type");
         let h = headers(&[("host", "127.0.0.1:7700"), JSON, ("content-length", "65537")]);
-        assert_eq!(g.admit(&Method::POST, &h), Err(Refusal::BodyTooLarge));
+        assert_eq!(g.admit(Kind::Other, &Method::POST, &h), Err(Refusal::BodyTooLarge));
+    }
+
+    #[test]
+    fn the_admin_routes_need_the_admin_token_and_no_other() {
+        let local = ("host", "127.0.0.1:7700");
+        for g in [gate(None), gate(Some("s3cret"))] {
+            assert_eq!(g.admit(Kind::Admin, &Method::GET, &headers(&[local])), Err(Refusal::Unauthorized));
+            let api = headers(&[local, ("authorization", "Bearer s3cret")]);
+            assert_eq!(g.admit(Kind::Admin, &Method::GET, &api), Err(Refusal::Unauthorized), "the API token");
+            let admin = headers(&[local, ("authorization", "Bearer adm1n")]);
+            assert_eq!(g.admit(Kind::Admin, &Method::GET, &admin), Ok(()));
+        }
+        let mut registry = prometheus_client::registry::Registry::default();
+        let off = Gate::new(4, None, None, Metrics::register(&mut registry));
+        let admin = headers(&[local, ("authorization", "Bearer adm1n")]);
+        assert_eq!(off.admit(Kind::Admin, &Method::GET, &admin), Err(Refusal::AdminDisabled));
+        assert_eq!(off.admit(Kind::Other, &Method::GET, &headers(&[local])), Ok(()));
     }
 
     #[test]
@@ -353,20 +396,21 @@ mod tests {
         assert_eq!(Kind::of(&Method::POST, "/v1/locks/a/keepalive"), Kind::Holder);
         assert_eq!(Kind::of(&Method::POST, "/v1/locks/a%2Fb/release"), Kind::Holder);
         assert_eq!(Kind::of(&Method::GET, "/v1/locks/acquire"), Kind::Other);
-        assert_eq!(Kind::of(&Method::POST, "/v1/revoke/a"), Kind::Other);
+        assert_eq!(Kind::of(&Method::POST, "/v1/revoke/a"), Kind::Admin);
+        assert_eq!(Kind::of(&Method::GET, "/v1/admin/blocked"), Kind::Admin);
         assert_eq!(Kind::of(&Method::GET, "/v1/status"), Kind::Other);
-        assert_eq!(Kind::of(&Method::POST, "/v1/admin/block"), Kind::Other);
+        assert_eq!(Kind::of(&Method::POST, "/v1/admin/block"), Kind::Admin);
     }
 
     #[test]
     fn a_configured_token_is_required() {
         let g = gate(Some("s3cret"));
         let local = ("host", "127.0.0.1:7700");
-        assert_eq!(g.admit(&Method::GET, &headers(&[local])), Err(Refusal::Unauthorized));
+        assert_eq!(g.admit(Kind::Other, &Method::GET, &headers(&[local])), Err(Refusal::Unauthorized));
         for wrong in ["Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret"] {
             let h = headers(&[local, ("authorization", wrong)]);
-            assert_eq!(g.admit(&Method::GET, &h), Err(Refusal::Unauthorized), "{wrong}");
+            assert_eq!(g.admit(Kind::Other, &Method::GET, &h), Err(Refusal::Unauthorized), "{wrong}");
         }
-        assert_eq!(g.admit(&Method::GET, &headers(&[local, ("authorization", "Bearer s3cret")])), Ok(()));
+        assert_eq!(g.admit(Kind::Other, &Method::GET, &headers(&[local, ("authorization", "Bearer s3cret")])), Ok(()));
     }
 }

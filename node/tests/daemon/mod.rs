@@ -150,3 +150,9 @@ where
 pub fn sample(metrics: &str, series: &str) -> Option<u64> {
     metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
+
+/// The admin token of the daemons whose key files are in `dir` (`admin.token` beside
+/// them, created by the first to start).
+pub fn admin_token(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("admin.token")).expect("the daemons' admin token file").trim().to_owned()
+}

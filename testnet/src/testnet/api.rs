@@ -35,16 +35,26 @@ pub async fn status(client: &reqwest::Client, api: SocketAddr, timeout: Duration
     Ok(node(client, api).with_timeout(timeout).status().await?)
 }
 
-/// `POST /v1/admin/{block,unblock}` with `peers`: the node closes and refuses (or
-/// accepts again) connections to them.
+/// The admin token of the testnet's daemons: `admin.token` beside their key files in
+/// `dir`, created by the first to start.
+pub fn admin_token(dir: &std::path::Path) -> Result<String> {
+    let path = dir.join("admin.token");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("the daemons' admin token {}", path.display()))?;
+    Ok(text.trim().to_owned())
+}
+
+/// `POST /v1/admin/{block,unblock}` with `peers` and the admin token: the node closes and
+/// refuses (or accepts again) connections to them.
 pub async fn admin_block(
     client: &reqwest::Client,
     api: SocketAddr,
+    admin_token: &str,
     peers: &[String],
     block: bool,
     timeout: Duration,
 ) -> Result<()> {
-    node(client, api).with_timeout(timeout).block(peers, block).await?;
+    node(client, api).with_admin_token(admin_token)?.with_timeout(timeout).block(peers, block).await?;
     Ok(())
 }
 

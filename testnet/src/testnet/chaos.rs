@@ -353,7 +353,11 @@ impl Supervisor {
         for (side, other) in [(&a, &pb), (&b, &pa)] {
             for &i in side.iter() {
                 let api = self.cluster.members[i].record.api;
-                if let Err(e) = api::admin_block(&self.http, api, other, true, Duration::from_secs(2)).await {
+                let blocked = match api::admin_token(&self.cluster.opts.dir) {
+                    Ok(admin) => api::admin_block(&self.http, api, &admin, other, true, Duration::from_secs(2)).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = blocked {
                     failed.push(format!("node {i}: {e:#}"));
                 }
             }
@@ -373,7 +377,9 @@ impl Supervisor {
         for i in a.iter().chain(&b) {
             if self.cluster.members[*i].record.state == State::Running {
                 let api = self.cluster.members[*i].record.api;
-                let _ = api::admin_block(&self.http, api, &all, false, Duration::from_secs(2)).await;
+                if let Ok(admin) = api::admin_token(&self.cluster.opts.dir) {
+                    let _ = api::admin_block(&self.http, api, &admin, &all, false, Duration::from_secs(2)).await;
+                }
             }
         }
         say(&self.pb, &format!("[{:6.1}s] {kind} healed: nodes {a:?} and {b:?} unblocked", self.now_s()));

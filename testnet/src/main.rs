@@ -159,6 +159,14 @@ struct NetRunArgs {
     /// Mean seconds between faults (exponentially distributed).
     #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
     chaos_interval: f64,
+    /// Also run this many `sigma lock NAME -- CMD` holders in a loop (locks
+    /// testnet-cmd0…, one per resource), each command recording its own start and stop;
+    /// any two commands of one lock that ran at once fail the run.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    holders: usize,
+    /// How long each holder's command runs unless `sigma lock` stops it.
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+    holder_hold: f64,
     /// Seconds a pause lasts [default: lease + max(1 s, lease / 2)].
     #[arg(long, value_name = "SECONDS")]
     pause: Option<f64>,
@@ -531,6 +539,8 @@ fn real_main() -> Result<ExitCode> {
                         None => lease * 3,
                     },
                 },
+                holders: a.holders,
+                holder_hold: Duration::try_from_secs_f64(a.holder_hold)?,
             };
             let runtime = tokio::runtime::Runtime::new()?;
             let (report, summary) = runtime.block_on(net_run::run(&opts))?;

@@ -7,6 +7,8 @@
 //! - [`chaos`]: faults at seeded random moments (kill, restart, join, pause) and a
 //!   supervisor that notices nodes dying on their own;
 //! - [`check`]: exclusion, fencing tokens, starvation, from the recorded intervals;
+//! - [`holders`]: `sigma lock NAME -- CMD` run for real, checked from the commands' own
+//!   timestamps (`run --holders N`);
 //! - [`run`]: `sigma-testnet run`, the whole job (up, workload, faults, checker, down)
 //!   with a live view and a summary;
 //! - [`soak`]: `sigma-testnet soak`, a stream of distinct lock names (and, with
@@ -21,6 +23,7 @@ pub mod chaos;
 pub mod check;
 pub mod cluster;
 pub mod flood;
+pub mod holders;
 pub mod proc;
 pub mod run;
 pub mod soak;

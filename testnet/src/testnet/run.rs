@@ -17,6 +17,7 @@ use super::api::{self, Completed};
 use super::chaos::{say, ChaosOptions, Crash, Fault, FaultEvent, Supervisor};
 use super::check::{self, Findings};
 use super::cluster::{Cluster, State, UpOptions};
+use super::holders::{HolderOptions, HolderReport, Holders};
 use super::workload::{resource_name, NodeState, Slot, Workload, WorkloadOptions, World};
 
 /// Parameters of a run.
@@ -36,6 +37,10 @@ pub struct RunOptions {
     pub acquire_timeout_ms: u64,
     /// Faults.
     pub chaos: ChaosOptions,
+    /// `sigma lock` command holders beside the HTTP clients (0: none).
+    pub holders: usize,
+    /// How long each holder's command runs unless stopped.
+    pub holder_hold: Duration,
 }
 
 /// Latency figures, ms.
@@ -179,6 +184,8 @@ pub struct RunReport {
     pub connection_peaks: Vec<u32>,
     /// The bound every node was started with (`--max-connections`).
     pub connection_bound: u32,
+    /// The `sigma lock` command holders, if any ran.
+    pub holders: Option<HolderReport>,
     /// PASS/FAIL lines.
     pub targets: Vec<Target>,
     /// All targets hold.
@@ -264,6 +271,15 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     let sampler = tokio::spawn(sample_connections(shared.clone(), http.clone(), peaks.clone()));
     let workload = Workload::start(&wopts, &shared, &http);
     let start = workload.start;
+    let hopts = HolderOptions {
+        holders: opts.holders,
+        locks: opts.resources,
+        hold: opts.holder_hold,
+        sigma_bin: opts.up.sigma_bin.clone(),
+        dir: opts.up.dir.join("holders"),
+        seed: opts.chaos.seed,
+    };
+    let holders = Holders::start(&hopts, &shared).context("starting the command holders")?;
     let supervisor = Supervisor::new(cluster, shared.clone(), opts.chaos.clone(), start, pb.clone(), fired.clone())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let supervisor = tokio::spawn(supervisor.run(stop_rx));
@@ -308,6 +324,9 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     let _ = stop_tx.send(true);
     let outcome = supervisor.await.context("the chaos supervisor panicked")?;
     let (counters, records) = workload.stop(Duration::from_secs(2)).await;
+    // A command running now ends after its hold; a `sigma lock` still waiting is dropped
+    // (and its command with it) a few seconds later.
+    let holder_report = holders.stop(opts.holder_hold + Duration::from_secs(5)).await;
     let elapsed = start.elapsed().min(opts.duration.max(Duration::from_millis(1)));
     view_task.abort();
     sampler.abort();
@@ -349,6 +368,9 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     );
     let peaks = std::mem::take(&mut *peaks.lock().expect("not poisoned"));
     report.add_connections(peaks, opts.up.params.max_connections.unwrap_or(DAEMON_MAX_CONNECTIONS));
+    if opts.holders > 0 {
+        report.add_holders(holder_report);
+    }
     let summary = render(&report);
     Ok((report, summary))
 }
@@ -508,6 +530,7 @@ fn build_report(
         findings,
         connection_peaks: Vec::new(),
         connection_bound: 0,
+        holders: None,
         targets,
         pass,
         records: all,
@@ -519,6 +542,16 @@ const DAEMON_MAX_CONNECTIONS: u32 = 256;
 
 impl RunReport {
     /// Records the connection peaks and checks them against the bound.
+    fn add_holders(&mut self, h: HolderReport) {
+        self.targets.push(Target {
+            name: "`sigma lock` commands of one lock never ran at once".into(),
+            pass: h.overlaps.is_empty() && h.commands > 0,
+            detail: format!("{} overlaps in {} commands", h.overlaps.len(), h.commands),
+        });
+        self.pass = self.targets.iter().all(|t| t.pass);
+        self.holders = Some(h);
+    }
+
     fn add_connections(&mut self, peaks: Vec<u32>, bound: u32) {
         let max = peaks.iter().copied().max().unwrap_or(0);
         let over: Vec<usize> = peaks.iter().enumerate().filter(|(_, c)| **c > bound).map(|(i, _)| i).collect();
@@ -744,6 +777,28 @@ pub fn render(r: &RunReport) -> String {
         );
     }
     let _ = writeln!(s, "waiters never served:    {}", r.never_served.len());
+    if let Some(h) = &r.holders {
+        let _ = writeln!(
+            s,
+            "sigma lock commands:     {} ran ({} stopped as lost), {} runs not acquired; {} overlaps between commands",
+            h.commands,
+            h.lost,
+            h.not_acquired,
+            h.overlaps.len()
+        );
+        for o in h.overlaps.iter().take(10) {
+            let _ = writeln!(
+                s,
+                "    lock {}: token {} (holder {}) and token {} (holder {}) ran together {:.1} ms",
+                super::holders::lock_name(o.lock),
+                o.first.0,
+                o.first.1,
+                o.second.0,
+                o.second.1,
+                o.ms
+            );
+        }
+    }
     if r.node_token_regressions > 0 {
         let _ = writeln!(s, "token regressions reported by the nodes (status): {}", r.node_token_regressions);
     }

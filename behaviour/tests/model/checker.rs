@@ -19,6 +19,9 @@ type Ts = Timestamp<Id>;
 pub const LEASE: Duration = Duration::from_secs(3);
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// The record of a wiped grant issued again by a later incarnation (see `State::wiped`).
+const REISSUED: u8 = u8::MAX;
+
 /// The style of `properties.rs` (lease 3 s, renewals every second), with coarser
 /// retries so that a lease spans few timer events: a REQUEST is re-sent after 500 ms,
 /// and `T_cs` = 1 s makes the first waiter retry every ~0.7 s (advice 0.5 s, 25%
@@ -268,7 +271,9 @@ struct State {
     /// the first reset of the run, 1 for the second, ...): ghost state for the
     /// invariant. A grant not in it was made by its replica's current incarnation, so
     /// two grants of one replica come from different incarnations (a reset came between
-    /// them) exactly when their entries here differ.
+    /// them) exactly when their entries here differ. [`REISSUED`] marks a grant that a
+    /// later incarnation issued again, identical (same owner and stamp, possible when
+    /// the reset and both grants fall on one instant): its incarnation is unknown.
     wiped: BTreeMap<(usize, Ts, u64), u8>,
     /// (Scheduled) cut links, bit `client * n + replica`.
     cut: u64,
@@ -759,6 +764,7 @@ impl State {
             return result; // done by the action it stood for
         }
         self.forget_dead_messages();
+        self.note_reissued_grants();
         self.forget_unreferenced_grants();
         self.refresh_fingerprints();
         result
@@ -863,6 +869,20 @@ impl State {
             self.send(model, f);
         }
         result
+    }
+
+    /// Marks a wiped grant that its replica's current incarnation has issued again.
+    fn note_reissued_grants(&mut self) {
+        if self.wiped.is_empty() {
+            return;
+        }
+        for (i, r) in self.replicas.iter().enumerate() {
+            if let Some((ts, s)) = r.owner() {
+                if let Some(k) = self.wiped.get_mut(&(i, *ts, s)) {
+                    *k = REISSUED;
+                }
+            }
+        }
     }
 
     /// Drops wiped grants nothing refers to any more: they cannot come back.
@@ -998,7 +1018,8 @@ impl State {
                     // reset between them. Two grants of one incarnation (the replica
                     // switched before a reset) are a double grant, whatever came after.
                     let incarnation = |c: &Client<Id>, stamp| self.wiped.get(&(i, *c.ts(), stamp));
-                    if incarnation(a, va.stamp) != incarnation(b, vb.stamp) {
+                    let (ka, kb) = (incarnation(a, va.stamp), incarnation(b, vb.stamp));
+                    if ka != kb && ka != Some(&REISSUED) && kb != Some(&REISSUED) {
                         switched.push(i);
                     }
                 }

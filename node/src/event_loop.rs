@@ -69,6 +69,8 @@ pub(crate) struct EventLoop {
     last_tokens: HashMap<String, u64>,
     token_regressions: u64,
     refresh: Duration,
+    /// On shutdown: the holders' time to release after their guards were marked lost.
+    release_grace: Duration,
     shutdown_grace: Duration,
     next_bootstrap: Instant,
     bootstrap_interval: Duration,
@@ -83,7 +85,7 @@ impl EventLoop {
         swarm: Swarm<NodeBehaviour>,
         commands: mpsc::Receiver<Command>,
         refresh: Duration,
-        shutdown_grace: Duration,
+        (release_grace, shutdown_grace): (Duration, Duration),
     ) -> Self {
         let (release_sender, releases) = mpsc::channel(RELEASE_QUEUE);
         EventLoop {
@@ -100,6 +102,7 @@ impl EventLoop {
             last_tokens: HashMap::new(),
             token_regressions: 0,
             refresh,
+            release_grace,
             shutdown_grace,
             next_bootstrap: Instant::now() + BOOTSTRAP_FIRST_INTERVAL,
             bootstrap_interval: BOOTSTRAP_FIRST_INTERVAL,
@@ -490,18 +493,33 @@ impl EventLoop {
         }
     }
 
-    /// Releases everything, lets the RELEASE messages go out, returns.
+    /// Tells the holders their locks are lost, gives them `release_grace` to release,
+    /// releases everything left, lets the RELEASE messages go out, returns.
     async fn shutdown(&mut self) {
-        let ids: Vec<AcquisitionId> = self.held.keys().chain(self.waiting.keys()).copied().collect();
-        let released = !self.held.is_empty();
+        let held = !self.held.is_empty();
         for h in self.held.values() {
             h.state.send_modify(|s| s.lost = true);
         }
+        let deadline = Instant::now() + self.release_grace;
+        while !self.held.is_empty() {
+            tokio::select! {
+                biased;
+                Some(Release { id, reply }) = self.releases.recv() => {
+                    self.release(id);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(());
+                    }
+                }
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let ids: Vec<AcquisitionId> = self.held.keys().chain(self.waiting.keys()).copied().collect();
         for id in ids {
             self.release(id);
         }
-        tracing::info!(released_locks = released, "shutting down");
-        if released {
+        tracing::info!(released_locks = held, "shutting down");
+        if held {
             let deadline = Instant::now() + self.shutdown_grace;
             while self.swarm.connected_peers().next().is_some() {
                 tokio::select! {

@@ -66,6 +66,10 @@ pub struct NodeConfig {
     /// On [`Node::shutdown`], how long the node keeps running after releasing its
     /// locks so that the RELEASE messages reach the replicas.
     pub shutdown_grace: Duration,
+    /// On [`Node::shutdown`], the guards still held are marked lost first
+    /// ([`LockGuard::lost`] fires) and their holders get this long to stop their work
+    /// and release (or drop) them, before the node releases what remains.
+    pub release_grace: Duration,
     /// libp2p's metrics (connections, identify, …), recorded from the swarm's events
     /// into the registry they were created in; `None`: not recorded.
     pub libp2p_metrics: Option<Libp2pMetrics>,
@@ -99,6 +103,7 @@ impl Default for NodeConfig {
             idle_connection_timeout: DEFAULT_IDLE_CONNECTION_TIMEOUT,
             bounds: swarm::ConnectionBounds::default(),
             shutdown_grace: Duration::from_millis(500),
+            release_grace: Duration::from_secs(1),
             libp2p_metrics: None,
             admission: Admission::default(),
         }
@@ -245,7 +250,7 @@ impl Node {
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
         let refresh =
             (config.behaviour.protocol().lease() / 10).clamp(Duration::from_millis(10), Duration::from_millis(200));
-        let mut event_loop = EventLoop::new(swarm, receiver, refresh, config.shutdown_grace);
+        let mut event_loop = EventLoop::new(swarm, receiver, refresh, (config.release_grace, config.shutdown_grace));
         event_loop.metrics = config.libp2p_metrics.clone().map(|m| m.0);
         event_loop.bootstrap_peers = bootstrap_peers;
         event_loop.listen_floor = listen_floor;
@@ -289,10 +294,11 @@ impl Node {
         }
     }
 
-    /// Stops the node: releases the locks held and abandons the waits (waiting callers
-    /// get [`LockError::NodeStopped`], guards report lost), keeps the swarm running for
-    /// [`NodeConfig::shutdown_grace`] so the releases go out, then stops the event loop
-    /// and waits for it.
+    /// Stops the node: marks the guards still held lost and gives their holders
+    /// [`NodeConfig::release_grace`] to stop and release them, then releases what
+    /// remains and abandons the waits (waiting callers get [`LockError::NodeStopped`]),
+    /// keeps the swarm running for [`NodeConfig::shutdown_grace`] so the releases go out,
+    /// then stops the event loop and waits for it.
     pub async fn shutdown(mut self) -> Result<(), NodeError> {
         let Some(task) = self.task.take() else { return Err(NodeError::Stopped) };
         let (tx, rx) = oneshot::channel();

@@ -164,3 +164,28 @@ async fn bad_names_and_quorums_are_refused() {
         n.shutdown().await.unwrap();
     }
 }
+
+/// A stopping node tells its embedded holders first (`lost()` fires) and takes their
+/// own releases during its release grace, before it releases what remains: a holder
+/// gets to stop its work rather than find its lock given away under it. It used to
+/// release at once and no longer take the holder's release (`NodeStopped`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_tells_its_holders_first_and_takes_their_releases() {
+    let (mut nodes, h) = three().await;
+    let guard = h[0].lock("api/stop").await.unwrap();
+    let holder = tokio::spawn(async move {
+        guard.lost().await;
+        // The holder's work takes a moment to stop; then it lets go.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        guard.release().await
+    });
+    let node = nodes.remove(0);
+    node.shutdown().await.unwrap();
+    let released = holder.await.unwrap();
+    assert_eq!(released, Err(LockError::Lost), "the node took the holder's own release (not NodeStopped)");
+    let next = h[1].lock_timeout("api/stop", Duration::from_secs(10)).await.unwrap();
+    next.release().await.unwrap();
+    for n in nodes {
+        n.shutdown().await.unwrap();
+    }
+}

@@ -483,3 +483,29 @@ async fn the_admin_routes_need_their_own_credential() {
     assert_eq!(resp.status(), 403);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "admin_disabled");
 }
+
+/// Scenario 1 from `sigma lock`'s side: its daemon hangs (SIGSTOP; keep-alives time
+/// out, as under an overload), so no renewal moves the deadline on; the command is told
+/// to stop before the deadline of its last renewal, which is within one client TTL
+/// (2 s here) of the hang. It used to run on until the lock's validity (≈ 9 s with
+/// this daemon's 10 s lease) was nearly over, past the client lease the daemon keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigma_lock_stops_its_command_by_the_deadline_when_its_daemon_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = lone(dir.path(), "hang", &["--lease-ms", "10000"]).await;
+    let (started, stopped) = (dir.path().join("started"), dir.path().join("stopped"));
+    let options = ["--ttl", "2s", "--grace", "500ms"];
+    let lock = sigma_lock(&d.api, "hang", &options, &recording_command(&started, &stopped)).spawn().unwrap();
+    read_ns(&started).await;
+    // A few renewals first.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(d.child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let hung = now_ns();
+    let stop = read_ns(&stopped).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let out = tokio::time::timeout(PATIENCE, lock.wait_with_output()).await.unwrap().unwrap();
+    assert_eq!(out.status.code(), Some(76), "{}", String::from_utf8_lossy(&out.stderr));
+    let after_ms = stop.saturating_sub(hung) / 1_000_000;
+    assert!(after_ms < 2_000, "the command was told to stop {after_ms} ms after its daemon hung; the TTL is 2 s");
+}

@@ -181,12 +181,15 @@ pub struct Membership {
     window: Duration,
     /// This peer's own takeover delay (from its settings).
     delay: Duration,
-    /// The takeover delay in force: the longest of this peer's and of its members'
-    /// (present or departed) own delays.
-    swarm_delay: Duration,
-    /// A member's delay dropped or left: `swarm_delay` is recomputed at the next tick
+    /// The longest of this peer's and of its members' (present or departed) own delays.
+    members_delay: Duration,
+    /// The delay in force at the serving peer this one joined through, and until when
+    /// it is kept (one membership window): the members it knew, and this peer did not
+    /// (departed ones, cut off), may have the longer settings.
+    inherited: Option<(Duration, Time)>,
+    /// A member's delay dropped or left: `members_delay` is recomputed at the next tick
     /// (until then it stays the longer one).
-    swarm_delay_stale: bool,
+    members_delay_stale: bool,
     liveness: Duration,
     members: HashMap<PeerId, Member>,
     /// Gossip requests numbered so far ([`Membership::next_exchange`]).
@@ -231,8 +234,9 @@ impl Membership {
             fixed: None,
             window,
             delay,
-            swarm_delay: delay,
-            swarm_delay_stale: false,
+            members_delay: delay,
+            inherited: None,
+            members_delay_stale: false,
             liveness,
             members: HashMap::new(),
             exchange: 0,
@@ -257,7 +261,14 @@ impl Membership {
     /// wait out the votes its previous host could grant, and those last as long as
     /// that host's lease and liveness settings say, not this peer's.
     pub fn delay(&self) -> Duration {
-        self.swarm_delay
+        self.inherited.map_or(self.members_delay, |(d, _)| d.max(self.members_delay))
+    }
+
+    /// The longest of this peer's own delay and its members' (not what it inherited
+    /// from the peer it joined through: the value would otherwise be handed on from
+    /// joiner to joiner), as gossiped for a joining peer to inherit.
+    pub fn members_delay(&self) -> Duration {
+        self.members_delay
     }
 
     /// This peer's own takeover delay (from its settings), as gossiped.
@@ -275,18 +286,18 @@ impl Membership {
             return;
         }
         if m.delay.is_some_and(|d| d > delay) {
-            self.swarm_delay_stale = true;
+            self.members_delay_stale = true;
         }
         m.delay = Some(delay);
         if m.known() {
-            self.swarm_delay = self.swarm_delay.max(delay);
+            self.members_delay = self.members_delay.max(delay);
         }
     }
 
-    fn recompute_swarm_delay(&mut self) {
+    fn recompute_members_delay(&mut self) {
         let members = self.members.values().filter(|m| m.known()).filter_map(|m| m.delay);
-        self.swarm_delay = members.fold(self.delay, Duration::max);
-        self.swarm_delay_stale = false;
+        self.members_delay = members.fold(self.delay, Duration::max);
+        self.members_delay_stale = false;
     }
 
     /// Members heard of only through gossip stay alive this long after their heartbeat
@@ -396,7 +407,7 @@ impl Membership {
         if alive {
             m.seen = true;
             if let Some(d) = m.delay {
-                self.swarm_delay = self.swarm_delay.max(d);
+                self.members_delay = self.members_delay.max(d);
             }
             if !m.counted && admits {
                 m.counted = true;
@@ -442,7 +453,7 @@ impl Membership {
         m.counted = true;
         self.counted += 1;
         if let Some(d) = m.delay {
-            self.swarm_delay = self.swarm_delay.max(d);
+            self.members_delay = self.members_delay.max(d);
         }
         if m.alive {
             self.pending -= 1;
@@ -460,12 +471,23 @@ impl Membership {
     /// members alive there, which it counts). A joining peer joins through it: it
     /// counts `peer` and those members, heard of or alive, so that its first majority
     /// is one of a serving peer's members and not of whoever it happens to reach; it
-    /// is ready once a bootstrap has completed too. A peer not joining ignores it.
-    pub fn joined_through(&mut self, peer: PeerId, members: impl IntoIterator<Item = PeerId>, now: Time) {
+    /// is ready once a bootstrap has completed too. It keeps `peer`'s takeover delay
+    /// (`delay`, [`Membership::members_delay`] there) for one membership window. A peer
+    /// not joining ignores it.
+    pub fn joined_through(
+        &mut self,
+        peer: PeerId,
+        members: impl IntoIterator<Item = PeerId>,
+        delay: Option<Duration>,
+        now: Time,
+    ) {
         if !self.needs_voucher() {
             return;
         }
         self.vouched = true;
+        if let Some(d) = delay {
+            self.inherited = Some((d.min(MAX_TAKEOVER_DELAY), now + self.window));
+        }
         if !self.members.contains_key(&peer) {
             if self.members.len() >= MAX_MEMBERS {
                 self.forget_one(now);
@@ -673,13 +695,16 @@ impl Membership {
                 });
                 if self.members.len() != before {
                     self.counted = self.members.values().filter(|m| m.counted).count();
-                    self.swarm_delay_stale = true;
+                    self.members_delay_stale = true;
                 }
             }
-            if self.swarm_delay_stale {
-                self.recompute_swarm_delay();
+            if self.members_delay_stale {
+                self.recompute_members_delay();
             }
-            let delay = self.swarm_delay;
+            if self.inherited.is_some_and(|(_, until)| now >= until) {
+                self.inherited = None;
+            }
+            let delay = self.delay();
             self.departures.retain(|(_, t)| now.saturating_sub(*t) < delay);
             if self.overflow_until.is_some_and(|t| t + delay <= now) {
                 self.overflow_until = None;
@@ -721,7 +746,7 @@ impl Membership {
     /// serving began, or after a member `closer` to the replica's key than this peer
     /// departed (or one was forgotten for lack of room).
     pub fn hold_until(&self, now: Time, closer: impl Fn(&PeerId) -> bool) -> Option<Time> {
-        let delay = self.swarm_delay;
+        let delay = self.delay();
         let began = self.serving_since.map(|t| t + delay);
         let departed = self.departures.iter().filter(|(p, _)| closer(p)).map(|(_, t)| *t + delay).max();
         [began, departed, self.overflow_until.map(|t| t + delay)].into_iter().flatten().max().filter(|t| *t > now)
@@ -735,7 +760,7 @@ impl Membership {
             .filter(|(p, m)| !m.alive && !fixed.as_ref().is_some_and(|l| l.contains(*p)))
             .min_by_key(|(_, m)| (m.counted, m.left_at));
         if let Some((&peer, _)) = oldest {
-            self.swarm_delay_stale = true;
+            self.members_delay_stale = true;
             if self.members.remove(&peer).is_some_and(|m| m.counted) {
                 self.counted -= 1;
                 self.overflow_until = Some(now);
@@ -791,7 +816,7 @@ mod tests {
         m.tick(S);
         assert_eq!(m.readiness(), Readiness::Joining, "no serving peer heard yet");
         assert_eq!(m.uncounted(), 1, "a peer that does not serve counts no newcomer");
-        m.joined_through(p, [], S);
+        m.joined_through(p, [], None, S);
         m.tick(S);
         assert_eq!(m.readiness(), Readiness::Serving);
         assert!(m.serving());
@@ -847,7 +872,9 @@ mod tests {
         for p in [b, c] {
             d.heard(p, (1, 1), Duration::ZERO, Duration::ZERO, None);
         }
-        d.joined_through(a, [b, c], Duration::ZERO);
+        d.joined_through(a, [b, c], Some(66 * S), Duration::ZERO);
+        assert_eq!(d.delay(), 66 * S, "the delay in force where it joined");
+        assert_eq!(d.members_delay(), 10 * S, "not handed on to its own joiners");
         d.tick(Duration::ZERO);
         assert_eq!(d.readiness(), Readiness::Minority { reachable: 2, members: 4 }, "b and c not heard alive yet");
         d.heard(b, (1, 2), Duration::ZERO, S, None);
@@ -856,8 +883,15 @@ mod tests {
         // Only the first serving peer heard vouches; later ones are ordinary gossip.
         let x = PeerId::random();
         d.heard(x, (1, 1), Duration::ZERO, S, None);
-        d.joined_through(x, [], S);
+        d.joined_through(x, [], Some(600 * S), S);
         assert_eq!(d.members(), 4);
+        assert_eq!(d.delay(), 66 * S);
+        // Kept for one membership window.
+        for t in 2..=61u32 {
+            d.heard(b, (1, u64::from(t) + 1), Duration::ZERO, t * S, None);
+            d.tick(t * S);
+        }
+        assert_eq!(d.delay(), 10 * S);
     }
 
     /// Issue 40, scenario 2: settings differ per peer. The takeover delay in force is the

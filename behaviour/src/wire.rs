@@ -313,6 +313,11 @@ pub struct Gossip {
     /// joined), so that a rolling upgrade still joins.
     #[serde(default = "serving_if_absent")]
     pub serving: bool,
+    /// The sender's takeover delay in ms, the longest of its own and its members'
+    /// settings: a peer joining through it keeps it for a membership window (the
+    /// sender's departed members are not in the table). Absent from older peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
 }
 
 fn serving_if_absent() -> bool {
@@ -644,7 +649,7 @@ mod tests {
             age_ms: u32::MAX,
             delay_ms: Some(u64::MAX),
         };
-        let full = Gossip { beats: (0..MAX_GOSSIP_BEATS).map(beat).collect(), serving: true };
+        let full = Gossip { beats: (0..MAX_GOSSIP_BEATS).map(beat).collect(), serving: true, delay_ms: Some(u64::MAX) };
         assert!(full.is_valid());
         let mut codec = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default()
             .set_request_size_maximum(MAX_GOSSIP_BYTES);
@@ -654,7 +659,7 @@ mod tests {
         assert!(len <= MAX_GOSSIP_BYTES, "{len} bytes");
         buf.set_position(0);
         assert_eq!(block_on(codec.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap(), full);
-        let over = Gossip { beats: (0..=MAX_GOSSIP_BEATS).map(beat).collect(), serving: true };
+        let over = Gossip { beats: (0..=MAX_GOSSIP_BEATS).map(beat).collect(), serving: true, delay_ms: None };
         assert!(!over.is_valid());
     }
 
@@ -676,10 +681,14 @@ mod tests {
         block_on(old.write_request(&GOSSIP_PROTOCOL, &mut buf, Before { beats: beats.clone() })).unwrap();
         buf.set_position(0);
         let read = block_on(new.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap();
-        assert_eq!(read, Gossip { beats: beats.clone(), serving: true });
+        assert_eq!(read, Gossip { beats: beats.clone(), serving: true, delay_ms: None });
         let mut buf = futures::io::Cursor::new(Vec::new());
-        block_on(new.write_request(&GOSSIP_PROTOCOL, &mut buf, Gossip { beats: beats.clone(), serving: false }))
-            .unwrap();
+        block_on(new.write_request(
+            &GOSSIP_PROTOCOL,
+            &mut buf,
+            Gossip { beats: beats.clone(), serving: false, delay_ms: Some(1) },
+        ))
+        .unwrap();
         buf.set_position(0);
         assert_eq!(block_on(old.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap(), Before { beats: beats.clone() });
         buf.set_position(0);

@@ -548,3 +548,64 @@ async fn a_longer_lease_elsewhere_lengthens_the_takeover_delay() {
     }
     assert!(net.holders.get(&name) == Some(&(1, next)), "the majority side serves {name} again");
 }
+
+/// A peer that joins during the cut of scenario 2 hears only the members alive where it
+/// joins, not peer 0 with its 15 s leases; it would start serving the keys it is closest
+/// to after its own ≈ 5 s delay. It keeps the delay of the peer it joined through, which
+/// knew peer 0's.
+#[tokio::test]
+async fn a_peer_joining_during_a_cut_keeps_the_delay_of_the_peer_it_joined_through() {
+    let long = Duration::from_secs(15);
+    let mut net = Net::new(0, false).await;
+    net.spawn_with(
+        config(false)
+            .with_protocol(proto::Config::default().with_quorum(5, 3).with_lease(long).with_request_timeout(LEASE / 4)),
+    )
+    .await;
+    net.spawn(false).await;
+    net.spawn(false).await;
+    // A name with 3 of its 5 keys on peer 0 and 2 on peers 1 and 2; with the joiner and
+    // without peer 0, at least one of peer 0's keys on the joiner: its vote and the two
+    // of peers 1 and 2 are the m = 3 a waiter needs. (Whether a joiner's id can take
+    // one of peer 0's keys depends on the ids: joiners that cannot stay idle.)
+    let mut found = None;
+    for _ in 0..16 {
+        let joiner = net.spawn(true).await;
+        let name = (0..2_000).map(|k| format!("joined-{k}")).find(|name| {
+            let before = hosts(&net, name, &[0, 1, 2]);
+            let after = hosts(&net, name, &[1, 2, joiner]);
+            before.iter().filter(|&&h| h == 0).count() == 3
+                && before.iter().zip(&after).any(|(&b, &a)| b == 0 && a == joiner)
+        });
+        if let Some(name) = name {
+            found = Some((joiner, name));
+            break;
+        }
+    }
+    let (joiner, name) = found.expect("a joiner and a name among 16 joiners and 2,000 names");
+    net.mesh(&[0, 1, 2]).await;
+    let held = net.acquire(0, &name);
+    net.drive(Duration::from_secs(40), won(0, held)).await;
+    assert!(net.holders.contains_key(&name), "peer 0 holds {name}");
+    net.cut(&[0], &[1, 2, joiner]);
+    // The joiner comes once peers 1 and 2 count peer 0 departed: their tables no
+    // longer name it.
+    for _ in 0..LIVENESS.as_millis() / 100 {
+        if [1, 2].iter().all(|&i| net.swarms[i].behaviour().sigma.members() == (2, 3)) {
+            break;
+        }
+        net.drive(Duration::from_millis(100), |_, _, _| false).await;
+    }
+    assert_eq!(net.swarms[1].behaviour().sigma.members(), (2, 3), "peer 0 departed for peer 1");
+    net.mesh(&[1, 2, joiner]).await;
+    net.swarms[joiner].behaviour_mut().sigma.bootstrap().expect("peers 1 and 2 are known");
+    let next = net.acquire(1, &name);
+    // The driver panics if peer 1 wins while peer 0's holder still counts itself one.
+    net.drive(Duration::from_secs(40), won(1, next)).await;
+    if net.holders.get(&name) != Some(&(1, next)) {
+        net.dump(&name, &[(0, held), (1, next)]);
+    }
+    assert!(net.holders.get(&name) == Some(&(1, next)), "the majority side serves {name} again");
+    let delay = net.swarms[joiner].behaviour().sigma.takeover_delay();
+    assert!(delay > long, "the joiner's takeover delay {delay:?} is shorter than peer 0's lease");
+}

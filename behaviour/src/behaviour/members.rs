@@ -218,7 +218,8 @@ impl Behaviour {
                 delay_ms: delay.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             })
             .collect();
-        wire::Gossip { beats, serving: self.membership.serving() }
+        let delay_ms = u64::try_from(self.membership.members_delay().as_millis()).unwrap_or(u64::MAX);
+        wire::Gossip { beats, serving: self.membership.serving(), delay_ms: Some(delay_ms) }
     }
 
     /// Merges a gossip table from `peer`, a sigma peer (in the routing table, or an
@@ -256,7 +257,8 @@ impl Behaviour {
         if gossip.serving && self.membership.needs_voucher() {
             let was_ready = self.membership.ready();
             let named = gossip.beats.iter().map(|b| b.peer).filter(|p| *p != self.local);
-            self.membership.joined_through(peer, named, now);
+            let delay = gossip.delay_ms.map(Duration::from_millis);
+            self.membership.joined_through(peer, named, delay, now);
             if !was_ready && self.membership.ready() {
                 tracing::info!(through = %peer, "joined the swarm: ready");
             }

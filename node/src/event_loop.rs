@@ -121,10 +121,8 @@ impl EventLoop {
                 // Releases first: a guard released (or dropped) before its task asks
                 // for the lock again must not find its own old hold in the way.
                 biased;
-                Some(Release { id, reply }) = self.releases.recv() => {
-                    self.release(id);
-                    if let Some(reply) = reply {
-                        let _ = reply.send(());
+                Some(release) = self.releases.recv() => {
+                    if self.on_release(release) {
                         // The caller's answer goes before the RELEASE messages: the
                         // first of them wakes a replica host, which on a busy machine
                         // takes this thread's CPU before the answer is written.
@@ -228,6 +226,12 @@ impl EventLoop {
     }
 
     /// Releases (or abandons) an acquisition of this node; unknown ids are ignored.
+    /// Applies a guard's release and answers its caller, if one waits (`true` then).
+    fn on_release(&mut self, Release { id, reply }: Release) -> bool {
+        self.release(id);
+        reply.map(|r| r.send(())).is_some()
+    }
+
     fn release(&mut self, id: AcquisitionId) {
         if let Some(h) = self.held.remove(&id) {
             tracing::debug!(lock = %h.name, token = h.token, %id, "releasing");
@@ -504,11 +508,8 @@ impl EventLoop {
         while !self.held.is_empty() {
             tokio::select! {
                 biased;
-                Some(Release { id, reply }) = self.releases.recv() => {
-                    self.release(id);
-                    if let Some(reply) = reply {
-                        let _ = reply.send(());
-                    }
+                Some(release) = self.releases.recv() => {
+                    self.on_release(release);
                 }
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
                 () = tokio::time::sleep_until(deadline) => break,

@@ -40,15 +40,7 @@ fn lock_cmd(api: &str, name: &str, script: &str) -> Command {
 
 /// `sigma lock NAME --api API OPTIONS -- sh -c SCRIPT`.
 fn lock_cmd_with(api: &str, name: &str, options: &[&str], script: &str) -> Command {
-    let mut cmd = Command::new(SIGMA);
-    cmd.args(["lock", name, "--api", api])
-        .args(options)
-        .args(["--", "sh", "-c", script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
+    daemon::sigma_lock(api, name, options, script)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use tokio::process::Command;
 
 mod daemon;
 
-use daemon::{daemon_with, eventually, get_json, get_text, http, Daemon, PATIENCE, SIGMA};
+use daemon::{daemon_with, eventually, get_json, get_text, http, sigma_lock, Daemon, PATIENCE, SIGMA};
 
 /// One daemon that grants at once: a one-node swarm with a short takeover delay (its
 /// replicas have never been anyone else's).
@@ -86,19 +86,6 @@ async fn read_ns(path: &Path) -> u128 {
     })
     .await;
     std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
-}
-
-/// `sigma lock NAME --api API OPTIONS -- sh -c SCRIPT`.
-fn sigma_lock(api: &str, name: &str, options: &[&str], script: &str) -> Command {
-    let mut cmd = Command::new(SIGMA);
-    cmd.args(["lock", name, "--api", api])
-        .args(options)
-        .args(["--", "sh", "-c", script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
 }
 
 /// A command that records when it started and when it was told to stop (SIGTERM), in

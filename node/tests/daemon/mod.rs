@@ -156,3 +156,16 @@ pub fn sample(metrics: &str, series: &str) -> Option<u64> {
 pub fn admin_token(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("admin.token")).expect("the daemons' admin token file").trim().to_owned()
 }
+
+/// `sigma lock NAME --api API OPTIONS -- sh -c SCRIPT`, its output piped, killed on drop.
+pub fn sigma_lock(api: &str, name: &str, options: &[&str], script: &str) -> Command {
+    let mut cmd = Command::new(SIGMA);
+    cmd.args(["lock", name, "--api", api])
+        .args(options)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}

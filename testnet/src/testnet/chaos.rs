@@ -385,15 +385,21 @@ impl Supervisor {
         say(&self.pb, &format!("[{:6.1}s] {kind} healed: nodes {a:?} and {b:?} unblocked", self.now_s()));
     }
 
-    async fn kill(&mut self) {
+    /// A node that may go down now (none if enough are down already): its message
+    /// counters kept (they die with it), its slot marked down for the clients.
+    async fn take_down(&mut self) -> Option<usize> {
         let victims = self.killable();
-        let Some(&node) = victims.choose(&mut self.rng) else { return };
+        let &node = victims.choose(&mut self.rng)?;
         let api = self.cluster.members[node].record.api;
-        // Keep its message counters: they die with it.
         if let Ok(c) = api::completed(&self.http, api, Duration::from_secs(1)).await {
             self.retired = self.retired + c;
         }
         self.set_slot(node, NodeState::Down);
+        Some(node)
+    }
+
+    async fn kill(&mut self) {
+        let Some(node) = self.take_down().await else { return };
         let m = &mut self.cluster.members[node];
         let pid = m.record.pid;
         proc::signal(pid, nix::sys::signal::Signal::SIGKILL);
@@ -419,13 +425,7 @@ impl Supervisor {
     /// SIGTERM (the daemon's graceful stop: its HTTP holders are told, and it waits for
     /// their releases up to its --stop-timeout), then a restart with the same identity.
     async fn restart_graceful(&mut self) {
-        let victims = self.killable();
-        let Some(&node) = victims.choose(&mut self.rng) else { return };
-        let api = self.cluster.members[node].record.api;
-        if let Ok(c) = api::completed(&self.http, api, Duration::from_secs(1)).await {
-            self.retired = self.retired + c;
-        }
-        self.set_slot(node, NodeState::Down);
+        let Some(node) = self.take_down().await else { return };
         let m = &mut self.cluster.members[node];
         let pid = m.record.pid;
         let stopped = match m.child.take() {

@@ -39,6 +39,23 @@ class SigmaError(Exception):
         self.status, self.code = status, code
 
 
+def default_api():
+    """Where the daemon listens when no address is given: the `api` of its config file
+    ($SIGMA_CONFIG, else /etc/sigma/sigma.toml), else its socket if it exists, else the
+    default port. A client never falls back to a port that any local process could
+    have bound while the daemon is down when the daemon's config names its socket."""
+    try:
+        import tomllib  # Python 3.11 and newer
+
+        with open(os.environ.get("SIGMA_CONFIG", "/etc/sigma/sigma.toml"), "rb") as f:
+            api = tomllib.load(f).get("api")
+        if api:
+            return api
+    except (ImportError, FileNotFoundError):
+        pass
+    return "unix:/run/sigma/api.sock" if os.path.exists("/run/sigma/api.sock") else "127.0.0.1:7591"
+
+
 class _UnixConnection(http.client.HTTPConnection):
     """HTTP over the daemon's unix socket (`--api unix:PATH`)."""
 
@@ -55,8 +72,7 @@ class _UnixConnection(http.client.HTTPConnection):
 class SigmaLock:
     def __init__(self, name, api=None, timeout_s=None, ttl_s=5.0, token_file=None):
         self.name = name
-        default = "unix:/run/sigma/api.sock" if os.path.exists("/run/sigma/api.sock") else "127.0.0.1:7591"
-        self.api = api or os.environ.get("SIGMA_API", default)
+        self.api = api or os.environ.get("SIGMA_API") or default_api()
         self.timeout_s, self.ttl_s = timeout_s, ttl_s
         token_file = token_file or os.environ.get("SIGMA_API_TOKEN_FILE")
         self.bearer = open(token_file).read().strip() if token_file else None
@@ -169,17 +185,22 @@ class SigmaLock:
 def main():
     parser = argparse.ArgumentParser(description="Hold a sigma lock for a while.")
     parser.add_argument("name")
-    parser.add_argument("--api", default=None, help="the daemon's API, IP:PORT or unix:PATH [$SIGMA_API, else unix:/run/sigma/api.sock if it exists, else 127.0.0.1:7591]")
+    parser.add_argument("--api", default=None, help="the daemon's API, IP:PORT or unix:PATH [$SIGMA_API, else the daemon's config file's, else unix:/run/sigma/api.sock if it exists, else 127.0.0.1:7591]")
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to hold the lock")
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     parser.add_argument("--ttl", type=float, default=5.0, help="client lease in seconds")
     args = parser.parse_args()
-    with SigmaLock(args.name, api=args.api, timeout_s=args.timeout, ttl_s=args.ttl) as lock:
-        print(f"acquired {lock.name} token {lock.token}", flush=True)
-        lock.lost.wait(args.hold)
-        if lock.lost.is_set():
-            print(f"lost {lock.name} token {lock.token}", flush=True)
-            raise SystemExit(76)
+    api = args.api or os.environ.get("SIGMA_API") or default_api()
+    try:
+        with SigmaLock(args.name, api=api, timeout_s=args.timeout, ttl_s=args.ttl) as lock:
+            print(f"acquired {lock.name} token {lock.token}", flush=True)
+            lock.lost.wait(args.hold)
+            if lock.lost.is_set():
+                print(f"lost {lock.name} token {lock.token}", flush=True)
+                raise SystemExit(76)
+    except OSError as e:
+        print(f"sigma_lock.py: cannot reach the sigma daemon at {api} (is `sigma run` running?): {e}", file=sys.stderr)
+        raise SystemExit(69) from None
     print(f"released {lock.name} token {lock.token}", flush=True)
 
 
@@ -189,6 +210,3 @@ if __name__ == "__main__":
     except SigmaError as e:
         print(f"sigma_lock.py: {e}", file=sys.stderr)
         raise SystemExit(75 if e.status == 408 else 69)
-    except OSError as e:
-        print(f"sigma_lock.py: cannot reach the sigma daemon (is `sigma run` running?): {e}", file=sys.stderr)
-        raise SystemExit(69)

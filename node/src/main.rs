@@ -382,7 +382,8 @@ struct LockArgs {
 #[derive(Args, Debug)]
 struct ApiArgs {
     /// Control API of the local daemon: IP:PORT or unix:PATH [default: $SIGMA_API, else
-    /// unix:/run/sigma/api.sock if that socket exists, else 127.0.0.1:7591].
+    /// the `api` of the daemon's config file ($SIGMA_CONFIG, else /etc/sigma/sigma.toml),
+    /// else unix:/run/sigma/api.sock if that socket exists, else 127.0.0.1:7591].
     #[arg(long, value_name = "IP:PORT|unix:PATH")]
     api: Option<String>,
     /// File holding the API's bearer token (the daemon's --api-token-file).
@@ -846,7 +847,11 @@ fn raise_open_file_limit() {
 impl ApiArgs {
     /// A client of the daemon's API (with its token, if one is given).
     fn connect(&self) -> anyhow::Result<Client> {
-        let addr = match self.api.clone().or_else(|| std::env::var("SIGMA_API").ok()) {
+        let given = match self.api.clone().or_else(|| std::env::var("SIGMA_API").ok()) {
+            Some(s) => Some(s),
+            None => config_file::configured_api().map_err(|e| fail(EXIT_USAGE, format!("{e:#}")))?,
+        };
+        let addr = match given {
             Some(s) => http::ApiAddr::parse(&s)?,
             None if std::path::Path::new(http::DEFAULT_API_SOCKET).exists() => {
                 http::ApiAddr::Unix(http::DEFAULT_API_SOCKET.into())

@@ -496,3 +496,57 @@ async fn sigma_lock_stops_its_command_by_the_deadline_when_its_daemon_hangs() {
     let after_ms = stop.saturating_sub(hung) / 1_000_000;
     assert!(after_ms < 2_000, "the command was told to stop {after_ms} ms after its daemon hung; the TTL is 2 s");
 }
+
+/// Scenario 3, an impostor on the port: while the daemon is down, any local process can
+/// bind the default TCP port and answer `Acquired`. A client whose daemon's config file
+/// names the socket goes there and finds no daemon (exit 69) instead of falling back to
+/// the port; it used to take the impostor's word and run its command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impostor_on_the_default_port_is_not_asked_when_the_config_names_the_socket() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let impostor = tokio::net::TcpListener::bind(sigma_node::http::DEFAULT_API)
+        .await
+        .unwrap_or_else(|e| panic!("this test binds {} (the default API port): {e}", sigma_node::http::DEFAULT_API));
+    let answer = json!({
+        "name": "x", "token": 1, "lease": "00000000000000000000000000000000", "valid_until_ms": 4_000_000_000_000u64,
+        "valid_for_ms": 60_000, "distinct_peers": 3, "ttl_ms": 5_000
+    })
+    .to_string();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = asked.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = impostor.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                    if s.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sigma.toml");
+    std::fs::write(&config, format!("api = \"unix:{}\"\n", dir.path().join("api.sock").display())).unwrap();
+    let out = Command::new(SIGMA)
+        .args(["lock", "x", "--", "sh", "-c", "echo ran"])
+        .env_remove("SIGMA_API")
+        .env("SIGMA_CONFIG", &config)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"), "the command ran on an impostor's word: {stderr}");
+    assert_eq!(out.status.code(), Some(69), "no daemon on the configured socket: {stderr}");
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0, "the impostor was asked");
+}

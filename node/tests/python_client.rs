@@ -120,4 +120,17 @@ async fn the_python_client_speaks_over_the_unix_socket() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(69), "{stderr}");
     assert!(stderr.contains("cannot reach the sigma daemon") && !stderr.contains("Traceback"), "{stderr}");
+    // Without --api, the daemon's config file says where it listens.
+    let config = dir.path().join("sigma.toml");
+    std::fs::write(&config, format!("api = \"{gone}\"\n")).unwrap();
+    let out = Command::new("python3")
+        .args([SCRIPT, "py/sock"])
+        .env_remove("SIGMA_API")
+        .env("SIGMA_CONFIG", &config)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "the configured socket, not the default port: {stderr}");
+    assert!(stderr.contains("nobody.sock"), "{stderr}");
 }

@@ -43,6 +43,26 @@ pub fn apply(args: Vec<OsString>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The daemon's config file of the shipped unit, where the client commands look for the
+/// API's address when none is given.
+pub const DEFAULT_CONFIG: &str = "/etc/sigma/sigma.toml";
+
+/// The `api` setting of the daemon's config file ($SIGMA_CONFIG, else
+/// [`DEFAULT_CONFIG`]), if that file exists and sets one. The client commands go where
+/// the daemon listens, and never fall back to a port that any local process could have
+/// bound while the daemon is down.
+pub fn configured_api() -> anyhow::Result<Option<String>> {
+    let path = std::env::var_os("SIGMA_CONFIG").map_or_else(|| PathBuf::from(DEFAULT_CONFIG), PathBuf::from);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("the daemon's config file {}", path.display())),
+    };
+    let table: toml::Table =
+        text.parse().with_context(|| format!("the daemon's config file {}: not valid TOML", path.display()))?;
+    Ok(table.get("api").and_then(toml::Value::as_str).map(str::to_owned))
+}
+
 /// The value of `--config PATH` or `--config=PATH` (before any `--`).
 fn config_path(args: &[OsString]) -> Option<PathBuf> {
     let mut it = args.iter();

@@ -15,7 +15,7 @@
 //! use sigma_node::client::{AcquireOptions, Client};
 //! use std::time::Duration;
 //!
-//! let api = Client::new("127.0.0.1:7591".parse().unwrap());
+//! let api = Client::new("127.0.0.1:7591".parse::<std::net::SocketAddr>().unwrap());
 //! let opts = AcquireOptions { timeout: Some(Duration::from_secs(10)), ..AcquireOptions::default() };
 //! let sent = std::time::Instant::now();
 //! let lock = api.acquire("orders/42", &opts).await?;

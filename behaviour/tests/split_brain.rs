@@ -609,3 +609,34 @@ async fn a_peer_joining_during_a_cut_keeps_the_delay_of_the_peer_it_joined_throu
     let delay = net.swarms[joiner].behaviour().sigma.takeover_delay();
     assert!(delay > long, "the joiner's takeover delay {delay:?} is shorter than peer 0's lease");
 }
+
+/// The gap the membership rules leave (docs/design/membership.md, "What it assumes"):
+/// peers that join a cut-off peer *before* it has noticed the cut (within the liveness
+/// timeout) are counted, as it still serves; with two of them it reaches 3 of 5 once
+/// it notices, and goes on serving beside the majority. Ignored until a newcomer is
+/// counted only after one liveness timeout of serving (the fix the note sketches).
+#[tokio::test]
+#[ignore = "known gap: joins within the liveness timeout of a cut still count"]
+async fn joins_before_the_cut_is_noticed_do_not_grow_a_minority() {
+    let mut net = Net::new(3, false).await;
+    net.mesh(&[0, 1, 2]).await;
+    let warm = net.acquire(1, "warm-up");
+    net.drive(Duration::from_secs(30), won(1, warm)).await;
+    net.release(1, warm);
+    net.cut(&[0], &[1, 2]);
+    assert_eq!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Serving, "not noticed yet");
+    let joiners = [net.spawn(true).await, net.spawn(true).await];
+    net.cut(&joiners, &[1, 2]);
+    net.mesh(&[0, joiners[0], joiners[1]]).await;
+    for j in joiners {
+        net.swarms[j].behaviour_mut().sigma.bootstrap().expect("peer 0 is known");
+    }
+    // The driver panics if both sides grant the lock.
+    net.acquire(0, "orders");
+    let majority = net.acquire(1, "orders");
+    net.drive(Duration::from_secs(30), won(1, majority)).await;
+    let delay = net.swarms[0].behaviour().sigma.takeover_delay();
+    net.drive(delay + LEASE, |_, _, _| false).await;
+    let r = net.swarms[0].behaviour().sigma.readiness();
+    assert!(r != Readiness::Serving, "peer 0 serves on the peers that joined it: {r:?}");
+}

@@ -939,7 +939,7 @@ fn a_late_promotion_notice_is_no_fresh_vote() {
     assert_ne!(w.phase(1), Phase::Holding, "W's stale notices do not make it a holder");
 }
 
-/// The model checker's and this file's exclusion check, fooled no more (issue 39): n = 3,
+/// The model checker's and this file's exclusion check, fooled no more: n = 3,
 /// m = 2, a fault planted in replica 1 (it grants a REQUEST while its owner's vote is
 /// live). A holds all three; its link to replica 2 is down for more than a lease, so
 /// replica 2 expires A's vote and promotes B, and A keeps a lapsed view of it. Replica 2

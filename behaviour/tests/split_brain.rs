@@ -454,7 +454,7 @@ async fn only_a_peer_that_does_not_serve_dials_departed_members_again() {
     assert!(dials[2] >= 2, "the cut-off peer dials its departed members every 2 s: {dials:?}");
 }
 
-/// A minority must not grow into a majority by joins (issue 40, scenario 1). Peers 0, 1
+/// A minority must not grow into a majority by joins. Peers 0, 1
 /// and 2 serve; the cut {0} | {1, 2} leaves 0 reaching 1 of 3. Two new peers, 3 and 4,
 /// join through 0 only, during the cut. Counting them would make 0 reach 3 of 5, and
 /// them 3 of 3: both sides would grant the same lock. A peer that does not serve counts
@@ -513,7 +513,7 @@ async fn a_minority_does_not_grow_into_a_majority_by_joins() {
     }
 }
 
-/// Settings differ per peer (issue 40, scenario 2): peer 0 grants 15 s leases, peers 1
+/// Settings differ per peer: peer 0 grants 15 s leases, peers 1
 /// and 2 the 2 s of [`config`], so their own takeover delay (≈ 5 s) is shorter than a
 /// vote of peer 0 lives. A holder whose m votes are peer 0's keeps them valid for up
 /// to 15 s after peer 0 is cut off; the takeover delay of the peers that take its keys

@@ -249,10 +249,7 @@ fn scheduled_5_3_a_replica_that_grants_over_a_live_vote_is_caught() {
         mutant: Some((Mutant::GrantOverLiveVote, 1)),
         ..Bounds::new(5, 3, 2)
     };
-    let r = run(&b);
-    let v = r.violation.expect("the planted double grant is caught");
-    assert!(v.contains("two valid holders"), "{v}");
-    assert_eq!((r.depth, r.states), (39, 13_142), "where the first counterexample is found");
+    assert_caught(&b, (39, 13_142));
 }
 
 /// `scheduled_3_2_reset_excuses_two_holders` with a fault planted in replica 1: it
@@ -274,10 +271,15 @@ fn scheduled_3_2_a_replica_that_grants_over_a_live_vote_is_caught() {
         mutant: Some((Mutant::GrantOverLiveVote, 1)),
         ..Bounds::new(3, 2, 2)
     };
-    let r = run(&b);
+    assert_caught(&b, (21, 925));
+}
+
+/// The planted double grant of `b` is caught, first at `(depth, states)`.
+fn assert_caught(b: &Bounds, first: (usize, usize)) {
+    let r = run(b);
     let v = r.violation.expect("the planted double grant is caught");
     assert!(v.contains("two valid holders"), "{v}");
-    assert_eq!((r.depth, r.states), (21, 925), "where the first counterexample is found");
+    assert_eq!((r.depth, r.states), first, "where the first counterexample is found");
 }
 
 /// Any configuration, from `SIGMA_MODEL`, e.g.

@@ -513,6 +513,21 @@ async fn a_minority_does_not_grow_into_a_majority_by_joins() {
     }
 }
 
+/// Peer 0's lease in [`one_long_lease_peer`].
+const LONG_LEASE: Duration = Duration::from_secs(15);
+
+/// Peer 0 grants [`LONG_LEASE`]s, peers 1 and 2 the 2 s of [`config`]; none meshed yet.
+async fn one_long_lease_peer() -> Net {
+    let mut net = Net::new(0, false).await;
+    net.spawn_with(config(false).with_protocol(
+        proto::Config::default().with_quorum(5, 3).with_lease(LONG_LEASE).with_request_timeout(LEASE / 4),
+    ))
+    .await;
+    net.spawn(false).await;
+    net.spawn(false).await;
+    net
+}
+
 /// Settings differ per peer: peer 0 grants 15 s leases, peers 1
 /// and 2 the 2 s of [`config`], so their own takeover delay (≈ 5 s) is shorter than a
 /// vote of peer 0 lives. A holder whose m votes are peer 0's keeps them valid for up
@@ -520,15 +535,7 @@ async fn a_minority_does_not_grow_into_a_majority_by_joins() {
 /// over must outlast them: it is computed from the longest of the swarm's settings.
 #[tokio::test]
 async fn a_longer_lease_elsewhere_lengthens_the_takeover_delay() {
-    let long = Duration::from_secs(15);
-    let mut net = Net::new(0, false).await;
-    net.spawn_with(
-        config(false)
-            .with_protocol(proto::Config::default().with_quorum(5, 3).with_lease(long).with_request_timeout(LEASE / 4)),
-    )
-    .await;
-    net.spawn(false).await;
-    net.spawn(false).await;
+    let mut net = one_long_lease_peer().await;
     // A name with 3 or 4 of its 5 keys on peer 0: the holder's m votes are peer 0's,
     // and it won with a second voter.
     let name = (0..2_000)
@@ -555,15 +562,7 @@ async fn a_longer_lease_elsewhere_lengthens_the_takeover_delay() {
 /// knew peer 0's.
 #[tokio::test]
 async fn a_peer_joining_during_a_cut_keeps_the_delay_of_the_peer_it_joined_through() {
-    let long = Duration::from_secs(15);
-    let mut net = Net::new(0, false).await;
-    net.spawn_with(
-        config(false)
-            .with_protocol(proto::Config::default().with_quorum(5, 3).with_lease(long).with_request_timeout(LEASE / 4)),
-    )
-    .await;
-    net.spawn(false).await;
-    net.spawn(false).await;
+    let mut net = one_long_lease_peer().await;
     // A name with 3 of its 5 keys on peer 0 and 2 on peers 1 and 2; with the joiner and
     // without peer 0, at least one of peer 0's keys on the joiner: its vote and the two
     // of peers 1 and 2 are the m = 3 a waiter needs. (Whether a joiner's id can take
@@ -607,7 +606,7 @@ async fn a_peer_joining_during_a_cut_keeps_the_delay_of_the_peer_it_joined_throu
     }
     assert!(net.holders.get(&name) == Some(&(1, next)), "the majority side serves {name} again");
     let delay = net.swarms[joiner].behaviour().sigma.takeover_delay();
-    assert!(delay > long, "the joiner's takeover delay {delay:?} is shorter than peer 0's lease");
+    assert!(delay > LONG_LEASE, "the joiner's takeover delay {delay:?} is shorter than peer 0's lease");
 }
 
 /// The gap the membership rules leave (docs/design/membership.md, "What it assumes"):

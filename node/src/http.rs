@@ -516,11 +516,9 @@ struct Waiting {
 impl Waiters {
     fn enter(&self, name: &str, max: usize) -> Option<Waiting> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // `max` is at least 1, so a name refused here already has a waiting acquire.
         let n = map.entry(name.to_owned()).or_default();
         if *n >= max {
-            if *n == 0 {
-                map.remove(name);
-            }
             return None;
         }
         *n += 1;

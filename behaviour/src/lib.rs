@@ -8,6 +8,8 @@
 //!   peers are kept and handed on.
 //! - [`latency`]: one-way latency distributions (the simulator's, and the test-only
 //!   message delay of [`Config::with_message_delay`]).
+//! - [`membership`] and [`liveness`]: who the swarm is, whether this peer may serve,
+//!   and the signed heartbeats only a member itself can refresh.
 //! - [`wire`]: the `/sigma/2.0.0` messages, their framing and their validation.
 //! - [`link`]: the transport (framed, pipelined requests and replies on one long-lived
 //!   stream per connection and direction).
@@ -17,8 +19,9 @@
 pub mod addr;
 mod behaviour;
 pub mod latency;
+pub mod liveness;
 pub mod membership;
-pub use membership::Readiness;
+pub use membership::{ForgetError, Readiness};
 pub mod proto;
 pub mod wire;
 

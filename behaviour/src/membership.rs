@@ -38,6 +38,7 @@ use std::time::Duration;
 use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
+use crate::liveness::{self, Leave, Proof, Refused};
 use crate::proto::Time;
 
 /// Most members remembered; beyond it the longest-departed is forgotten first (and, to
@@ -60,6 +61,9 @@ pub enum Readiness {
     /// external address, where one is required): it hosts nothing, and no peer counts
     /// it as a host; its own acquisitions go to the hosts the others agree on.
     Unreachable,
+    /// Leaving the swarm (a graceful stop): it hosts nothing any more, and has told the
+    /// others so ([`Membership::leave`]).
+    Leaving,
     /// Reaches `reachable` of `members` members (itself included in both): not a strict
     /// majority, e.g. the minority side of a network partition, or an isolated peer.
     Minority {
@@ -77,6 +81,7 @@ impl Readiness {
             Readiness::Serving => "serving",
             Readiness::Joining => "joining",
             Readiness::Unreachable => "unreachable",
+            Readiness::Leaving => "leaving",
             Readiness::Minority { .. } => "minority",
         }
     }
@@ -92,6 +97,7 @@ impl std::fmt::Display for Readiness {
             Readiness::Unreachable => {
                 f.write_str("unreachable (no external address that other peers can dial: hosts no replica)")
             }
+            Readiness::Leaving => f.write_str("leaving the swarm (stopping): hosts no replica"),
             Readiness::Minority { reachable, members } => {
                 write!(f, "reaches {reachable} of {members} known peers (itself included): no strict majority")
             }
@@ -99,9 +105,49 @@ impl std::fmt::Display for Readiness {
     }
 }
 
+/// Why an operator's forget was refused ([`Membership::forget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForgetError {
+    /// Not a member here.
+    Unknown,
+    /// Alive here: not gone.
+    Alive,
+    /// On the fixed member list.
+    Listed,
+}
+
+impl std::fmt::Display for ForgetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ForgetError::Unknown => "not a member here",
+            ForgetError::Alive => "alive here: only a peer gone for good may be forgotten",
+            ForgetError::Listed => "on the member list (--allow-peer): change the list instead",
+        })
+    }
+}
+
 /// A member's heartbeat: (incarnation, counter), ordered; a restarted peer starts a
 /// higher incarnation.
 pub type Beat = (u64, u64);
+
+/// Most members not known here that one gossip table may introduce: one peer, however
+/// many ids it makes up, adds at most this many a round.
+pub const MAX_NEW_PER_TABLE: usize = 64;
+
+/// A member's heartbeat as a gossip table carries it (see [`Membership::heard_record`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Record<'a> {
+    /// The member.
+    pub peer: PeerId,
+    /// Its heartbeat.
+    pub beat: Beat,
+    /// How long ago it was first observed along the gossip path.
+    pub age: Duration,
+    /// The member's own takeover delay in ms, as it signed it.
+    pub delay_ms: Option<u64>,
+    /// The proof that the member made this beat.
+    pub proof: Option<&'a Proof>,
+}
 
 #[derive(Clone, Debug)]
 struct Member {
@@ -132,6 +178,12 @@ struct Member {
     /// Its own takeover delay (from its settings: lease, drift, liveness), relayed with
     /// its heartbeat; none from a peer that does not say.
     delay: Option<Duration>,
+    /// The proof of `beat` ([`crate::liveness`]), relayed with it; none if it came
+    /// straight from a member from before signed heartbeats (then it is not relayed).
+    proof: Option<Proof>,
+    /// It left (its own signed leave, relayed until it is forgotten): in no count, not
+    /// alive, until a later incarnation of it is heard.
+    left: Option<Leave>,
 }
 
 impl Member {
@@ -148,12 +200,14 @@ impl Member {
             key: KBucketKey::from(peer),
             echoed: 0,
             delay: None,
+            proof: None,
+            left: None,
         }
     }
 
-    /// Alive here once, and not now.
+    /// Alive here once, and not now (nor left: a member that left is not dialled again).
     fn departed(&self) -> bool {
-        self.seen && !self.alive
+        self.seen && !self.alive && self.left.is_none()
     }
 
     /// A member present or departed (as [`Membership::peers`]).
@@ -162,7 +216,7 @@ impl Member {
     }
 
     fn alive_at(&self, now: Time) -> bool {
-        self.up || self.fresh_until.is_some_and(|t| now < t)
+        self.left.is_none() && (self.up || self.fresh_until.is_some_and(|t| now < t))
     }
 }
 
@@ -220,6 +274,8 @@ pub struct Membership {
     /// Departed members forgotten since the owner last took them
     /// ([`Membership::take_forgotten`], after every tick).
     forgotten: Vec<PeerId>,
+    /// This peer is leaving ([`Membership::leave`]).
+    leaving: bool,
 }
 
 impl Membership {
@@ -253,6 +309,7 @@ impl Membership {
             last_aged: None,
             stalls: 0,
             forgotten: Vec::new(),
+            leaving: false,
         }
     }
 
@@ -347,17 +404,76 @@ impl Membership {
         self.recount(peer, now);
     }
 
-    /// A heartbeat of `peer` relayed by gossip, first observed `age` ago. A newer one
+    /// A heartbeat record from the gossip table of `from` (see [`crate::liveness`]),
+    /// at wall-clock time `wall_ms`: taken only if it is newer than the one known and
+    /// proven (a record of `from` itself may come without a proof: the connection
+    /// authenticates it, and a peer from before signed heartbeats sends none; such a
+    /// record is not relayed), its peer is on the member list if there is one, and it
+    /// does not introduce a member past [`MAX_NEW_PER_TABLE`] (`introduced`: how many
+    /// this table introduced so far, counted here). Answers whether the member became
+    /// alive, or why the record was refused. `echo` as in [`Membership::heard`].
+    pub fn heard_record(
+        &mut self,
+        record: Record<'_>,
+        from: &PeerId,
+        now: Time,
+        wall_ms: u64,
+        echo: Option<u64>,
+        introduced: &mut usize,
+    ) -> Result<bool, Refused> {
+        let Record { peer, beat, age, delay_ms, proof } = record;
+        if self.fixed.as_ref().is_some_and(|l| !l.contains(&peer)) {
+            return Err(Refused::NotListed);
+        }
+        let known = self.members.get(&peer);
+        if known.is_some_and(|m| beat <= m.beat) {
+            // Nothing new: only the echo bookkeeping.
+            return Ok(self.heard(peer, beat, age, now, echo));
+        }
+        if known.is_none() {
+            if *introduced >= MAX_NEW_PER_TABLE {
+                return Err(Refused::TooManyNew);
+            }
+            *introduced += 1;
+        }
+        match proof {
+            Some(proof) => {
+                let last = known.filter(|m| m.beat.0 == beat.0).and_then(|m| m.proof.as_ref().map(|p| (m.beat.1, p)));
+                liveness::verify(&peer, beat, delay_ms, proof, last, wall_ms)?;
+            }
+            None if peer == *from => {
+                if !liveness::in_range(beat, wall_ms) {
+                    return Err(Refused::OutOfRange);
+                }
+            }
+            None => return Err(Refused::Unproven),
+        }
+        let woke = self.heard(peer, beat, age, now, echo);
+        if let Some(m) = self.members.get_mut(&peer) {
+            if m.beat == beat {
+                m.proof = proof.cloned();
+            }
+        }
+        if let Some(ms) = delay_ms {
+            self.heard_delay(&peer, beat, Duration::from_millis(ms));
+        }
+        Ok(woke)
+    }
+
+    /// A heartbeat of `peer` relayed by gossip, first observed `age` ago (already
+    /// checked: [`Membership::heard_record`]). A newer one
     /// than known keeps (or makes) it alive until the gossip liveness window after that
     /// first observation; the first one heard of a peer only records it (it is not
     /// alive before it advances).
     /// Answers whether `peer` became alive. `echo`: the exchange number of the gossip
     /// request that carried the beat ([`Membership::next_exchange`]), if it came in one:
     /// when ours is no newer than the request's, the reply leaves the member out.
-    pub fn heard(&mut self, peer: PeerId, beat: Beat, age: Duration, now: Time, echo: Option<u64>) -> bool {
+    fn heard(&mut self, peer: PeerId, beat: Beat, age: Duration, now: Time, echo: Option<u64>) -> bool {
         let at = now.saturating_sub(age);
         match self.members.get_mut(&peer) {
-            Some(m) if beat > m.beat => {
+            Some(m) if beat > m.beat && m.left.as_ref().is_none_or(|l| beat.0 > l.incarnation) => {
+                // A later incarnation of a member that left is a newcomer.
+                m.left = None;
                 let first = m.beat == (0, 0) && !m.up && !m.seen;
                 let was = m.alive;
                 m.beat = beat;
@@ -513,8 +629,8 @@ impl Membership {
         self.beat
     }
 
-    /// The heartbeats to gossip, with their ages and their members' own takeover
-    /// delays: those of the members alive here
+    /// The heartbeats to gossip, with their ages, their members' own takeover delays
+    /// and their proofs: those of the members alive here whose beat is proven
     /// (this peer's own is [`Membership::own_beat`], age 0). In the reply to gossip
     /// request `reply_to` ([`Membership::next_exchange`]), only those the request did not
     /// already hold as new: the requester ends up with the same table as if it had been
@@ -524,11 +640,13 @@ impl Membership {
         &self,
         now: Time,
         reply_to: Option<u64>,
-    ) -> impl Iterator<Item = (PeerId, Beat, Duration, Option<Duration>)> + '_ {
+    ) -> impl Iterator<Item = (PeerId, Beat, Duration, Option<Duration>, Option<&Proof>)> + '_ {
         self.members
             .iter()
-            .filter(move |(_, m)| m.alive && m.beat != (0, 0) && reply_to.is_none_or(|x| m.echoed != x))
-            .map(move |(p, m)| (*p, m.beat, now.saturating_sub(m.beat_at), m.delay))
+            .filter(move |(_, m)| {
+                m.alive && m.beat != (0, 0) && m.proof.is_some() && reply_to.is_none_or(|x| m.echoed != x)
+            })
+            .map(move |(p, m)| (*p, m.beat, now.saturating_sub(m.beat_at), m.delay, m.proof.as_ref()))
     }
 
     /// Numbers a gossip request about to be merged (see [`Membership::heard`]).
@@ -624,6 +742,9 @@ impl Membership {
 
     /// Whether this peer may serve, and why not.
     pub fn readiness(&self) -> Readiness {
+        if self.leaving {
+            return Readiness::Leaving;
+        }
         if self.joining {
             return Readiness::Joining;
         }
@@ -750,6 +871,90 @@ impl Membership {
         let began = self.serving_since.map(|t| t + delay);
         let departed = self.departures.iter().filter(|(p, _)| closer(p)).map(|(_, t)| *t + delay).max();
         [began, departed, self.overflow_until.map(|t| t + delay)].into_iter().flatten().max().filter(|t| *t > now)
+    }
+
+    /// This peer leaves the swarm (a graceful stop): it stops serving at the next
+    /// [`Membership::tick`] (whose answer tells the owner to drop its replicas) and
+    /// for good; the owner sends its signed leave to the members.
+    pub fn leave(&mut self) {
+        self.leaving = true;
+    }
+
+    /// A member's signed leave, heard at wall-clock time `wall_ms`: the member is
+    /// removed from every count at once (members and reachable), and counts as a
+    /// departure now (its keys are held one takeover delay where they are taken over:
+    /// its votes may still be valid). Answers whether it changed anything; a leave of
+    /// a peer not known here, or of an incarnation older than the newest heard, changes
+    /// nothing. Safe without agreement: a peer that left serves nowhere, and members
+    /// that disagree on who left cannot both reach a majority of what they count (see
+    /// docs/design/membership.md).
+    pub fn heard_leave(&mut self, leave: &Leave, wall_ms: u64, now: Time) -> Result<bool, Refused> {
+        if self.fixed.is_some() {
+            // The members are the list: a listed peer that stops is a departed member.
+            return Ok(false);
+        }
+        let Some(m) = self.members.get(&leave.peer) else { return Ok(false) };
+        if m.beat.0 > leave.incarnation || m.left.as_ref().is_some_and(|l| l.incarnation >= leave.incarnation) {
+            return Ok(false);
+        }
+        liveness::verify_leave(leave, wall_ms)?;
+        self.remove_from_counts(&leave.peer, now);
+        if let Some(m) = self.members.get_mut(&leave.peer) {
+            m.left = Some(leave.clone());
+            m.left_at = now;
+        }
+        Ok(true)
+    }
+
+    /// The leaves to relay: those of members that left and are not yet forgotten.
+    pub fn leaves(&self) -> impl Iterator<Item = &Leave> {
+        self.members.values().filter_map(|m| m.left.as_ref())
+    }
+
+    /// An operator's word that `peer` is gone for good (`sigma admin forget`): it is
+    /// removed from every count at once, as a departure now. Refused for a member alive
+    /// here (it is not gone) and for one on the fixed member list (the list is the
+    /// membership: change the list instead). A forgotten peer heard again is a
+    /// newcomer. Unsafe if the peer is in fact alive on the other side of a partition:
+    /// the operator vouches that it is not.
+    pub fn forget(&mut self, peer: &PeerId, now: Time) -> Result<(), ForgetError> {
+        let Some(m) = self.members.get(peer) else { return Err(ForgetError::Unknown) };
+        if m.alive {
+            return Err(ForgetError::Alive);
+        }
+        if self.fixed.as_ref().is_some_and(|l| l.contains(peer)) {
+            return Err(ForgetError::Listed);
+        }
+        self.remove_from_counts(peer, now);
+        if self.members.remove(peer).is_some() {
+            self.forgotten.push(*peer);
+        }
+        Ok(())
+    }
+
+    /// Takes `peer` out of the counts (alive and counted), as a departure now.
+    fn remove_from_counts(&mut self, peer: &PeerId, now: Time) {
+        let Some(m) = self.members.get_mut(peer) else { return };
+        if m.alive {
+            m.alive = false;
+            if m.counted {
+                self.up -= 1;
+            } else {
+                self.pending -= 1;
+            }
+        }
+        if m.counted {
+            m.counted = false;
+            self.counted -= 1;
+        }
+        m.up = false;
+        m.fresh_until = None;
+        self.members_delay_stale = true;
+        if self.departures.len() >= MAX_MEMBERS {
+            self.departures.clear();
+            self.overflow_until = Some(now);
+        }
+        self.departures.push((*peer, now));
     }
 
     fn forget_one(&mut self, now: Time) {
@@ -1039,18 +1244,44 @@ mod tests {
         assert_eq!(m.readiness(), Readiness::Minority { reachable: 2, members: 4 });
     }
 
+    /// Members with keys of their own, each with its heartbeat chain.
+    fn signed(n: usize) -> Vec<(PeerId, liveness::Chain)> {
+        (0..n)
+            .map(|_| {
+                let key = libp2p::identity::Keypair::generate_ed25519();
+                (key.public().to_peer_id(), liveness::Chain::new(key, liveness::wall_ms(), None))
+            })
+            .collect()
+    }
+
+    /// `m` hears beat `counter` of `member` relayed by a third peer (with its proof if
+    /// `proven`).
+    fn relayed(
+        m: &mut Membership,
+        member: &mut (PeerId, liveness::Chain),
+        counter: u64,
+        now: Time,
+        echo: Option<u64>,
+    ) -> Result<bool, Refused> {
+        let proof = member.1.proof(counter);
+        let beat = (member.1.incarnation(), counter);
+        let record = Record { peer: member.0, beat, age: Duration::ZERO, delay_ms: None, proof: proof.as_ref() };
+        m.heard_record(record, &PeerId::random(), now, liveness::wall_ms(), echo, &mut 0)
+    }
+
     #[test]
     fn a_gossip_reply_leaves_out_what_the_request_held_as_new() {
         let mut m = view(false);
-        let peers: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
-        // Alive here by gossip: each heard at beat (1, 1), then (1, 2).
-        for p in &peers {
-            m.heard(*p, (1, 1), Duration::ZERO, Duration::ZERO, None);
-            m.heard(*p, (1, 2), Duration::ZERO, S, None);
+        let mut members = signed(4);
+        let peers: Vec<PeerId> = members.iter().map(|(p, _)| *p).collect();
+        // Alive here by gossip: each heard at beat 1, then 2.
+        for member in &mut members {
+            relayed(&mut m, member, 1, Duration::ZERO, None).unwrap();
+            relayed(&mut m, member, 2, S, None).unwrap();
         }
         m.tick(S);
         let all = |m: &Membership, reply_to| {
-            let mut v: Vec<PeerId> = m.beats(S, reply_to).map(|(p, _, _, _)| p).collect();
+            let mut v: Vec<PeerId> = m.beats(S, reply_to).map(|(p, ..)| p).collect();
             v.sort();
             v
         };
@@ -1059,14 +1290,150 @@ mod tests {
         assert_eq!(all(&m, None), expected, "every alive member is gossiped");
         // A request holds peer 0 newer than here, peer 1 as new, peer 2 older; not peer 3.
         let x = m.next_exchange();
-        m.heard(peers[0], (1, 3), Duration::ZERO, S, Some(x));
-        m.heard(peers[1], (1, 2), Duration::ZERO, S, Some(x));
-        m.heard(peers[2], (1, 1), Duration::ZERO, S, Some(x));
+        relayed(&mut m, &mut members[0], 3, S, Some(x)).unwrap();
+        relayed(&mut m, &mut members[1], 2, S, Some(x)).unwrap();
+        relayed(&mut m, &mut members[2], 1, S, Some(x)).unwrap();
         let mut newer = vec![peers[2], peers[3]];
         newer.sort();
         assert_eq!(all(&m, Some(x)), newer, "the reply: what is newer here, and what the request lacked");
         assert_eq!(all(&m, None), expected, "a round's table is still whole");
         let y = m.next_exchange();
         assert_eq!(all(&m, Some(y)), expected, "the marks are per request");
+    }
+
+    /// Only a member itself can refresh its heartbeat: a relayed beat without a proof,
+    /// or with another beat's, is refused and changes nothing; a beat of the member
+    /// itself, straight from it, needs none (the connection authenticates it) but is not
+    /// relayed further.
+    #[test]
+    fn relayed_heartbeats_count_only_with_their_owners_proof() {
+        let mut m = view(false);
+        let mut members = signed(2);
+        let (p, q) = (members[0].0, members[1].0);
+        let inc = members[0].1.incarnation();
+        relayed(&mut m, &mut members[0], 1, Duration::ZERO, None).unwrap();
+        assert_eq!(relayed(&mut m, &mut members[0], 2, S, None), Ok(true), "proven: alive");
+        let wall = liveness::wall_ms();
+        let forged = Record { peer: p, beat: (inc, u64::MAX), age: Duration::ZERO, delay_ms: None, proof: None };
+        assert_eq!(m.heard_record(forged, &q, S, wall, None, &mut 0), Err(Refused::Unproven));
+        let stolen = members[0].1.proof(3);
+        let forged = Record { proof: stolen.as_ref(), beat: (inc, 4), ..forged };
+        assert_eq!(m.heard_record(forged, &q, S, wall, None, &mut 0), Err(Refused::BadToken));
+        assert_eq!(relayed(&mut m, &mut members[0], 3, 2 * S, None), Ok(false), "its own next beat still counts");
+        // Straight from q, without a proof: alive, but not relayed.
+        let inc_q = members[1].1.incarnation();
+        for (c, t) in [(1, 0), (2, 1)] {
+            let own = Record { peer: q, beat: (inc_q, c), age: Duration::ZERO, delay_ms: None, proof: None };
+            m.heard_record(own, &q, t * S, wall, None, &mut 0).unwrap();
+        }
+        assert!(m.is_alive(&q));
+        assert_eq!(m.beats(2 * S, None).map(|(p, ..)| p).collect::<Vec<_>>(), vec![p]);
+    }
+
+    /// One table introduces at most [`MAX_NEW_PER_TABLE`] members, and with a member
+    /// list none off it.
+    #[test]
+    fn a_table_introduces_a_bounded_number_of_members_and_none_off_the_list() {
+        let mut m = view(false);
+        let mut members = signed(MAX_NEW_PER_TABLE + 1);
+        let (from, wall) = (PeerId::random(), liveness::wall_ms());
+        let mut introduced = 0;
+        let answers: Vec<_> = members
+            .iter_mut()
+            .map(|(p, c)| {
+                let proof = c.proof(1);
+                let record = Record {
+                    peer: *p,
+                    beat: (c.incarnation(), 1),
+                    age: Duration::ZERO,
+                    delay_ms: None,
+                    proof: proof.as_ref(),
+                };
+                m.heard_record(record, &from, S, wall, None, &mut introduced)
+            })
+            .collect();
+        assert!(answers[..MAX_NEW_PER_TABLE].iter().all(|a| a.is_ok()));
+        assert_eq!(answers[MAX_NEW_PER_TABLE], Err(Refused::TooManyNew));
+        let mut listed = view(false).with_members([members[0].0], PeerId::random());
+        let proof = members[1].1.proof(2);
+        let record = Record {
+            peer: members[1].0,
+            beat: (members[1].1.incarnation(), 2),
+            age: Duration::ZERO,
+            delay_ms: None,
+            proof: proof.as_ref(),
+        };
+        assert_eq!(listed.heard_record(record, &from, S, wall, None, &mut 0), Err(Refused::NotListed));
+    }
+
+    /// A member's signed leave takes it out of both counts at once: three of five
+    /// leaving leaves the two others serving, where three departures would leave them a
+    /// minority until the window passed (and, not serving, forever). Its keys count as
+    /// departed for one delay; a later incarnation of it is a newcomer; a leave not
+    /// signed by the member, or of an older incarnation than heard, changes nothing.
+    #[test]
+    fn members_that_leave_are_out_of_every_count_at_once() {
+        let mut m = view(false);
+        let mut members = signed(4);
+        for member in &mut members {
+            relayed(&mut m, member, 1, Duration::ZERO, None).unwrap();
+            relayed(&mut m, member, 2, S, None).unwrap();
+        }
+        m.tick(S);
+        assert_eq!((m.reachable() + 1, m.members()), (5, 5));
+        let wall = liveness::wall_ms();
+        // Member 0's signature on member 1's leave.
+        let mut forged = members[0].1.leave().unwrap();
+        forged.peer = members[1].0;
+        forged.incarnation = members[1].1.incarnation();
+        assert_eq!(m.heard_leave(&forged, wall, S), Err(Refused::BadSignature));
+        for member in &members[..3] {
+            assert_eq!(m.heard_leave(&member.1.leave().unwrap(), wall, 2 * S), Ok(true));
+        }
+        assert_eq!(m.heard_leave(&members[0].1.leave().unwrap(), wall, 2 * S), Ok(false), "once");
+        m.tick(2 * S);
+        assert_eq!((m.reachable() + 1, m.members()), (2, 2), "two of two: serving");
+        assert!(m.serving());
+        assert_eq!(m.leaves().count(), 3, "relayed");
+        let left = members[0].0;
+        assert!(m.hold_until(2 * S, |p| *p == left).is_some(), "its keys wait out its votes");
+        // Its beats of the incarnation that ended change nothing; a restart is a newcomer.
+        assert_eq!(relayed(&mut m, &mut members[0], 3, 3 * S, None), Ok(false));
+        assert!(!m.is_alive(&left));
+        assert_eq!(m.departed().count(), 0, "a member that left is not dialled again");
+        let key = libp2p::identity::Keypair::generate_ed25519();
+        let mut again = (key.public().to_peer_id(), liveness::Chain::new(key.clone(), liveness::wall_ms(), None));
+        relayed(&mut m, &mut again, 1, 3 * S, None).unwrap();
+        relayed(&mut m, &mut again, 2, 3 * S, None).unwrap();
+        assert_eq!(m.heard_leave(&again.1.leave().unwrap(), wall, 3 * S), Ok(true));
+        let mut restarted = (again.0, liveness::Chain::new(key, again.1.incarnation() + 1, None));
+        assert_eq!(relayed(&mut m, &mut restarted, 1, 4 * S, None), Ok(true), "a restart is a newcomer");
+    }
+
+    /// The operator forgets members gone for good (killed, never to return): out of
+    /// both counts at once. Refused for a member alive here and for a listed one.
+    #[test]
+    fn an_operator_forgets_only_members_that_are_gone() {
+        let mut m = view(false);
+        let peers: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
+        for p in &peers {
+            m.connected(*p, Duration::ZERO);
+        }
+        m.tick(Duration::ZERO);
+        for p in &peers[..3] {
+            m.disconnected(*p, S);
+        }
+        m.tick(S);
+        assert_eq!(m.readiness(), Readiness::Minority { reachable: 2, members: 5 });
+        assert_eq!(m.forget(&peers[3], S), Err(ForgetError::Alive));
+        assert_eq!(m.forget(&PeerId::random(), S), Err(ForgetError::Unknown));
+        for p in &peers[..3] {
+            assert_eq!(m.forget(p, S), Ok(()));
+        }
+        m.tick(2 * S);
+        assert_eq!(m.readiness(), Readiness::Serving, "two of two");
+        assert_eq!(m.take_forgotten().len(), 3, "they leave the routing table too");
+        let mut list = view(false).with_members(peers.clone(), PeerId::random());
+        assert_eq!(list.forget(&peers[0], S), Err(ForgetError::Listed));
     }
 }

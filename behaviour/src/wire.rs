@@ -281,7 +281,7 @@ pub const GOSSIP_PROTOCOL: StreamProtocol = StreamProtocol::new("/sigma/members/
 pub const MAX_GOSSIP_BEATS: usize = 10_000;
 
 /// Largest gossip message accepted (a full table of [`MAX_GOSSIP_BEATS`] fits).
-pub const MAX_GOSSIP_BYTES: u64 = 2 * 1024 * 1024;
+pub const MAX_GOSSIP_BYTES: u64 = 4 * 1024 * 1024;
 
 /// One member's heartbeat as a peer relays it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -299,6 +299,11 @@ pub struct Beat {
     /// Absent from peers from before the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
+    /// The proof that the member made this beat ([`crate::liveness`]): required of a
+    /// beat relayed for another peer, optional for the sender's own (the connection
+    /// authenticates it). Absent from peers from before signed heartbeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<crate::liveness::Proof>,
 }
 
 /// A gossip exchange: the sender's own heartbeat and those of the members alive to it;
@@ -318,7 +323,14 @@ pub struct Gossip {
     /// sender's departed members are not in the table). Absent from older peers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
+    /// Signed leaves of members that stopped gracefully, relayed until forgotten
+    /// (docs/design/membership.md, "Leaving and forgetting"). Absent from older peers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaves: Vec<crate::liveness::Leave>,
 }
+
+/// Most leaves in one gossip message.
+pub const MAX_GOSSIP_LEAVES: usize = 1_000;
 
 fn serving_if_absent() -> bool {
     true
@@ -327,7 +339,7 @@ fn serving_if_absent() -> bool {
 impl Gossip {
     /// Within the bounds (an oversized table is ignored and counted).
     pub fn is_valid(&self) -> bool {
-        self.beats.len() <= MAX_GOSSIP_BEATS
+        self.beats.len() <= MAX_GOSSIP_BEATS && self.leaves.len() <= MAX_GOSSIP_LEAVES
     }
 }
 
@@ -642,14 +654,32 @@ mod tests {
     fn a_full_gossip_table_fits_the_frame_limit() {
         use futures::executor::block_on;
         use libp2p::request_response::Codec as _;
+        let proof = crate::liveness::Proof {
+            anchor: serde_bytes::ByteArray::new([0xff; crate::liveness::TOKEN_LEN]),
+            signature: vec![0xff; 64],
+            token: serde_bytes::ByteArray::new([0xff; crate::liveness::TOKEN_LEN]),
+        };
         let beat = |_| Beat {
             peer: PeerId::random(),
             incarnation: u64::MAX,
             counter: u64::MAX,
             age_ms: u32::MAX,
             delay_ms: Some(u64::MAX),
+            proof: Some(proof.clone()),
         };
-        let full = Gossip { beats: (0..MAX_GOSSIP_BEATS).map(beat).collect(), serving: true, delay_ms: Some(u64::MAX) };
+        let leaves = (0..MAX_GOSSIP_LEAVES)
+            .map(|_| crate::liveness::Leave {
+                peer: PeerId::random(),
+                incarnation: u64::MAX,
+                signature: vec![0xff; 64],
+            })
+            .collect();
+        let full = Gossip {
+            beats: (0..MAX_GOSSIP_BEATS).map(beat).collect(),
+            serving: true,
+            delay_ms: Some(u64::MAX),
+            leaves,
+        };
         assert!(full.is_valid());
         let mut codec = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default()
             .set_request_size_maximum(MAX_GOSSIP_BYTES);
@@ -659,7 +689,8 @@ mod tests {
         assert!(len <= MAX_GOSSIP_BYTES, "{len} bytes");
         buf.set_position(0);
         assert_eq!(block_on(codec.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap(), full);
-        let over = Gossip { beats: (0..=MAX_GOSSIP_BEATS).map(beat).collect(), serving: true, delay_ms: None };
+        let over =
+            Gossip { beats: (0..=MAX_GOSSIP_BEATS).map(beat).collect(), serving: true, delay_ms: None, leaves: vec![] };
         assert!(!over.is_valid());
     }
 
@@ -674,19 +705,20 @@ mod tests {
         struct Before {
             beats: Vec<Beat>,
         }
-        let beats = vec![Beat { peer: PeerId::random(), incarnation: 1, counter: 2, age_ms: 3, delay_ms: None }];
+        let beats =
+            vec![Beat { peer: PeerId::random(), incarnation: 1, counter: 2, age_ms: 3, delay_ms: None, proof: None }];
         let mut old = libp2p::request_response::cbor::codec::Codec::<Before, Before>::default();
         let mut new = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default();
         let mut buf = futures::io::Cursor::new(Vec::new());
         block_on(old.write_request(&GOSSIP_PROTOCOL, &mut buf, Before { beats: beats.clone() })).unwrap();
         buf.set_position(0);
         let read = block_on(new.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap();
-        assert_eq!(read, Gossip { beats: beats.clone(), serving: true, delay_ms: None });
+        assert_eq!(read, Gossip { beats: beats.clone(), serving: true, delay_ms: None, leaves: vec![] });
         let mut buf = futures::io::Cursor::new(Vec::new());
         block_on(new.write_request(
             &GOSSIP_PROTOCOL,
             &mut buf,
-            Gossip { beats: beats.clone(), serving: false, delay_ms: Some(1) },
+            Gossip { beats: beats.clone(), serving: false, delay_ms: Some(1), leaves: vec![] },
         ))
         .unwrap();
         buf.set_position(0);

@@ -39,7 +39,7 @@ fn config() -> Config {
 fn peer(max_established: Option<u32>) -> Swarm<Peer> {
     Swarm::new_ephemeral_tokio(|kp| Peer {
         limits: connection_limits::Behaviour::new(ConnectionLimits::default().with_max_established(max_established)),
-        sigma: Behaviour::new(kp.public().to_peer_id(), config()),
+        sigma: Behaviour::new(&kp, config()),
     })
 }
 

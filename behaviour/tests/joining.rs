@@ -33,7 +33,7 @@ async fn a_joining_peer_asks_its_neighbourhood_not_the_swarm() {
     let mut addrs = Vec::new();
     for i in 0..=SWARM {
         let joining = i == SWARM;
-        let mut s = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config(joining)));
+        let mut s = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(&kp, config(joining)));
         let (addr, _) = s.listen().with_memory_addr_external().await;
         swarms.push(s);
         addrs.push(addr);

@@ -45,7 +45,7 @@ async fn two_peers_that_do_not_know_each_other_do_not_both_serve_a_key() {
     let mut swarms: Vec<Swarm<Behaviour>> = Vec::new();
     let mut addrs: Vec<Multiaddr> = Vec::new();
     for _ in 0..3 {
-        let mut s = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config()));
+        let mut s = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(&kp, config()));
         let (addr, _) = s.listen().with_memory_addr_external().await;
         swarms.push(s);
         addrs.push(addr);

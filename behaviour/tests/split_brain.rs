@@ -20,7 +20,7 @@ use libp2p::swarm::{
     dummy, ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, Swarm, SwarmEvent, THandler, THandlerInEvent,
     THandlerOutEvent, ToSwarm,
 };
-use libp2p::{Multiaddr, PeerId};
+use libp2p::{request_response, Multiaddr, PeerId};
 use libp2p_swarm_test::SwarmExt;
 use sigma_behaviour::proto::{self, LostReason};
 use sigma_behaviour::wire;
@@ -32,6 +32,9 @@ struct Peer {
     block: allow_block_list::Behaviour<BlockedPeers>,
     sigma: Behaviour,
     dials: FailedDials,
+    /// Sends gossip tables of the test's making (outbound only: a peer's own gossip
+    /// still answers inbound tables).
+    forge: request_response::cbor::Behaviour<wire::Gossip, wire::Gossip>,
 }
 
 /// Counts the dials that failed (a dial the block list refuses fails at once, and a
@@ -122,8 +125,12 @@ impl Net {
     async fn spawn_with(&mut self, config: Config) -> usize {
         let mut s = Swarm::new_ephemeral_tokio(|kp| Peer {
             block: allow_block_list::Behaviour::default(),
-            sigma: Behaviour::new(kp.public().to_peer_id(), config),
+            sigma: Behaviour::new(&kp, config),
             dials: FailedDials::default(),
+            forge: request_response::cbor::Behaviour::new(
+                [(wire::GOSSIP_PROTOCOL, request_response::ProtocolSupport::Outbound)],
+                request_response::Config::default(),
+            ),
         });
         let (addr, _) = s.listen().with_memory_addr_external().await;
         self.swarms.push(s);
@@ -423,6 +430,71 @@ async fn members_alive_through_gossip_count_and_a_cut_off_peer_still_stops() {
     net.cut(&[0], &[1]);
     assert!(net.stops_serving(&[0], LIVENESS).await, "a cut-off peer stops serving within the liveness timeout");
     assert!(matches!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Minority { reachable: 1, members: 5 }));
+}
+
+/// One peer cannot forge the swarm's membership. Peers 0 to 3 serve, and 0 hears of 1
+/// only through the gossip of 2 and 3 (the cut {0} | {1}). Peer 3 sends 0 tables of its
+/// own making for two seconds: 500 made-up ids (half of them SHA-256 multihashes, which
+/// no key hashes to here) whose counters advance every round, and a beat (u64::MAX,
+/// u64::MAX) for peers 1 and 2, without proofs. Had 0 taken them, the ghosts would
+/// count as members and, once they stopped, leave 0 a minority of 4 in 504; the
+/// inflated beats would silence 1 and 2 for good. Only a member itself can refresh its
+/// heartbeat: 0 refuses every forged beat, counts them, keeps serving throughout with
+/// 4 members, still hears 1 through the others, and wins a lock once the cut heals.
+#[tokio::test]
+async fn a_forged_membership_changes_nothing_at_the_peer_it_is_sent_to() {
+    let mut net = Net::new(4, false).await;
+    net.mesh(&[0, 1, 2, 3]).await;
+    let warm = net.acquire(1, "warm-up");
+    net.drive(Duration::from_secs(30), won(1, warm)).await;
+    net.release(1, warm);
+    net.cut(&[0], &[1]);
+    net.drive(LIVENESS, |_, _, _| false).await;
+    assert_eq!(net.swarms[0].behaviour().sigma.members(), (4, 4), "1 alive at 0 through the gossip");
+    // Ids made of random bytes: identity multihashes (no key decodes from them) and
+    // SHA-256 ones.
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1);
+    let ghosts: Vec<PeerId> = (0..500u64)
+        .map(|i| {
+            let mut digest = [0u8; 32];
+            rand::RngCore::fill_bytes(&mut rng, &mut digest);
+            let code = if i % 2 == 0 { 0 } else { 0x12 };
+            PeerId::from_multihash(libp2p::multihash::Multihash::wrap(code, &digest).unwrap()).unwrap()
+        })
+        .collect();
+    let (victim, inflated) = (net.peer(0), [net.peer(1), net.peer(2)]);
+    let incarnation = sigma_behaviour::liveness::wall_ms();
+    let beat =
+        |peer, incarnation, counter| wire::Beat { peer, incarnation, counter, age_ms: 0, delay_ms: None, proof: None };
+    let mut serving = true;
+    for round in 1..=20u64 {
+        let beats = ghosts
+            .iter()
+            .map(|g| beat(*g, incarnation, round))
+            .chain(inflated.iter().map(|p| beat(*p, u64::MAX, u64::MAX)))
+            .collect();
+        let table = wire::Gossip { beats, serving: true, delay_ms: None, leaves: vec![] };
+        net.swarms[3].behaviour_mut().forge.send_request(&victim, table);
+        net.drive(Duration::from_millis(100), |_, _, _| false).await;
+        serving &= net.swarms[0].behaviour().sigma.readiness() == Readiness::Serving;
+    }
+    // The ghosts fall silent: had they been taken, they would now depart.
+    for _ in 0..2 * LIVENESS.as_millis() / 100 {
+        net.drive(Duration::from_millis(100), |_, _, _| false).await;
+        serving &= net.swarms[0].behaviour().sigma.readiness() == Readiness::Serving;
+    }
+    let b = &net.swarms[0].behaviour().sigma;
+    let refused = b.counters().inbound_failures.get("beat_unproven").copied().unwrap_or(0)
+        + b.counters().inbound_failures.get("beat_too_many_new").copied().unwrap_or(0);
+    assert!(serving, "peer 0 stopped serving during or after the attack: {:?}", b.readiness());
+    assert_eq!(b.members(), (4, 4), "ghosts counted, or 1 or 2 silenced");
+    assert!(refused >= 20 * 500, "every forged beat is refused and counted: {:?}", b.counters().inbound_failures);
+    // With the cut healed (0 cannot reach the replicas 1 hosts), a lock is won through 0.
+    net.heal();
+    net.mesh(&[0, 1]).await;
+    let id = net.acquire(0, "after-the-attack");
+    net.drive(Duration::from_secs(30), won(0, id)).await;
+    assert!(net.holders.get("after-the-attack") == Some(&(0, id)), "peer 0 wins a lock after the attack");
 }
 
 /// Departed members are dialled again by a peer that does not serve, never by one that

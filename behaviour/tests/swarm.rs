@@ -29,7 +29,7 @@ async fn swarms(count: usize) -> Vec<Swarm<Behaviour>> {
 async fn swarms_with(count: usize, config: Config) -> Vec<Swarm<Behaviour>> {
     let mut swarms: Vec<Swarm<Behaviour>> = Vec::new();
     for _ in 0..count {
-        let mut s = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config.clone()));
+        let mut s = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(&kp, config.clone()));
         s.listen().with_memory_addr_external().await;
         swarms.push(s);
     }
@@ -250,7 +250,7 @@ async fn drive_until(swarms: &mut [Swarm<Behaviour>], done: impl Fn(&[Swarm<Beha
 #[tokio::test]
 async fn a_peer_hands_over_the_replicas_a_closer_peer_joins_for() {
     let mut s = swarms(1).await;
-    let mut q = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config()));
+    let mut q = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(&kp, config()));
     q.listen().with_memory_addr_external().await;
     let (p, qid) = (*s[0].local_peer_id(), *q.local_peer_id());
     let closer = |name: &str, i: u16, a: PeerId, b: PeerId| {
@@ -345,7 +345,7 @@ async fn a_holder_whose_clock_jumps_past_its_lease_is_lost_at_once() {
     let mut s = Swarm::new_ephemeral_tokio(|kp| {
         let config =
             Config::default().with_protocol(proto).with_boot_clock(source).with_takeover_delay(Some(Duration::ZERO));
-        Behaviour::new(kp.public().to_peer_id(), config)
+        Behaviour::new(&kp, config)
     });
     let id = s.behaviour_mut().acquire("laptop", None).expect("valid");
     let event = with_timeout(async {
@@ -451,7 +451,7 @@ async fn the_idle_host_cache_is_bounded() {
 /// identities offered leave about a hundred.
 #[test]
 fn the_routable_peers_never_outgrow_the_routing_table() {
-    let mut b = Behaviour::new(identity(0), config());
+    let mut b = Behaviour::new(&key(0), config());
     for i in 1..=2000u32 {
         b.add_address(&identity(i), loopback(i));
     }
@@ -471,7 +471,7 @@ fn a_full_bucket_gives_a_departed_peers_place_to_a_connected_newcomer() {
     let far = |p: &PeerId| KBucketKey::from(local).distance(&KBucketKey::from(*p)).ilog2() == Some(255);
     let peers: Vec<(u32, PeerId)> = (1..).map(|i| (i, identity(i))).filter(|(_, p)| far(p)).take(23).collect();
     let (old, newcomers) = peers.split_at(20);
-    let mut b = Behaviour::new(local, config());
+    let mut b = Behaviour::new(&key(0), config());
     for (i, p) in old {
         b.add_address(p, loopback(*i));
     }
@@ -523,7 +523,7 @@ async fn a_member_departed_for_the_window_leaves_the_routing_table() {
     let config = config()
         .with_membership_window(window)
         .with_boot_clock(sigma_behaviour::BootClock::new(move || Duration::from_millis(clock.load(Ordering::SeqCst))));
-    let mut b = Behaviour::new(identity(0), config);
+    let mut b = Behaviour::new(&key(0), config);
     for i in 1..=4 {
         b.add_address(&identity(i), loopback(i));
         connect(&mut b, identity(i), i as usize);
@@ -548,9 +548,13 @@ async fn a_member_departed_for_the_window_leaves_the_routing_table() {
 
 /// The identity of seed `i` (deterministic).
 fn identity(i: u32) -> PeerId {
+    key(i).public().to_peer_id()
+}
+
+fn key(i: u32) -> libp2p::identity::Keypair {
     let mut seed = [7u8; 32];
     seed[..4].copy_from_slice(&i.to_le_bytes());
-    libp2p::identity::Keypair::ed25519_from_bytes(seed).expect("32 bytes").public().to_peer_id()
+    libp2p::identity::Keypair::ed25519_from_bytes(seed).expect("32 bytes")
 }
 
 fn loopback(i: u32) -> libp2p::Multiaddr {
@@ -686,7 +690,7 @@ async fn wait_until_no_replicas(s: &mut [Swarm<Behaviour>]) {
 #[tokio::test]
 async fn a_peer_flooding_made_up_names_is_held_to_its_quota_and_budget() {
     let config = config().with_limits(30, 20, (1, 45));
-    let mut node = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config.clone()));
+    let mut node = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(&kp, config.clone()));
     node.listen().with_memory_addr_external().await;
     let mut probe = probe();
     probe.connect(&mut node).await;
@@ -737,7 +741,7 @@ async fn a_peer_flooding_made_up_names_is_held_to_its_quota_and_budget() {
 #[tokio::test]
 async fn a_peer_filling_queues_is_held_to_its_entry_quota() {
     let config = config().with_entry_limits(1_000, 10);
-    let mut node = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config.clone()));
+    let mut node = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(&kp, config.clone()));
     node.listen().with_memory_addr_external().await;
     let mut probe = probe();
     probe.connect(&mut node).await;
@@ -820,9 +824,7 @@ async fn ask(
 #[tokio::test]
 async fn a_peer_without_an_external_address_hosts_nothing_and_still_takes_locks() {
     let mut s = swarms(3).await;
-    let mut u = Swarm::new_ephemeral_tokio(|kp| {
-        Behaviour::new(kp.public().to_peer_id(), config().with_external_address_required(true))
-    });
+    let mut u = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(&kp, config().with_external_address_required(true)));
     let (u_addr, _) = u.listen().await;
     assert_eq!(u.external_addresses().count(), 0);
     for x in s.iter_mut() {
@@ -990,7 +992,7 @@ async fn a_self_lookup_that_missed_only_a_departed_peer_is_the_neighbourhood() {
     let mut s = swarms(3).await;
     // A peer the routing table names and nobody answers for: its swarm is gone.
     let (gone, addr) = {
-        let mut g = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config()));
+        let mut g = Swarm::new_ephemeral_tokio(|kp| Behaviour::new(&kp, config()));
         let (addr, _) = g.listen().with_memory_addr_external().await;
         (*g.local_peer_id(), addr)
     };

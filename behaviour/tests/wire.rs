@@ -21,7 +21,7 @@ fn node() -> Swarm<Behaviour> {
     let config = Config::default()
         .with_protocol(proto::Config::default().with_quorum(3, 2))
         .with_takeover_delay(Some(Duration::ZERO));
-    Swarm::new_ephemeral_tokio(|kp| Behaviour::new(kp.public().to_peer_id(), config))
+    Swarm::new_ephemeral_tokio(|kp| Behaviour::new(&kp, config))
 }
 
 fn probe(protocol: &str) -> Swarm<request_response::Behaviour<Raw>> {

@@ -49,7 +49,7 @@ impl AppBehaviour {
             identify: identify::Behaviour::new(identify::Config::new("/embed-demo/1.0.0".into(), key.public())),
             // The paper's quorum (32 replicas, 24 votes) and a 10 s lease; see
             // `sigma_behaviour::proto::Config` to change them.
-            sigma: sigma_behaviour::Behaviour::new(key.public().to_peer_id(), sigma_behaviour::Config::default()),
+            sigma: sigma_behaviour::Behaviour::new(&key, sigma_behaviour::Config::default()),
         }
     }
 }

@@ -37,7 +37,7 @@ use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde::de::DeserializeOwned;
 
 use crate::http::{
-    gate, Acquired, ApiAddr, ErrorBody, HolderBody, KeptAlive, LockView, PeerList, Released, RevokeBody,
+    gate, Acquired, ApiAddr, ErrorBody, Forgotten, HolderBody, KeptAlive, LockView, PeerList, Released, RevokeBody,
 };
 use crate::inspect::{Inspection, Revoked};
 use crate::Status;
@@ -285,6 +285,14 @@ impl Client {
         let request = self.http.post(url).json(&PeerList { peers: peers.to_vec() }).timeout(self.timeout);
         let list: PeerList = self.call_admin(request).await?;
         Ok(list.peers)
+    }
+
+    /// `POST /v1/admin/forget`: peers gone for good, taken out of the daemon's
+    /// membership counts.
+    pub async fn forget(&self, peers: &[String]) -> Result<Forgotten, ClientError> {
+        let url = format!("{}/v1/admin/forget", self.base);
+        let request = self.http.post(url).json(&PeerList { peers: peers.to_vec() }).timeout(self.timeout);
+        self.call_admin(request).await
     }
 
     fn lock_url(&self, name: &str, action: Option<&str>) -> String {

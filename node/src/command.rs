@@ -69,6 +69,11 @@ pub(crate) enum Command {
         block: bool,
         reply: oneshot::Sender<Vec<libp2p::PeerId>>,
     },
+    /// The operator's word that peers are gone for good; answers each one's outcome.
+    Forget {
+        peers: Vec<libp2p::PeerId>,
+        reply: oneshot::Sender<Vec<(libp2p::PeerId, Result<(), sigma_behaviour::ForgetError>)>>,
+    },
 }
 
 /// A lock waited for through this node.
@@ -130,6 +135,11 @@ pub struct Status {
     pub reachable_members: usize,
     /// The takeover delay: a replica this node takes over grants nothing for this long.
     pub takeover_delay_ms: u64,
+    /// Members that departed (not alive here, still counted: what `sigma admin forget`
+    /// takes out of the counts), the first 256 in id order.
+    #[serde(default)]
+    #[schema(value_type = Vec<String>)]
+    pub departed_members: Vec<libp2p::PeerId>,
     /// Sizes of the per-lock and per-peer state (each bounded: ARCHITECTURE.md,
     /// "Bounded state").
     #[schema(value_type = Object)]

@@ -209,6 +209,9 @@ impl EventLoop {
                 // Handled in `run`.
                 let _ = reply.send(());
             }
+            Command::Forget { peers, reply } => {
+                let _ = reply.send(self.sigma().forget(&peers));
+            }
             Command::Block { peers, block, reply } => {
                 let list = &mut self.swarm.behaviour_mut().block;
                 for p in peers {
@@ -287,6 +290,7 @@ impl EventLoop {
             members,
             reachable_members,
             takeover_delay_ms: u64::try_from(sigma.takeover_delay().as_millis()).unwrap_or(u64::MAX),
+            departed_members: sigma.departed_members(256),
         }
     }
 
@@ -498,7 +502,8 @@ impl EventLoop {
     }
 
     /// Tells the holders their locks are lost, gives them `release_grace` to release,
-    /// releases everything left, lets the RELEASE messages go out, returns.
+    /// releases everything left, leaves the swarm (its signed leave to every connected
+    /// member), lets the RELEASE and leave messages go out, returns.
     async fn shutdown(&mut self) {
         let held = !self.held.is_empty();
         for h in self.held.values() {
@@ -520,7 +525,11 @@ impl EventLoop {
             self.release(id);
         }
         tracing::info!(released_locks = held, "shutting down");
-        if held {
+        // The members stop counting this peer at once (a graceful leave), rather than
+        // after the liveness timeout, and for good rather than as a departure that
+        // would leave them a minority if more than half stop.
+        let told = self.sigma().leave();
+        if held || told > 0 {
             let deadline = Instant::now() + self.shutdown_grace;
             while self.swarm.connected_peers().next().is_some() {
                 tokio::select! {

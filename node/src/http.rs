@@ -19,6 +19,7 @@
 //! | `GET /v1/inspect/{name}` | | 200 [`crate::inspect::Inspection`]: the lock seen from the hosts of all its replicas (holder, token, validity, waiters and positions, each replica) |
 //! | `POST /v1/revoke/{name}` | [`ReleaseBody`] `{"token": …}` | 200 [`crate::inspect::Revoked`]: the holder gave it up; 404 not held under that token, or refused (the holder's `--admin-peer`) |
 //! | `GET /v1/status` | | 200 the node's [`crate::Status`] |
+//! | `POST /v1/admin/forget` | [`PeerList`] `{"peers": […]}` | 200 [`Forgotten`]: members gone for good taken out of this node's counts (admin token) |
 //! | `GET /v1/openapi.json` | | 200 the OpenAPI document of all of this ([`openapi`]) |
 //! | `GET /metrics` | | Prometheus / OpenMetrics text ([`crate::metrics`]) |
 //!
@@ -912,6 +913,51 @@ fn parse_peers(body: &[u8]) -> Result<Vec<libp2p::PeerId>, String> {
     list.peers.iter().map(|p| p.parse().map_err(|e| format!("bad peer id {p:?}: {e}"))).collect()
 }
 
+/// Answer of `POST /v1/admin/forget`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Forgotten {
+    /// The peers forgotten.
+    pub forgotten: Vec<String>,
+    /// The peers not forgotten, each with why (alive here, not a member, listed).
+    pub refused: Vec<ForgetRefusal>,
+}
+
+/// A peer `POST /v1/admin/forget` did not forget.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ForgetRefusal {
+    /// The peer.
+    pub peer: String,
+    /// Why not.
+    pub reason: String,
+}
+
+#[utoipa::path(post, path = "/v1/admin/forget", tag = "admin", request_body = PeerList,
+    responses((status = 200, description = "Peers gone for good, taken out of this node's membership counts (only a peer not alive here, and not on the member list)", body = Forgotten)))]
+async fn post_forget(
+    State(s): State<AppState>,
+    axum::Extension(peer): axum::Extension<serve::Peer>,
+    body: axum::body::Bytes,
+) -> Response {
+    let peers = match parse_peers(&body) {
+        Ok(peers) => peers,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    tracing::warn!(?peers, uid = ?peer.uid, "members forgotten through the API");
+    match s.handle.forget_peers(peers).await {
+        Ok(outcomes) => {
+            let mut answer = Forgotten { forgotten: Vec::new(), refused: Vec::new() };
+            for (p, outcome) in outcomes {
+                match outcome {
+                    Ok(()) => answer.forgotten.push(p.to_string()),
+                    Err(why) => answer.refused.push(ForgetRefusal { peer: p.to_string(), reason: why.to_string() }),
+                }
+            }
+            (StatusCode::OK, Json(answer)).into_response()
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
 /// The admin control is on the same loopback-only listener as the rest of the API.
 async fn block(s: AppState, peers: Vec<libp2p::PeerId>, block: bool) -> Response {
     match s.handle.block_peers(peers, block).await {
@@ -952,6 +998,7 @@ async fn get_metrics(State(s): State<AppState>) -> Response {
         get_blocked,
         post_block,
         post_unblock,
+        post_forget,
         get_openapi
     )
 )]
@@ -978,6 +1025,7 @@ fn router(state: AppState, gate: gate::Gate) -> Router {
         .route("/v1/admin/blocked", get(get_blocked))
         .route("/v1/admin/block", axum::routing::post(post_block))
         .route("/v1/admin/unblock", axum::routing::post(post_unblock))
+        .route("/v1/admin/forget", axum::routing::post(post_forget))
         .route("/metrics", get(get_metrics))
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(gate, gate::check))
@@ -1208,6 +1256,7 @@ mod tests {
             "/metrics",
             "/v1/admin/block",
             "/v1/admin/blocked",
+            "/v1/admin/forget",
             "/v1/admin/unblock",
             "/v1/inspect/{name}",
             "/v1/locks/{name}",

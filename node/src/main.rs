@@ -95,6 +95,9 @@ enum Cmd {
     /// daemon lists this one with --admin-peer. Exit status 0 when revoked, 1 if no
     /// holder has that token (or it refused), 69 if the daemon cannot be reached.
     Release(ReleaseArgs),
+    /// Operator commands on the swarm's membership (they need the admin token).
+    #[command(subcommand)]
+    Admin(AdminCmd),
     /// Print a shell completion script, e.g. `sigma completions bash >
     /// /etc/bash_completion.d/sigma` (bash, zsh, fish, elvish, powershell).
     Completions {
@@ -419,6 +422,25 @@ struct ReleaseArgs {
     api: ApiArgs,
 }
 
+#[derive(Subcommand, Debug)]
+enum AdminCmd {
+    /// Take peers gone for good (killed, decommissioned, never to return) out of this
+    /// daemon's membership counts at once. A peer stopped gracefully leaves by itself;
+    /// one killed stays a departed member, and a swarm that lost more than half its
+    /// members that way serves again only once every survivor has forgotten them: run
+    /// this on each. A peer alive here, or on the member list, is refused. Forgetting a
+    /// peer that is in fact alive behind a partition lets both sides serve: only
+    /// forget what you know is gone. Exit status 0 if all were forgotten, 1 if one was
+    /// refused, 69 if the daemon cannot be reached.
+    Forget {
+        /// Peer ids (from `sigma status`, which lists departed members).
+        #[arg(required = true)]
+        peers: Vec<String>,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
 #[derive(Args, Debug)]
 struct StatusArgs {
     #[command(flatten)]
@@ -622,6 +644,7 @@ fn main() -> ExitCode {
             Cmd::Locks(args) => locks(args).await,
             Cmd::Inspect(args) => inspect(args).await,
             Cmd::Release(args) => release_cmd(args).await,
+            Cmd::Admin(AdminCmd::Forget { peers, api }) => forget_cmd(&peers, api).await,
             Cmd::Completions { .. } | Cmd::Man | Cmd::SwarmKey => Ok(0),
         }
     });
@@ -997,6 +1020,22 @@ async fn release_cmd(args: ReleaseArgs) -> anyhow::Result<u8> {
     }
 }
 
+async fn forget_cmd(peers: &[String], api: ApiArgs) -> anyhow::Result<u8> {
+    init_tracing("warn");
+    match api.connect()?.forget(peers).await {
+        Ok(answer) => {
+            for p in &answer.forgotten {
+                println!("forgotten {p}");
+            }
+            for r in &answer.refused {
+                println!("refused   {}: {}", r.peer, r.reason);
+            }
+            Ok(u8::from(!answer.refused.is_empty()))
+        }
+        Err(e) => Err(api_error("admin forget", e)),
+    }
+}
+
 /// One line per lock: `held NAME token T` or `waiting NAME position P (V votes)`.
 fn render_locks(held: &serde_json::Value, waiting: &serde_json::Value) -> String {
     use std::fmt::Write as _;
@@ -1065,6 +1104,10 @@ fn render_status(v: &serde_json::Value) -> String {
         num("reachable_members"),
         num("members"),
     );
+    let departed = str_list("departed_members");
+    if !departed.is_empty() {
+        let _ = writeln!(out, "departed peers:   {} (sigma admin forget, if gone for good)", departed.join(", "));
+    }
     let _ = writeln!(out, "replicas hosted:  {}", num("replicas_hosted"));
     let held: Vec<String> = match v.get("locks_held") {
         Some(serde_json::Value::Array(a)) => a

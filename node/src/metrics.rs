@@ -283,6 +283,18 @@ impl Collector for CounterCollector {
         )?;
         counter(
             &mut e,
+            "members_left",
+            "Members taken out of the counts by their own signed leave (a graceful stop)",
+            c.members_left,
+        )?;
+        counter(
+            &mut e,
+            "members_forgotten_by_operator",
+            "Members taken out of the counts by the operator (sigma admin forget)",
+            c.members_forgotten_by_operator,
+        )?;
+        counter(
+            &mut e,
             "replicas_handed_over",
             "Replicas dropped because a closer peer became live and hosts them now",
             c.replicas_handed_over,

@@ -395,6 +395,18 @@ impl NodeHandle {
         self.ask(|reply| Command::Block { peers, block, reply }).await
     }
 
+    /// The operator's word that `peers` are gone for good (`sigma admin forget`): each
+    /// is removed from this node's membership counts at once, unless it is alive here
+    /// or on the member list ([`sigma_behaviour::ForgetError`]). Only this node
+    /// forgets: a swarm that lost more than half its members without a graceful stop
+    /// serves again once every survivor has forgotten the dead.
+    pub async fn forget_peers(
+        &self,
+        peers: Vec<PeerId>,
+    ) -> Result<Vec<(PeerId, Result<(), sigma_behaviour::ForgetError>)>, NodeError> {
+        self.ask(|reply| Command::Forget { peers, reply }).await
+    }
+
     /// The replicas of lock `name` hosted by this node.
     pub async fn hosted_replicas(&self, name: &str) -> Result<Vec<sigma_behaviour::ReplicaInfo>, NodeError> {
         let name = name.to_owned();

@@ -136,7 +136,7 @@ impl NodeBehaviour {
             memory: bounds.memory(),
             block: allow_block_list::Behaviour::default(),
             allow: Toggle::from(None),
-            sigma: sigma_behaviour::Behaviour::new(local, config),
+            sigma: sigma_behaviour::Behaviour::new(keypair, config),
             identify,
             autonat: Toggle::from(Some(autonat::Behaviour::new(local, autonat::Config::default()))),
         }

@@ -36,6 +36,10 @@ type EntryShape = (usize, Option<PeerId>);
 #[derive(Debug)]
 pub(super) struct Hosted {
     pub(super) replica: Replica<PeerId>,
+    /// Its Kademlia key, hashed once: a member that becomes alive is compared with
+    /// every hosted replica ([`Behaviour::hand_over_to`]), and a hash per replica on
+    /// each membership change made its cost grow with the replicas hosted.
+    pub(super) key: KBucketKey<Vec<u8>>,
     /// The remote peer whose request created it (its replica quota); `None`: this peer.
     creator: Option<PeerId>,
     /// Its entries' shape and the remote peers in them (owner, waiters, with
@@ -272,6 +276,7 @@ impl Behaviour {
             let mine = self.local_key.distance(&k);
             held = self.membership.hold_until(now, |p| KBucketKey::from(*p).distance(&k) < mine);
         }
+        let rkey = (!self.replicas.contains_key(&key)).then(|| self.replica_key(resource, index));
         let replica = match self.replicas.entry(key.clone()) {
             std::collections::hash_map::Entry::Occupied(e) => &mut e.into_mut().replica,
             std::collections::hash_map::Entry::Vacant(e) => {
@@ -281,7 +286,8 @@ impl Behaviour {
                     self.counters.replicas_held += 1;
                     replica.hold_grants_until(until);
                 }
-                &mut e.insert(Hosted { replica, creator, shape: (0, None), counted: Vec::new() }).replica
+                let key = rkey.unwrap_or_else(|| Self::key(resource, index));
+                &mut e.insert(Hosted { replica, key, creator, shape: (0, None), counted: Vec::new() }).replica
             }
         };
         let result = replica.handle_heard(now, heard, &from, msg);

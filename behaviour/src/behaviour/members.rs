@@ -10,7 +10,7 @@ use std::time::Duration;
 use libp2p::PeerId;
 
 use super::{AcquisitionId, Behaviour, Counters, TRIM_GRACE};
-use crate::membership::Readiness;
+use crate::membership::{Readiness, Record};
 use crate::proto::{client::Phase, Client, Time};
 use crate::wire;
 
@@ -47,6 +47,15 @@ impl Behaviour {
     /// The membership view: (reachable members, members), this peer included in both.
     pub fn members(&self) -> (usize, usize) {
         (self.membership.reachable() + 1, self.membership.members())
+    }
+
+    /// Up to `most` departed members (not alive here, not left), in id order: what an
+    /// operator may forget ([`Behaviour::forget`]).
+    pub fn departed_members(&self, most: usize) -> Vec<PeerId> {
+        let mut departed: Vec<PeerId> = self.membership.departed().copied().collect();
+        departed.sort_unstable();
+        departed.truncate(most);
+        departed
     }
 
     /// The takeover delay in force.
@@ -123,6 +132,9 @@ impl Behaviour {
     /// here: it is never a target.)
     pub(super) fn gossip_round(&mut self, now: Time) {
         use rand::seq::{IteratorRandom, SliceRandom};
+        if self.membership.readiness() == Readiness::Leaving {
+            return;
+        }
         if !self.dialable() && !self.membership.needs_voucher() {
             // Not a member anywhere: no peer would take its table. Until it has heard a
             // serving peer, it still asks: the answer says whether that peer serves.
@@ -152,6 +164,53 @@ impl Behaviour {
             self.used(peer);
             self.inner.gossip.send_request(&peer, table.clone());
         }
+    }
+
+    /// Leaves the swarm (a graceful stop; call once every lock held through this peer is
+    /// released or abandoned): stops serving and drops every hosted replica, then sends
+    /// this peer's signed leave to every connected member, which removes it from their
+    /// counts at once and relays it (docs/design/membership.md, "Leaving and
+    /// forgetting"). Answers to how many members it was sent; drive the swarm a moment
+    /// longer for the messages to go out. Nothing is served after it: the owner stops.
+    pub fn leave(&mut self) -> usize {
+        self.membership.leave();
+        let now = self.clock.now();
+        self.housekeeping(now);
+        let Some(leave) = self.chain.leave() else { return 0 };
+        let table = wire::Gossip { beats: Vec::new(), serving: false, delay_ms: None, leaves: vec![leave] };
+        let targets: Vec<PeerId> = self
+            .connected
+            .keys()
+            .filter(|p| self.membership.is_alive(p) || self.routable.contains_key(*p))
+            .copied()
+            .collect();
+        for peer in &targets {
+            self.inner.gossip.send_request(peer, table.clone());
+        }
+        tracing::info!(told = targets.len(), "leaving the swarm");
+        self.wake();
+        targets.len()
+    }
+
+    /// An operator's word that `peers` are gone for good (`sigma admin forget`): each
+    /// is removed from this peer's counts at once (see
+    /// [`Membership::forget`](crate::membership::Membership::forget)); answers each
+    /// peer's outcome. Only this peer forgets: run it on every survivor.
+    pub fn forget(&mut self, peers: &[PeerId]) -> Vec<(PeerId, Result<(), crate::membership::ForgetError>)> {
+        let now = self.clock.now();
+        let outcomes: Vec<_> = peers.iter().map(|p| (*p, self.membership.forget(p, now))).collect();
+        for (p, outcome) in &outcomes {
+            match outcome {
+                Ok(()) => {
+                    self.counters.members_forgotten_by_operator += 1;
+                    tracing::warn!(peer = %p, "member forgotten by the operator");
+                }
+                Err(why) => tracing::info!(peer = %p, %why, "not forgotten"),
+            }
+        }
+        self.housekeeping(now);
+        self.wake();
+        outcomes
     }
 
     /// An external address was confirmed or expired: serving follows (a peer that
@@ -205,21 +264,30 @@ impl Behaviour {
     /// This peer's heartbeat and those of the members alive here; in the reply to
     /// gossip request `reply_to`, only those newer than the request's
     /// ([`Membership::beats`](crate::membership::Membership::beats)).
-    pub(super) fn gossip_table(&self, now: Time, reply_to: Option<u64>) -> wire::Gossip {
+    pub(super) fn gossip_table(&mut self, now: Time, reply_to: Option<u64>) -> wire::Gossip {
         let own = self.membership.own_beat();
-        let beats = std::iter::once((self.local, own, Duration::ZERO, Some(self.membership.own_delay())))
+        let own_delay = self.membership.own_delay();
+        let own_proof = self.chain.proof(own.1);
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let beats = std::iter::once((self.local, own, Duration::ZERO, Some(own_delay), own_proof.as_ref()))
             .chain(self.membership.beats(now, reply_to))
             .take(wire::MAX_GOSSIP_BEATS)
-            .map(|(peer, (incarnation, counter), age, delay)| wire::Beat {
+            .map(|(peer, (incarnation, counter), age, delay, proof)| wire::Beat {
                 peer,
                 incarnation,
                 counter,
                 age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
-                delay_ms: delay.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                delay_ms: delay.map(ms),
+                proof: proof.cloned(),
             })
             .collect();
-        let delay_ms = u64::try_from(self.membership.members_delay().as_millis()).unwrap_or(u64::MAX);
-        wire::Gossip { beats, serving: self.membership.serving(), delay_ms: Some(delay_ms) }
+        let leaves = self.membership.leaves().take(wire::MAX_GOSSIP_LEAVES).cloned().collect();
+        wire::Gossip {
+            beats,
+            serving: self.membership.serving(),
+            delay_ms: Some(ms(self.membership.members_delay())),
+            leaves,
+        }
     }
 
     /// Merges a gossip table from `peer`, a sigma peer (in the routing table, or an
@@ -237,18 +305,34 @@ impl Behaviour {
             return;
         }
         let now = self.clock.now();
+        let wall_ms = crate::liveness::wall_ms();
         let mut woke = Vec::new();
+        let mut introduced = 0;
         for b in &gossip.beats {
             if b.peer == self.local {
                 continue;
             }
-            let age = Duration::from_millis(u64::from(b.age_ms));
-            let beat = (b.incarnation, b.counter);
-            if self.membership.heard(b.peer, beat, age, now, echo) {
-                woke.push(b.peer);
+            let record = Record {
+                peer: b.peer,
+                beat: (b.incarnation, b.counter),
+                age: Duration::from_millis(u64::from(b.age_ms)),
+                delay_ms: b.delay_ms,
+                proof: b.proof.as_ref(),
+            };
+            match self.membership.heard_record(record, &peer, now, wall_ms, echo, &mut introduced) {
+                Ok(true) => woke.push(b.peer),
+                Ok(false) => {}
+                Err(why) => Counters::bump(&mut self.counters.inbound_failures, why.as_str()),
             }
-            if let Some(ms) = b.delay_ms {
-                self.membership.heard_delay(&b.peer, beat, Duration::from_millis(ms));
+        }
+        for leave in &gossip.leaves {
+            match self.membership.heard_leave(leave, wall_ms, now) {
+                Ok(true) => {
+                    self.counters.members_left += 1;
+                    tracing::info!(peer = %leave.peer, via = %peer, "member left the swarm");
+                }
+                Ok(false) => {}
+                Err(why) => Counters::bump(&mut self.counters.inbound_failures, why.as_str()),
             }
         }
         for p in woke {

@@ -252,6 +252,8 @@ pub struct Behaviour {
     waker: Option<Waker>,
     counters: Counters,
     membership: Membership,
+    /// This peer's own heartbeat proofs ([`crate::liveness`]).
+    chain: crate::liveness::Chain,
     /// Connections whose liveness ping failed, to close.
     to_close: VecDeque<(PeerId, ConnectionId)>,
     /// Departed members to dial again (a healed partition reconnects by itself).
@@ -274,10 +276,12 @@ pub struct Behaviour {
 }
 
 impl Behaviour {
-    /// A behaviour for `local`, with Kademlia in server mode (set explicitly: on
-    /// loopback there is no confirmed external address, and in client mode the routing
-    /// tables of a local swarm stay empty).
-    pub fn new(local: PeerId, config: Config) -> Self {
+    /// A behaviour for the peer with key `key` (the swarm's own: it signs this peer's
+    /// heartbeats), with Kademlia in server mode (set explicitly: on loopback there is
+    /// no confirmed external address, and in client mode the routing tables of a local
+    /// swarm stay empty).
+    pub fn new(key: &libp2p::identity::Keypair, config: Config) -> Self {
+        let local = key.public().to_peer_id();
         // Our own Kademlia protocol: sigma peers form their own DHT and never join another
         // network's by accident.
         let mut kad_config = kad::Config::new(kad_protocol(config.proto.n()));
@@ -323,6 +327,8 @@ impl Behaviour {
         let stall = (config.ping_interval + config.ping_timeout).min(config.gossip_liveness);
         // The incarnation: a restarted peer's heartbeats must rank above its old ones.
         let incarnation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64).max(1);
+        let own_delay_ms = u64::try_from(config.takeover_delay().as_millis()).unwrap_or(u64::MAX);
+        let chain = crate::liveness::Chain::new(key.clone(), incarnation, Some(own_delay_ms));
         let mut membership = Membership::new(config.joining, config.membership_window, config.takeover_delay(), stall)
             .with_gossip(config.gossip_liveness, incarnation);
         if let Some(list) = &config.members {
@@ -386,6 +392,7 @@ impl Behaviour {
             waker: None,
             counters: Counters::default(),
             membership,
+            chain,
             to_close: VecDeque::new(),
             to_dial: VecDeque::new(),
             next_redial: Duration::ZERO,

@@ -412,12 +412,9 @@ impl Behaviour {
         let local_key = &self.local_key;
         let gone: Vec<(String, u16)> = self
             .replicas
-            .keys()
-            .filter(|(resource, index)| {
-                let key = Self::key(resource, *index);
-                local_key.distance(&key) >= theirs.distance(&key)
-            })
-            .cloned()
+            .iter()
+            .filter(|(_, hosted)| local_key.distance(&hosted.key) >= theirs.distance(&hosted.key))
+            .map(|(name, _)| name.clone())
             .collect();
         for key in &gone {
             self.drop_replica(key);

@@ -268,6 +268,10 @@ pub struct Counters {
     /// Departed members forgotten (past the membership window) that left the routing
     /// table.
     pub departed_forgotten: u64,
+    /// Members removed from the counts by their own signed leave (a graceful stop).
+    pub members_left: u64,
+    /// Members forgotten by the operator (`sigma admin forget`).
+    pub members_forgotten_by_operator: u64,
     /// Connections closed because a liveness ping failed.
     pub ping_failures: u64,
     /// Peers disconnected to stay under the connection watermarks (least recently used).

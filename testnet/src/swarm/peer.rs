@@ -171,7 +171,7 @@ pub fn build(spec: &PeerSpec) -> anyhow::Result<Swarm<PeerBehaviour>> {
     let config = spec.config.clone().with_connection_watermarks(max * 3 / 4, max / 2);
     let behaviour = PeerBehaviour {
         limits: connection_limits::Behaviour::new(limits),
-        sigma: Behaviour::new(local, config),
+        sigma: Behaviour::new(&spec.keypair, config),
         identify,
     };
     let config = libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(spec.idle_timeout);

@@ -80,6 +80,21 @@ async fn one_holder_at_a_time_and_handoff_on_release() {
     assert!((1..=3).contains(&distinct_peers), "{distinct_peers} distinct peers");
     let (winner, loser, loser_id) = if first == 0 { (0, 1, b) } else { (1, 0, a) };
     assert_eq!(id, if first == 0 { a } else { b });
+    // While the winner holds, the loser waits: every replica has heard it (it owns the
+    // vote there or is queued), it knows its place behind the winner, and nothing is
+    // granted to it.
+    let loser_peer = *s[loser].local_peer_id();
+    let queued = |x: &[Swarm<Behaviour>]| {
+        let replicas: Vec<_> = x.iter().flat_map(|p| p.behaviour().replicas(Some("orders/42"))).collect();
+        let heard = |r: &sigma_behaviour::ReplicaInfo| {
+            r.owner.is_some_and(|(p, _, _)| p == loser_peer) || r.queue.iter().any(|(p, _)| *p == loser_peer)
+        };
+        let waiting = x[loser].behaviour().acquisition(loser_id).is_some_and(|a| a.phase == proto::Phase::Waiting);
+        let behind = x[loser].behaviour().acquisition(loser_id).and_then(|a| a.position) >= Some(1);
+        replicas.len() == 5 && replicas.iter().all(heard) && waiting && behind
+    };
+    let granted = with_timeout(drive_until_event(&mut s, queued)).await;
+    assert!(granted.is_none(), "granted while the winner holds the lock: {granted:?}");
     s[winner].behaviour_mut().release(id);
     let (second, event) = with_timeout(next_event(&mut s)).await;
     assert_eq!(second, loser, "the waiter must win next, got {event:?}");
@@ -211,6 +226,27 @@ fn forged_promotion(to: PeerId) -> proto::Response<PeerId> {
         next: Vec::new(),
         solicit: false,
     }
+}
+
+/// Drives every swarm until `done` holds (as [`drive_until`]) or a behaviour event comes
+/// first; answers that event.
+async fn drive_until_event(
+    swarms: &mut [Swarm<Behaviour>],
+    done: impl Fn(&[Swarm<Behaviour>]) -> bool,
+) -> Option<(usize, Event)> {
+    while !done(swarms) {
+        let futs = swarms.iter_mut().map(|x| Box::pin(x.select_next_some()));
+        tokio::select! {
+            (event, i, _) = select_all(futs) => {
+                if let SwarmEvent::Behaviour(e) = event {
+                    return Some((i, e));
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+        tokio::task::yield_now().await;
+    }
+    None
 }
 
 // Reference: DESIGN "Replicas in the DHT": one lock, one replica set. A client may not

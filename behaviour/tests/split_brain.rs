@@ -273,16 +273,29 @@ fn won(i: usize, id: AcquisitionId) -> impl FnMut(&Net, usize, &Event) -> bool {
 
 /// A peer given bootstrap peers hosts nothing and wins nothing until it has joined; the
 /// same peer once joined (through peers that serve) wins.
+///
+/// Every peer grants nothing for one takeover delay after it starts serving, so the
+/// joining peer is watched past the point where it would have granted had it served:
+/// with a short delay, until a lone serving peer started after the joining peer's
+/// request, with twice that delay, has won a lock of its own.
 #[tokio::test]
 async fn a_joining_peer_grants_nothing_until_it_has_joined() {
-    let mut net = Net::new(1, true).await;
-    net.spawn(false).await;
-    net.spawn(false).await;
+    let delay = Duration::from_millis(500);
+    let mut net = Net::new(0, false).await;
+    net.spawn_with(config(true).with_takeover_delay(Some(delay))).await;
     let id = net.acquire(0, "joining");
     assert_eq!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Joining);
-    let seen = net.drive(Duration::from_secs(1), |_, _, _| false).await;
-    assert!(seen.is_empty(), "a joining peer must not win: {seen:?}");
+    for _ in 0..2 {
+        net.spawn_with(config(false).with_takeover_delay(Some(2 * delay))).await;
+    }
+    let control = net.acquire(1, "control");
+    let seen = net.drive(Duration::from_secs(30), won(1, control)).await;
+    assert!(net.holders.get("control") == Some(&(1, control)), "a lone serving peer wins: {seen:?}");
+    assert!(seen.iter().all(|(i, _)| *i != 0), "a joining peer must not win: {seen:?}");
+    assert_eq!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Joining);
     assert_eq!(net.swarms[0].behaviour().sigma.acquisition(id).map(|a| a.votes), Some(0));
+    assert_eq!(net.swarms[0].behaviour().sigma.replica_totals().hosted, 0, "a joining peer hosts nothing");
+    net.release(1, control);
     net.mesh(&[0, 1, 2]).await;
     for i in 0..3 {
         net.swarms[i].behaviour_mut().sigma.kad_mut().bootstrap().expect("peers known");

@@ -1,5 +1,6 @@
 //! A holder's node vanishes without releasing (its event loop is aborted, as in a crash):
-//! a waiter on another node gets the lock within about one lease.
+//! a waiter on another node gets the lock within about one lease, and not before the
+//! vanished holder's validity (its votes' leases) has ended.
 
 mod common;
 
@@ -45,7 +46,12 @@ async fn waiter_wins_within_about_one_lease_after_the_holder_vanishes() {
     .await;
     assert!(!wait.is_finished(), "the waiter must not win while the lock is held");
 
-    // The holder's node vanishes: no RELEASE, connections drop.
+    // The holder's node vanishes: no RELEASE, connections drop. Its last validity
+    // deadline (the conservative end of its votes' leases: its renewals' send times plus
+    // LEASE, less the drift margin) is the earliest a replica could have let its vote go:
+    // no one may win before it.
+    assert!(!holder.is_lost());
+    let valid_until = holder.valid_until();
     let (name, token) = holder.into_detached();
     assert_eq!((name.as_str(), token), ("vanish", first_token));
     let vanished_at = Instant::now();
@@ -54,7 +60,9 @@ async fn waiter_wins_within_about_one_lease_after_the_holder_vanishes() {
     let (won_at, guard) = tokio::time::timeout(Duration::from_secs(30), wait).await.expect("waiter finishes").unwrap();
     let guard = guard.expect("the waiter gets the lock");
     let took = won_at - vanished_at;
-    eprintln!("waiter won {took:?} after the holder vanished (lease {LEASE:?})");
+    let left = valid_until.saturating_duration_since(vanished_at);
+    eprintln!("waiter won {took:?} after the holder vanished (lease {LEASE:?}; its validity had {left:?} left)");
+    assert!(won_at >= valid_until, "won {took:?} after the vanish, within the holder's validity ({left:?} left)");
     assert!(took < 3 * LEASE, "took {took:?}, more than three leases");
     assert!(guard.token() > first_token, "token {} after {first_token}", guard.token());
     assert!(!guard.is_lost());

@@ -6,6 +6,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sigma_node::client::ACQUIRE_SLACK;
+use sigma_node::http::DEFAULT_CLIENT_TTL;
 use tokio::process::Command;
 
 mod daemon;
@@ -333,13 +335,24 @@ async fn a_daemon_whose_bootstrap_peer_is_down_is_not_ready_until_it_joins() {
 /// The client-lease issue's scenario: `sigma lock` is SIGKILLed while its command runs.
 /// Before, the daemon kept renewing the lock for good and the next `sigma lock` timed
 /// out; now the daemon releases it one client TTL after the last keep-alive.
+///
+/// The next `sigma lock`, started after the kill, waits at most the TTL plus
+/// [`HANDOFF_SLACK`]: the killed client's last keep-alive came before the kill, so its
+/// client lease ends within one TTL of it. A daemon that ignored `--ttl` (its default
+/// client TTL is 5 s) would make it time out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_sigma_lock_loses_its_lock_within_its_ttl() {
+    const TTL: Duration = Duration::from_secs(1);
+    /// The handoff after the client lease ends (a RELEASE and a grant on loopback), with
+    /// room for a loaded machine; small enough that the default TTL does not fit.
+    const HANDOFF_SLACK: Duration = Duration::from_secs(2);
+    const _: () = assert!(TTL.as_millis() + HANDOFF_SLACK.as_millis() < DEFAULT_CLIENT_TTL.as_millis());
     let dir = tempfile::tempdir().unwrap();
     let nodes = swarm(dir.path()).await;
     let marker = dir.path().join("holding");
     let script = format!("touch {}; exec sleep 30", marker.display());
-    let mut holder = lock_cmd_with(&nodes[0].api, "dead", &["--ttl", "1s"], &script).spawn().unwrap();
+    let ttl = format!("{}ms", TTL.as_millis());
+    let mut holder = lock_cmd_with(&nodes[0].api, "dead", &["--ttl", &ttl], &script).spawn().unwrap();
     eventually("the first sigma lock to hold the lock", || {
         let marker = marker.clone();
         async move { marker.exists() }
@@ -348,10 +361,11 @@ async fn a_killed_sigma_lock_loses_its_lock_within_its_ttl() {
     holder.start_kill().unwrap(); // SIGKILL: no release, no more keep-alives
     let _ = holder.wait().await;
     let t = Instant::now();
-    let out = lock_cmd_with(&nodes[1].api, "dead", &["--timeout", "20s"], "echo second").output().await.unwrap();
+    let timeout = format!("{}ms", (TTL + HANDOFF_SLACK).as_millis());
+    let out = lock_cmd_with(&nodes[1].api, "dead", &["--timeout", &timeout], "echo second").output().await.unwrap();
     assert!(
         out.status.success(),
-        "the dead client's lock was never freed: {:?} {}",
+        "the dead client's lock was not freed within its TTL ({TTL:?}) and {HANDOFF_SLACK:?}: {:?} {}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -409,19 +423,28 @@ async fn hold_mode_locks_listing_and_try() {
 }
 
 /// A daemon that accepts the connection and never answers must not make `sigma lock
-/// --timeout` hang: it gives up a few seconds after the timeout, exit 75.
+/// --timeout` hang: it gives up [`ACQUIRE_SLACK`] after the timeout, exit 75.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_daemon_does_not_make_the_timeout_hang() {
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    /// The process's start and exit, with room for a loaded machine; well below the
+    /// client's 30 s default deadline, which the acquire must not fall back on.
+    const START_SLACK: Duration = Duration::from_secs(5);
     let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap(); // never accepts nor answers
     let api = hung.local_addr().unwrap().to_string();
+    let timeout = format!("{}ms", TIMEOUT.as_millis());
+    let bound = TIMEOUT + ACQUIRE_SLACK + START_SLACK;
     let t = Instant::now();
-    let out = tokio::time::timeout(PATIENCE, lock_cmd_with(&api, "hung", &["--timeout", "1s"], "echo ran").output())
+    // The child is killed if still running at the bound (kill_on_drop).
+    let out = tokio::time::timeout(bound, lock_cmd_with(&api, "hung", &["--timeout", &timeout], "echo ran").output())
         .await
-        .expect("sigma lock hung on a daemon that never answers")
+        .unwrap_or_else(|_| panic!("sigma lock --timeout {TIMEOUT:?} still waiting after {bound:?}"))
         .unwrap();
+    let took = t.elapsed();
+    eprintln!("sigma lock gave up after {took:?}");
     assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(took >= TIMEOUT, "gave up after {took:?}, before its own timeout");
     assert!(out.stdout.is_empty());
-    assert!(t.elapsed() < PATIENCE);
     drop(hung);
 }
 

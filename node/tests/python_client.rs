@@ -8,14 +8,16 @@ use tokio::process::Command;
 
 mod daemon;
 
-use daemon::{daemon_with, eventually, get_json};
+use daemon::{daemon_with, eventually, get_json, have_tool};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/python/sigma_lock.py");
+/// How to get python3 (a missing one fails these tests unless SIGMA_SKIP_MISSING_TOOLS is
+/// set; .ci/run installs it).
+const PYTHON: &str = "apt-get install python3";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_clients_take_turns_and_renew_their_lease() {
-    if Command::new("python3").arg("--version").output().await.is_err() {
-        eprintln!("python3 is not installed: install it (apt-get install python3) to run this test");
+    if !have_tool("python3", PYTHON).await {
         return;
     }
     assert!(Path::new(SCRIPT).exists(), "{SCRIPT}");
@@ -62,8 +64,7 @@ async fn python_clients_take_turns_and_renew_their_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_holder_is_lost_by_its_deadline_when_its_daemon_hangs() {
     use tokio::io::AsyncBufReadExt as _;
-    if Command::new("python3").arg("--version").output().await.is_err() {
-        eprintln!("python3 is not installed: install it (apt-get install python3) to run this test");
+    if !have_tool("python3", PYTHON).await {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -97,8 +98,7 @@ async fn a_python_holder_is_lost_by_its_deadline_when_its_daemon_hangs() {
 /// error, not a traceback, when no daemon answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_speaks_over_the_unix_socket() {
-    if Command::new("python3").arg("--version").output().await.is_err() {
-        eprintln!("python3 is not installed: install it (apt-get install python3) to run this test");
+    if !have_tool("python3", PYTHON).await {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

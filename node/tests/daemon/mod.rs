@@ -13,6 +13,24 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// Set (non-empty) to let a test whose tool is missing (python3, etcd) skip instead of
+/// fail. CI installs the tools (.ci/run) and does not set it.
+pub const SKIP_MISSING_TOOLS: &str = "SIGMA_SKIP_MISSING_TOOLS";
+
+/// Whether `program --version` runs. If it does not, the test fails saying how to get it
+/// (`install`), unless [`SKIP_MISSING_TOOLS`] is set: then false, and the test skips.
+pub async fn have_tool(program: &str, install: &str) -> bool {
+    if Command::new(program).arg("--version").output().await.is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    let missing = format!("{program} is not installed ({install})");
+    if std::env::var_os(SKIP_MISSING_TOOLS).is_some_and(|v| !v.is_empty()) {
+        eprintln!("{missing}: skipped, {SKIP_MISSING_TOOLS} is set");
+        return false;
+    }
+    panic!("{missing}; set {SKIP_MISSING_TOOLS}=1 to skip the tests that need it");
+}
+
 /// The `sigma` binary under test.
 pub const SIGMA: &str = env!("CARGO_BIN_EXE_sigma");
 /// Upper bound for anything that should take a second or two.

@@ -2,12 +2,12 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sigma_node::libp2p::multiaddr::Protocol;
-use sigma_node::libp2p::Multiaddr;
+use sigma_node::libp2p::{Multiaddr, PeerId};
 use sigma_node::sigma_behaviour::{proto, Config};
 use sigma_node::{Node, NodeConfig, NodeHandle};
 
@@ -89,52 +89,133 @@ pub async fn wait_mesh(handles: &[NodeHandle], peers: usize) -> Duration {
     .await
 }
 
-/// The mutual-exclusion checker: who is inside, how often, with which tokens.
-#[derive(Default)]
+/// One critical section as its holder saw it: entered when the lock was handed over,
+/// left just before the release was sent. `valid_until` is the guard's deadline as it
+/// was left (the holder's contract: exclusion is guaranteed until then, unless released).
+#[derive(Clone, Copy, Debug)]
+pub struct Cs {
+    /// The node the lock was taken through.
+    pub peer: PeerId,
+    pub token: u64,
+    pub enter: Instant,
+    pub exit: Instant,
+    pub valid_until: Instant,
+}
+
+/// The mutual-exclusion checker of one lock, over intervals (the idea of sigma-testnet's
+/// `testnet::check`): every critical section is recorded, and any two that overlap are
+/// a violation, unless the earlier one went on past its `valid_until` and the later one
+/// entered only after that deadline with a larger token (what fencing tokens are for).
+/// Tokens must grow from one section to the next, in order of entry.
+///
+/// Each section holds the lock for a time drawn from the checker's seed, 1 to 12 ms
+/// (about one handoff here), so that the sections cover much of the run: a second
+/// holder granted while the first still holds, by a mechanism acting on that time scale
+/// (a vote let go too early, say), falls inside an interval.
 pub struct Checker {
-    inside: AtomicUsize,
-    pub entries: AtomicU64,
-    pub overlaps: AtomicU64,
-    pub regressions: AtomicU64,
+    start: Instant,
+    seed: u64,
+    draws: AtomicU64,
+    sections: Mutex<Vec<Cs>>,
     pub lost: AtomicU64,
-    last_token: Mutex<u64>,
+}
+
+impl Default for Checker {
+    fn default() -> Self {
+        Checker::with_seed(1)
+    }
+}
+
+/// splitmix64: a seeded sequence with no dependency.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl Checker {
-    /// Called right after a lock is won.
-    pub fn enter(&self, token: u64) {
-        if self.inside.fetch_add(1, Ordering::SeqCst) > 0 {
-            self.overlaps.fetch_add(1, Ordering::SeqCst);
+    pub fn with_seed(seed: u64) -> Self {
+        Checker {
+            start: Instant::now(),
+            seed,
+            draws: AtomicU64::new(0),
+            sections: Mutex::new(Vec::new()),
+            lost: AtomicU64::new(0),
         }
-        let mut last = self.last_token.lock().unwrap();
-        if token <= *last {
-            self.regressions.fetch_add(1, Ordering::SeqCst);
-        }
-        *last = token.max(*last);
-        self.entries.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Called right before the lock is released.
-    pub fn exit(&self) {
-        self.inside.fetch_sub(1, Ordering::SeqCst);
+    /// How long the next critical section holds the lock: 1 to 12 ms.
+    pub fn next_hold(&self) -> Duration {
+        let k = self.draws.fetch_add(1, Ordering::SeqCst);
+        Duration::from_millis(1 + splitmix64(self.seed ^ k.wrapping_mul(0x2545_f491_4f6c_dd1d)) % 12)
     }
 
+    /// Records a critical section (called right before its release).
+    pub fn record(&self, cs: Cs) {
+        self.sections.lock().unwrap().push(cs);
+    }
+
+    /// Critical sections recorded so far.
     pub fn entries(&self) -> u64 {
-        self.entries.load(Ordering::SeqCst)
+        self.sections.lock().unwrap().len() as u64
+    }
+
+    /// The sections in order of entry.
+    fn sorted(&self) -> Vec<Cs> {
+        let mut v = self.sections.lock().unwrap().clone();
+        v.sort_by_key(|c| (c.enter, c.exit));
+        v
+    }
+
+    /// Pairs of overlapping sections (earlier, later) that are violations.
+    pub fn overlaps(&self) -> Vec<(Cs, Cs)> {
+        let after_expiry = |a: &Cs, b: &Cs| a.exit > a.valid_until && b.enter >= a.valid_until && b.token > a.token;
+        let mut found = Vec::new();
+        let mut open: Vec<Cs> = Vec::new();
+        for b in self.sorted() {
+            open.retain(|a| a.exit > b.enter);
+            found.extend(open.iter().filter(|a| !after_expiry(a, &b)).map(|a| (*a, b)));
+            open.push(b);
+        }
+        found
+    }
+
+    /// Successive sections (by entry) whose tokens did not increase.
+    pub fn regressions(&self) -> Vec<(Cs, Cs)> {
+        self.sorted().windows(2).filter(|w| w[1].token <= w[0].token).map(|w| (w[0], w[1])).collect()
+    }
+
+    fn show(&self, c: &Cs) -> String {
+        let ms = |t: Instant| t.saturating_duration_since(self.start).as_secs_f64() * 1e3;
+        format!(
+            "[{:.1}, {:.1}] ms token {} via {} (valid until {:.1})",
+            ms(c.enter),
+            ms(c.exit),
+            c.token,
+            c.peer,
+            ms(c.valid_until)
+        )
     }
 
     pub fn summary(&self) -> String {
+        let (overlaps, regressions) = (self.overlaps(), self.regressions());
+        let first = |v: &[(Cs, Cs)]| {
+            v.first().map_or(String::new(), |(a, b)| format!(" (first: {} and {})", self.show(a), self.show(b)))
+        };
         format!(
-            "entries {}, overlaps {}, token regressions {}, lost {}",
-            self.entries.load(Ordering::SeqCst),
-            self.overlaps.load(Ordering::SeqCst),
-            self.regressions.load(Ordering::SeqCst),
+            "entries {}, overlaps {}{}, token regressions {}{}, lost {}",
+            self.entries(),
+            overlaps.len(),
+            first(&overlaps),
+            regressions.len(),
+            first(&regressions),
             self.lost.load(Ordering::SeqCst)
         )
     }
 }
 
-/// One critical section: lock, check in, hold briefly, check out, release.
+/// One critical section: lock, hold for a drawn time, record, release.
 pub async fn critical_section(
     handle: &NodeHandle,
     name: &str,
@@ -142,10 +223,16 @@ pub async fn critical_section(
     wait: Duration,
 ) -> Result<(), String> {
     let guard = handle.lock_timeout(name, wait).await.map_err(|e| format!("lock on {}: {e}", handle.peer_id()))?;
-    checker.enter(guard.token());
-    // Hold for a moment so that an overlapping holder would be seen.
-    tokio::time::sleep(Duration::from_millis(2)).await;
-    checker.exit();
+    let enter = Instant::now();
+    tokio::time::sleep(checker.next_hold()).await;
+    let cs = Cs {
+        peer: handle.peer_id(),
+        token: guard.token(),
+        enter,
+        exit: Instant::now(),
+        valid_until: guard.valid_until(),
+    };
+    checker.record(cs);
     match guard.release().await {
         Ok(()) => Ok(()),
         Err(sigma_node::LockError::Lost) => {

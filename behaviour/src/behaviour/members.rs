@@ -17,6 +17,10 @@ use crate::wire;
 #[cfg(doc)]
 use crate::membership::Membership;
 
+/// Most gossip requests whose send time is kept (past it, a reply's transit is taken
+/// from the ping round trip instead).
+pub(super) const MAX_GOSSIP_IN_FLIGHT: usize = 4096;
+
 /// Every this many gossip rounds, one target is a member that is not connected.
 const GOSSIP_MIXING: u64 = 4;
 
@@ -162,7 +166,10 @@ impl Behaviour {
         let table = self.gossip_table(now, None);
         for peer in targets {
             self.used(peer);
-            self.inner.gossip.send_request(&peer, table.clone());
+            let id = self.inner.gossip.send_request(&peer, table.clone());
+            if self.gossip_sent.len() < MAX_GOSSIP_IN_FLIGHT {
+                self.gossip_sent.insert(id, now);
+            }
         }
     }
 
@@ -294,8 +301,11 @@ impl Behaviour {
     /// alive member): members that became alive take over the keys they are closer to;
     /// a joining peer joins through `peer` if it serves ([`Membership::joined_through`]).
     /// `echo`: the exchange number of a request (its reply is then
-    /// `gossip_table(now, echo)`), none for a reply.
-    pub(super) fn merge_gossip(&mut self, peer: PeerId, gossip: wire::Gossip, echo: Option<u64>) {
+    /// `gossip_table(now, echo)`), none for a reply. `transit`: how long the table may
+    /// have been on its way (a reply: the round trip of its request; a request: the
+    /// connection's last ping round trip), added to every age in it, so that a relayed
+    /// beat is never taken as fresher than it is by the time spent between peers.
+    pub(super) fn merge_gossip(&mut self, peer: PeerId, gossip: wire::Gossip, echo: Option<u64>, transit: Duration) {
         if !gossip.is_valid() {
             Counters::bump(&mut self.counters.inbound_failures, "gossip_oversized");
             return;
@@ -315,7 +325,7 @@ impl Behaviour {
             let record = Record {
                 peer: b.peer,
                 beat: (b.incarnation, b.counter),
-                age: Duration::from_millis(u64::from(b.age_ms)),
+                age: Duration::from_millis(u64::from(b.age_ms)) + transit,
                 delay_ms: b.delay_ms,
                 proof: b.proof.as_ref(),
             };

@@ -151,6 +151,13 @@ pub struct Behaviour {
     lamport: LamportClock,
     /// Peers with at least one open connection: the "live" peers of ownership checks.
     connected: HashMap<PeerId, usize>,
+    /// The last liveness-ping round trip to each connected peer: the transit time added
+    /// to the ages of the heartbeats its gossip requests carry.
+    ping_rtt: HashMap<PeerId, Duration>,
+    /// When each gossip request in flight was sent: the round trip added to the ages
+    /// in its reply (at most `members::MAX_GOSSIP_IN_FLIGHT`; removed on its reply or
+    /// failure).
+    gossip_sent: HashMap<request_response::OutboundRequestId, Time>,
     /// Peers Kademlia put in its routing table (client-side host estimates), with
     /// their Kademlia keys (the SHA-256 of the id, compared with every key placed).
     routable: HashMap<PeerId, KBucketKey<PeerId>>,
@@ -344,6 +351,8 @@ impl Behaviour {
             clock,
             lamport: LamportClock::new(),
             connected: HashMap::new(),
+            ping_rtt: HashMap::new(),
+            gossip_sent: HashMap::new(),
             routable: HashMap::new(),
             externals: Vec::new(),
             last_used: HashMap::new(),
@@ -588,17 +597,28 @@ impl Behaviour {
                         return;
                     }
                     let exchange = self.membership.next_exchange();
-                    self.merge_gossip(peer, request, Some(exchange));
+                    // Its transit is not known here: the connection's last ping round
+                    // trip stands for it (the liveness ping timeout if none yet).
+                    let transit = self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout);
+                    self.merge_gossip(peer, request, Some(exchange), transit);
                     let now = self.clock.now();
                     let table = self.gossip_table(now, Some(exchange));
                     let _ = self.inner.gossip.send_response(channel, table);
                 }
-                request_response::Message::Response { response, .. } => self.merge_gossip(peer, response, None),
+                request_response::Message::Response { request_id, response } => {
+                    // The round trip bounds the reply's transit and the wait before it.
+                    let transit = match self.gossip_sent.remove(&request_id) {
+                        Some(sent) => self.clock.now().saturating_sub(sent),
+                        None => self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout),
+                    };
+                    self.merge_gossip(peer, response, None, transit);
+                }
             },
             InnerEvent::Gossip(request_response::Event::InboundFailure { .. }) => {
                 Counters::bump(&mut self.counters.inbound_failures, "gossip");
             }
-            InnerEvent::Gossip(request_response::Event::OutboundFailure { .. }) => {
+            InnerEvent::Gossip(request_response::Event::OutboundFailure { request_id, .. }) => {
+                self.gossip_sent.remove(&request_id);
                 Counters::bump(&mut self.counters.outbound_failures, "gossip");
             }
             InnerEvent::Gossip(request_response::Event::ResponseSent { .. }) => {}
@@ -609,7 +629,11 @@ impl Behaviour {
                 self.counters.ping_failures += 1;
                 self.to_close.push_back((peer, connection));
             }
-            InnerEvent::Ping(_) => {}
+            InnerEvent::Ping(ping::Event { peer, result: Ok(rtt), .. }) => {
+                if self.connected.contains_key(&peer) {
+                    self.ping_rtt.insert(peer, rtt);
+                }
+            }
         }
     }
 
@@ -758,6 +782,7 @@ impl NetworkBehaviour for Behaviour {
                     *c = c.saturating_sub(1);
                     if *c == 0 {
                         self.connected.remove(&e.peer_id);
+                        self.ping_rtt.remove(&e.peer_id);
                         self.last_used.remove(&e.peer_id);
                         self.trimming.remove(&e.peer_id);
                         self.buckets.remove(&e.peer_id);

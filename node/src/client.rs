@@ -31,7 +31,7 @@
 //! # }
 //! ```
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde::de::DeserializeOwned;
@@ -352,6 +352,174 @@ impl Client {
 pub fn encode_name(name: &str) -> String {
     const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.');
     percent_encoding::utf8_percent_encode(name, SET).to_string()
+}
+
+/// A lock held through the HTTP API, kept by its holder's rules (docs/operating.md,
+/// "The HTTP API"): its lease id, and its one deadline, counted from the *send* of the
+/// keep-alive that confirmed it (never from an answer's arrival, which may come late).
+/// The lock may go to someone else after the deadline, never before. The holder renews
+/// it well before ([`Holding::next_renewal`], [`Holding::renew`]) and must stop using
+/// the lock at it: [`Holding::renew`] says the lock is lost (and [`Holding::is_lost`]
+/// stays true) when the daemon no longer holds it, is stopping, is gone (a refused
+/// connection), or no renewal was confirmed before the time given, whatever else the
+/// daemon answers. `sigma lock` is built on it.
+#[derive(Debug)]
+pub struct Holding {
+    client: Client,
+    name: String,
+    token: u64,
+    lease: String,
+    ttl: Duration,
+    deadline: Instant,
+    valid_until_ms: u64,
+    confirmed_at: Instant,
+    lost: Option<String>,
+    warned: bool,
+}
+
+/// The longest a renewal may take (one that takes long is no renewal).
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a lock acquired was lost before its holding could start.
+#[derive(Debug, thiserror::Error)]
+#[error("lock {name} (token {token}) was lost at once: {source}")]
+pub struct LostAtOnce {
+    /// The lock.
+    pub name: String,
+    /// Its fencing token.
+    pub token: u64,
+    /// The confirming keep-alive's error.
+    #[source]
+    pub source: ClientError,
+}
+
+impl Holding {
+    /// Starts holding `acquired` (lock `name`, client lease `ttl`): renews the lease
+    /// once at once, so that the deadline is counted from a send time. A lock lost in
+    /// between is released and reported.
+    pub async fn confirm(
+        client: Client,
+        name: String,
+        acquired: Acquired,
+        ttl: Duration,
+    ) -> Result<Holding, LostAtOnce> {
+        let token = acquired.token;
+        let mut h = Holding {
+            client,
+            name,
+            token,
+            lease: acquired.lease,
+            ttl,
+            deadline: Instant::now(),
+            valid_until_ms: acquired.valid_until_ms,
+            confirmed_at: Instant::now(),
+            lost: None,
+            warned: false,
+        };
+        let sent = Instant::now();
+        match h.client.clone().with_timeout(KEEPALIVE_TIMEOUT).keepalive(&h.name, token, &h.lease).await {
+            Ok(kept) => {
+                h.deadline = sent + Duration::from_millis(kept.valid_for_ms);
+                h.valid_until_ms = kept.valid_until_ms;
+                h.confirmed_at = sent;
+                Ok(h)
+            }
+            Err(source) => {
+                let _ = h.release().await;
+                Err(LostAtOnce { name: h.name, token, source })
+            }
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its fencing token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The deadline: the lock may go to someone else after it, never before.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The deadline as the daemon wrote it at the confirming renewal (ms since the
+    /// Unix epoch; later renewals move [`Holding::deadline`] on, not this).
+    pub fn valid_until_ms(&self) -> u64 {
+        self.valid_until_ms
+    }
+
+    /// When the confirming renewal was sent.
+    pub fn confirmed_at(&self) -> Instant {
+        self.confirmed_at
+    }
+
+    /// Time left until the deadline.
+    pub fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Why the lock was lost, once [`Holding::renew`] found it lost.
+    pub fn is_lost(&self) -> Option<&str> {
+        self.lost.as_deref()
+    }
+
+    /// When to renew next: half-way to `stop_at` (the time the holder must start to
+    /// stop), at most every quarter of the client lease, at least 50 ms apart.
+    pub fn next_renewal(&self, stop_at: Instant) -> Instant {
+        let now = Instant::now();
+        now + (stop_at.saturating_duration_since(now) / 2).clamp(Duration::from_millis(50), self.ttl / 4)
+    }
+
+    /// Renews the client lease; `Some(why)` when the lock must be taken as lost (then
+    /// and ever after): the daemon no longer holds it, is stopping or is gone, or
+    /// `stop_at` came with no renewal answered in time.
+    pub async fn renew(&mut self, stop_at: Instant) -> Option<String> {
+        if self.lost.is_none() {
+            self.lost = self.try_renew(stop_at).await;
+        }
+        self.lost.clone()
+    }
+
+    async fn try_renew(&mut self, stop_at: Instant) -> Option<String> {
+        if Instant::now() >= stop_at {
+            return Some("no keep-alive confirmed it before its deadline".to_owned());
+        }
+        // An answer after `stop_at` would come too late to move it: wait no longer.
+        let sent = Instant::now();
+        let patience = stop_at.saturating_duration_since(sent).min(KEEPALIVE_TIMEOUT);
+        match self.client.clone().with_timeout(patience).keepalive(&self.name, self.token, &self.lease).await {
+            Ok(kept) => {
+                self.deadline = self.deadline.max(sent + Duration::from_millis(kept.valid_for_ms));
+                self.warned = false;
+                None
+            }
+            Err(ClientError::NotFound(_)) => Some("the daemon no longer holds it".to_owned()),
+            Err(e) if e.is_stopping() => Some("the daemon is stopping".to_owned()),
+            Err(e) if e.is_refused_connection() => Some(format!("the daemon is gone ({e})")),
+            Err(e) => {
+                if !self.warned {
+                    tracing::warn!(lock = %self.name, error = %e, "cannot renew the lock");
+                    self.warned = true;
+                }
+                (Instant::now() >= stop_at).then(|| format!("no keep-alive confirmed it before its deadline ({e})"))
+            }
+        }
+    }
+
+    /// Releases the lock: `Ok(true)` released, `Ok(false)` the daemon does not hold it
+    /// (lost).
+    pub async fn release(&self) -> Result<bool, ClientError> {
+        let client = self.client.clone().with_timeout(Duration::from_secs(10));
+        match client.release(&self.name, self.token, &self.lease).await {
+            Ok(_) => Ok(true),
+            Err(ClientError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

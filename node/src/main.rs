@@ -8,7 +8,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
@@ -17,8 +17,8 @@ use libp2p::Multiaddr;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use prometheus_client::registry::Registry;
-use sigma_node::client::{AcquireOptions, Client, ClientError};
-use sigma_node::http::{self, Acquired, Api, KeptAlive, DEFAULT_API};
+use sigma_node::client::{AcquireOptions, Client, ClientError, Holding};
+use sigma_node::http::{self, Api, DEFAULT_API};
 use sigma_node::metrics::Metrics;
 use sigma_node::{ConnectionBounds, Node, NodeConfig};
 use tokio::signal::unix::{signal, SignalKind};
@@ -1171,14 +1171,15 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     };
     let token = acquired.token;
     tracing::info!(%name, token, "lock acquired");
-    let mut holding = Holding::confirm(client, name.clone(), acquired, args.ttl).await?;
+    let mut holding =
+        Holding::confirm(client, name.clone(), acquired, args.ttl).await.map_err(|e| fail(EXIT_LOST, e.to_string()))?;
     if args.command.is_empty() {
         return hold_until_signal(&mut holding, &mut signals).await;
     }
     // The command is stopped --grace before the deadline, so that its SIGKILL lands by
     // the deadline. A daemon whose lease leaves less than that (a short --lease-ms) gets
     // half of what it leaves.
-    let span = holding.deadline.saturating_duration_since(holding.confirmed_at);
+    let span = holding.deadline().saturating_duration_since(holding.confirmed_at());
     let grace = args.grace.min(span / 2);
     if grace < args.grace {
         eprintln!(
@@ -1193,7 +1194,7 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     cmd.args(&args.command[1..])
         .env("SIGMA_LOCK_NAME", &name)
         .env("SIGMA_FENCING_TOKEN", token.to_string())
-        .env("SIGMA_LOCK_VALID_UNTIL_MS", holding.valid_until_ms.to_string())
+        .env("SIGMA_LOCK_VALID_UNTIL_MS", holding.valid_until_ms().to_string())
         .process_group(0);
     let parent = nix::unistd::getpid();
     // SAFETY: between fork and exec the closure makes two system calls and nothing else
@@ -1224,7 +1225,7 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
 
     let mut lost: Option<String> = None;
     let status = loop {
-        let stop_at = holding.deadline.checked_sub(grace).unwrap_or(holding.deadline);
+        let stop_at = holding.deadline().checked_sub(grace).unwrap_or(holding.deadline());
         tokio::select! {
             st = child.wait() => break st.context("waiting for the command")?,
             sig = signals.recv() => {
@@ -1264,121 +1265,20 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     }
 }
 
-/// A lock `sigma lock` holds: its lease id and its one deadline, counted from the send
-/// of the keep-alive that answered it (never from an answer's arrival, which may come
-/// late), and renewed well before it.
-struct Holding {
-    client: Client,
-    name: String,
-    token: u64,
-    lease: String,
-    ttl: Duration,
-    /// The lock may go to someone else after this, and not before.
-    deadline: Instant,
-    /// The same, as the daemon wrote it (ms since the Unix epoch) at the first renewal.
-    valid_until_ms: u64,
-    /// When the first renewal was sent.
-    confirmed_at: Instant,
-    warned: bool,
-}
-
-impl Holding {
-    /// Renews the lease once at once, so that the deadline the command starts with is
-    /// counted from a send time. A lock lost in between is released and reported.
-    async fn confirm(client: Client, name: String, acquired: Acquired, ttl: Duration) -> anyhow::Result<Holding> {
-        let token = acquired.token;
-        let mut h = Holding {
-            client,
-            name,
-            token,
-            lease: acquired.lease,
-            ttl,
-            deadline: Instant::now(),
-            valid_until_ms: acquired.valid_until_ms,
-            confirmed_at: Instant::now(),
-            warned: false,
-        };
-        let sent = Instant::now();
-        match keepalive(&h.client, &h.name, token, &h.lease, KEEPALIVE_TIMEOUT).await {
-            Ok(kept) => {
-                h.deadline = sent + Duration::from_millis(kept.valid_for_ms);
-                h.valid_until_ms = kept.valid_until_ms;
-                h.confirmed_at = sent;
-                Ok(h)
-            }
-            Err(e) => {
-                let _ = h.release().await;
-                Err(fail(EXIT_LOST, format!("lock {} (token {token}) was lost at once: {e:#}", h.name)))
-            }
-        }
-    }
-
-    /// Time left until the deadline.
-    fn left(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
-    }
-
-    /// When to renew next: half-way to `stop_at` (the time the holder must start to
-    /// stop), at most every quarter of the client lease, at least 50 ms apart.
-    fn next_renewal(&self, stop_at: Instant) -> Instant {
-        let now = Instant::now();
-        now + (stop_at.saturating_duration_since(now) / 2).clamp(Duration::from_millis(50), self.ttl / 4)
-    }
-
-    /// Renews the client lease; `Some(why)` when the lock must be taken as lost: the
-    /// daemon no longer holds it, is stopping or is gone, or `stop_at` came with no
-    /// renewal answered in time.
-    async fn renew(&mut self, stop_at: Instant) -> Option<String> {
-        if Instant::now() >= stop_at {
-            return Some("no keep-alive confirmed it before its deadline".to_owned());
-        }
-        // An answer after `stop_at` would come too late to move it: wait no longer.
-        let sent = Instant::now();
-        let patience = stop_at.saturating_duration_since(sent).min(KEEPALIVE_TIMEOUT);
-        match keepalive(&self.client, &self.name, self.token, &self.lease, patience).await {
-            Ok(kept) => {
-                self.deadline = self.deadline.max(sent + Duration::from_millis(kept.valid_for_ms));
-                self.warned = false;
-                None
-            }
-            Err(ClientError::NotFound(_)) => Some("the daemon no longer holds it".to_owned()),
-            Err(e) if e.is_stopping() => Some("the daemon is stopping".to_owned()),
-            Err(e) if e.is_refused_connection() => Some(format!("the daemon is gone ({e})")),
-            Err(e) => {
-                if !self.warned {
-                    eprintln!("sigma: warning: cannot renew lock {}: {e:#}", self.name);
-                    self.warned = true;
-                }
-                (Instant::now() >= stop_at).then(|| format!("no keep-alive confirmed it before its deadline ({e})"))
-            }
-        }
-    }
-
-    /// `Ok(true)` released, `Ok(false)` the daemon does not hold it (lost).
-    async fn release(&self) -> Result<bool, ClientError> {
-        let client = self.client.clone().with_timeout(Duration::from_secs(10));
-        match client.release(&self.name, self.token, &self.lease).await {
-            Ok(_) => Ok(true),
-            Err(ClientError::NotFound(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-}
-
 /// `sigma lock NAME` without a command: prints the lock and its token, keeps the client
 /// lease alive, releases on SIGINT/SIGTERM/SIGHUP (exit 0), exits 76 if the lock is lost
 /// (at its deadline at the latest).
 async fn hold_until_signal(holding: &mut Holding, signals: &mut Signals) -> anyhow::Result<u8> {
-    let (name, token) = (holding.name.clone(), holding.token);
+    let (name, token) = (holding.name().to_owned(), holding.token());
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "SIGMA_LOCK_NAME={name}")?;
         writeln!(out, "SIGMA_FENCING_TOKEN={token}")?;
-        writeln!(out, "SIGMA_LOCK_VALID_UNTIL_MS={}", holding.valid_until_ms)?;
+        writeln!(out, "SIGMA_LOCK_VALID_UNTIL_MS={}", holding.valid_until_ms())?;
         out.flush()?;
     }
     loop {
-        let stop_at = holding.deadline;
+        let stop_at = holding.deadline();
         tokio::select! {
             _ = signals.recv() => {
                 return match holding.release().await {
@@ -1398,20 +1298,6 @@ async fn hold_until_signal(holding: &mut Holding, signals: &mut Signals) -> anyh
             }
         }
     }
-}
-
-/// The longest a renewal may take (one that takes long is no renewal).
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Renews the client lease, waiting at most `patience` for the answer.
-async fn keepalive(
-    client: &Client,
-    name: &str,
-    token: u64,
-    lease: &str,
-    patience: Duration,
-) -> Result<KeptAlive, ClientError> {
-    client.clone().with_timeout(patience).keepalive(name, token, lease).await
 }
 
 fn exit_code(status: &std::process::ExitStatus) -> u8 {

@@ -497,6 +497,43 @@ async fn sigma_lock_stops_its_command_by_the_deadline_when_its_daemon_hangs() {
     assert!(after_ms < 2_000, "the command was told to stop {after_ms} ms after its daemon hung; the TTL is 2 s");
 }
 
+/// The typed client's holder keeps the same rules as `sigma lock`: its daemon hangs
+/// (SIGSTOP: keep-alives time out), and [`sigma_node::client::Holding::renew`] says the
+/// lock is lost at the deadline of its last confirmed renewal, not before and not
+/// later, whatever the daemon (not) answers; it stays lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typed_clients_holder_is_lost_at_its_deadline_when_its_daemon_hangs() {
+    use sigma_node::client::{AcquireOptions, Client, Holding};
+    let dir = tempfile::tempdir().unwrap();
+    let d = lone(dir.path(), "typed", &["--lease-ms", "10000"]).await;
+    let client = Client::new(d.api.parse::<std::net::SocketAddr>().unwrap());
+    let ttl = Duration::from_secs(2);
+    let opts = AcquireOptions { ttl: Some(ttl), ..AcquireOptions::default() };
+    let acquired = client.acquire("typed", &opts).await.unwrap();
+    let mut holding = Holding::confirm(client, "typed".to_owned(), acquired, ttl).await.unwrap();
+    // One renewal confirmed, then the daemon hangs.
+    let deadline = holding.deadline();
+    assert_eq!(holding.renew(deadline).await, None);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(d.child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let deadline = holding.deadline();
+    assert!(deadline <= Instant::now() + ttl, "the deadline is within one client TTL of a renewal's send");
+    let lost = loop {
+        tokio::time::sleep_until(holding.next_renewal(deadline).into()).await;
+        if let Some(why) = holding.renew(deadline).await {
+            break why;
+        }
+        assert!(Instant::now() < deadline + Duration::from_millis(200), "not lost past its deadline");
+    };
+    let at = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(at >= deadline, "lost {:?} before its deadline: {lost}", deadline - at);
+    assert!(at < deadline + Duration::from_millis(200), "lost {:?} after its deadline", at - deadline);
+    assert!(lost.contains("before its deadline"), "{lost}");
+    assert_eq!(holding.is_lost(), Some(lost.as_str()));
+    assert!(holding.renew(Instant::now() + ttl).await.is_some(), "lost stays lost");
+}
+
 /// Scenario 3, an impostor on the port: while the daemon is down, any local process can
 /// bind the default TCP port and answer `Acquired`. A client whose daemon's config file
 /// names the socket goes there and finds no daemon (exit 69) instead of falling back to

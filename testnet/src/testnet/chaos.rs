@@ -15,6 +15,13 @@
 //!   really stops), then heal;
 //! - `split`: the same, 50/50 (as even as the count allows);
 //! - `isolate`: one node cut from every other, then healed.
+//!
+//! With `join` or `restart` among the faults, every cut also starts one node *inside*
+//! it, at a random moment between a tenth and seven tenths of the cut: a new peer, or a
+//! killed one again, bootstrapping to one side only and cut from the other (blocked
+//! both ways before it starts: its key file is made first), as autoscaling or a
+//! restart script would during a partition. Its event's detail starts "inside a cut",
+//! and the report counts them apart (`join inside a cut`, `restart inside a cut`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -369,20 +376,142 @@ impl Supervisor {
         } else {
             self.record(kind, node, false, format!("{detail}: {}", failed.join("; ")));
         }
+        let cut_at = Instant::now();
+        let inside = self.opts.cut_for.mul_f64(self.rng.gen_range(0.1..0.7));
         tokio::select! {
             _ = stop.wait_for(|s| *s) => {}
-            _ = tokio::time::sleep(self.opts.cut_for) => {}
+            _ = tokio::time::sleep(inside) => {}
         }
-        let all: Vec<String> = pa.iter().chain(&pb).cloned().collect();
-        for i in a.iter().chain(&b) {
-            if self.cluster.members[*i].record.state == State::Running {
-                let api = self.cluster.members[*i].record.api;
-                if let Ok(admin) = api::admin_token(&self.cluster.opts.dir) {
-                    let _ = api::admin_block(&self.http, api, &admin, &all, false, Duration::from_secs(2)).await;
-                }
+        let mut started = Vec::new();
+        if !*stop.borrow() {
+            let (side, other) = if self.rng.gen_bool(0.5) { (a.clone(), pb.clone()) } else { (b.clone(), pa.clone()) };
+            started.extend(self.start_inside_cut(&side, &other, cut_at).await);
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => {}
+            _ = tokio::time::sleep(self.opts.cut_for.saturating_sub(cut_at.elapsed())) => {}
+        }
+        let all: Vec<String> = pa.iter().chain(&pb).chain(&started).cloned().collect();
+        let running: Vec<usize> =
+            self.cluster.members.iter().filter(|m| m.record.state == State::Running).map(|m| m.record.index).collect();
+        for i in &running {
+            let api = self.cluster.members[*i].record.api;
+            if let Ok(admin) = api::admin_token(&self.cluster.opts.dir) {
+                let _ = api::admin_block(&self.http, api, &admin, &all, false, Duration::from_secs(2)).await;
             }
         }
         say(&self.pb, &format!("[{:6.1}s] {kind} healed: nodes {a:?} and {b:?} unblocked", self.now_s()));
+    }
+
+    /// Inside a cut of `side` from the peers `other`: starts a new node (`join`) or a
+    /// killed one again (`restart`), whichever of the run's faults applies (picked at
+    /// random), bootstrapping to `side` only and blocked from `other` both ways before
+    /// it starts. Answers the peer id started, if any.
+    async fn start_inside_cut(&mut self, side: &[usize], other: &[String], cut_at: Instant) -> Option<String> {
+        let kinds: Vec<Fault> = [Fault::Join, Fault::Restart]
+            .into_iter()
+            .filter(|k| self.opts.faults.contains(k) && self.applicable(*k))
+            .collect();
+        let kind = *kinds.choose(&mut self.rng)?;
+        let (index, mut spec, same_ports) = match kind {
+            Fault::Join => {
+                let index = self.cluster.members.len();
+                match Cluster::spec(&self.cluster.opts, index) {
+                    Ok(spec) => {
+                        let _ = std::fs::remove_file(&spec.key_file);
+                        (index, spec, None)
+                    }
+                    Err(e) => {
+                        self.record(kind, index, false, format!("inside a cut: {e:#}"));
+                        return None;
+                    }
+                }
+            }
+            _ => {
+                let killed: Vec<usize> = self
+                    .cluster
+                    .members
+                    .iter()
+                    .filter(|m| m.record.state == State::Killed)
+                    .map(|m| m.record.index)
+                    .collect();
+                let index = *killed.choose(&mut self.rng)?;
+                let old = self.cluster.members[index].record.clone();
+                let mut spec = proc::Spec::new(&self.cluster.opts.dir, index, self.cluster.opts.params.clone());
+                spec.append_log = true;
+                (index, spec, Some((old.tcp_port, old.api.port(), old.joined)))
+            }
+        };
+        if let Some((tcp, api, _)) = same_ports {
+            spec.tcp_port = tcp;
+            spec.api_port = api;
+        }
+        // Its identity first, so that the other side refuses it before it dials anyone.
+        let peer = match sigma_node::identity::load_or_create(&spec.key_file) {
+            Ok(key) => key.public().to_peer_id().to_string(),
+            Err(e) => {
+                self.record(kind, index, false, format!("inside a cut: key file: {e:#}"));
+                return None;
+            }
+        };
+        let admin = api::admin_token(&self.cluster.opts.dir).ok();
+        let mut failed = Vec::new();
+        let others: Vec<usize> = self
+            .cluster
+            .members
+            .iter()
+            .filter(|m| m.record.state == State::Running && other.contains(&m.record.peer_id))
+            .map(|m| m.record.index)
+            .collect();
+        for i in others {
+            let api = self.cluster.members[i].record.api;
+            if let Some(admin) = &admin {
+                if let Err(e) =
+                    api::admin_block(&self.http, api, admin, std::slice::from_ref(&peer), true, Duration::from_secs(2))
+                        .await
+                {
+                    failed.push(format!("node {i}: {e:#}"));
+                }
+            }
+        }
+        spec.bootstrap = side
+            .iter()
+            .filter_map(|i| self.cluster.members.get(*i))
+            .filter(|m| m.record.state == State::Running)
+            .take(3)
+            .filter_map(|m| m.record.listen.first().cloned())
+            .collect();
+        let joined = same_ports.is_none_or(|(_, _, joined)| joined);
+        let member = match start_member(&self.cluster.opts.sigma_bin, spec, joined).await {
+            Ok(m) => m,
+            Err(e) => {
+                self.record(kind, index, false, format!("inside a cut: {e:#}"));
+                return Some(peer);
+            }
+        };
+        if let Some(admin) = &admin {
+            if let Err(e) =
+                api::admin_block(&self.http, member.record.api, admin, other, true, Duration::from_secs(2)).await
+            {
+                failed.push(format!("the new node: {e:#}"));
+            }
+        }
+        let (pid, api) = (member.record.pid, member.record.api);
+        if same_ports.is_some() {
+            self.cluster.members[index] = member;
+            self.set_slot(index, NodeState::Up);
+        } else {
+            self.cluster.members.push(member);
+            world(&self.shared).nodes.push(Slot { api, state: NodeState::Up });
+            self.joins += 1;
+        }
+        let detail = format!(
+            "inside a cut ({:.1} s into it), on the side of nodes {side:?}: pid {pid}, peer {peer}{}",
+            cut_at.elapsed().as_secs_f64(),
+            if failed.is_empty() { String::new() } else { format!("; blocks failed: {}", failed.join("; ")) }
+        );
+        self.record(kind, index, failed.is_empty(), detail);
+        Some(peer)
     }
 
     /// A node that may go down now (none if enough are down already): its message

@@ -419,6 +419,11 @@ fn build_report(
         faults_fired.insert(k.name().to_owned(), fault_events.iter().filter(|e| e.kind == *k && e.ok).count());
     }
     let fired_total: usize = faults_fired.values().sum();
+    for k in [Fault::Join, Fault::Restart].into_iter().filter(|k| opts.chaos.faults.contains(k)) {
+        let inside =
+            fault_events.iter().filter(|e| e.kind == k && e.ok && e.detail.starts_with("inside a cut")).count();
+        faults_fired.insert(format!("{} inside a cut", k.name()), inside);
+    }
     let unavailability = unavailability(&fault_events, &records.entries, opts.resources, secs);
     let failed_faults: Vec<&FaultEvent> = fault_events.iter().filter(|e| !e.ok).collect();
     let entries = records.entries.len();

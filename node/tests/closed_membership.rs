@@ -13,7 +13,9 @@ use tokio::process::Command;
 
 mod daemon;
 
-use daemon::{daemon, daemon_with, eventually, get_json, get_text, Daemon, SIGMA};
+use daemon::{
+    assert_locked, daemon, daemon_with, eventually, get_text, lock_echo, serving_with, status, Daemon, SIGMA,
+};
 
 const TCP: &str = "/ip4/127.0.0.1/tcp/0";
 
@@ -32,22 +34,9 @@ fn write(path: PathBuf, text: &str) -> String {
     path.to_str().unwrap().to_owned()
 }
 
-async fn status(d: &Daemon) -> Value {
-    get_json(&format!("http://{}/v1/status", d.api)).await
-}
-
 /// Whether the status `st` lists `d` among its connected peers.
 fn connected_to(st: &Value, d: &Daemon) -> bool {
     st["connected_peers"].as_array().is_some_and(|peers| peers.contains(&Value::from(d.peer_id.to_string())))
-}
-
-/// Waits until `d` serves and counts `members` members (itself included).
-async fn serving_with(d: &Daemon, members: u64) {
-    eventually(&format!("{} to serve with {members} members", d.peer_id), || async move {
-        let st = status(d).await;
-        st["ready"] == true && st["members"] == members
-    })
-    .await;
 }
 
 /// Sum of the samples of `family` (e.g. `libp2p_swarm_connections_incoming_error_total`)
@@ -58,22 +47,6 @@ async fn metric_sum(d: &Daemon, family: &str, label: &str) -> u64 {
         .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
-}
-
-/// `sigma lock NAME --timeout T -- sh -c 'echo ran'` through daemon `d`.
-async fn lock(d: &Daemon, name: &str, timeout: &str) -> Output {
-    Command::new(SIGMA)
-        .args(["lock", name, "--api", &d.api, "--timeout", timeout, "--", "sh", "-c", "echo ran"])
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap()
-}
-
-fn assert_locked(out: &Output, who: &str) {
-    assert!(out.status.success(), "{who}: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n", "{who}");
 }
 
 /// An outsider's lock attempt fails without running the command: not ready (78), or
@@ -119,7 +92,7 @@ async fn closed_membership_refuses_a_peer_outside_the_allow_list() {
     // each redial, and under heavy load (≈ 1 s windows at a load average of 300 on 2
     // cores) a Kademlia bootstrap of its own ended in one and it called itself serving.
     // What the allow-list decides is the members' view, below.
-    assert_not_locked(&lock(&c, "shared", "2s").await, "the outsider");
+    assert_not_locked(&lock_echo(&c, "shared", "2s").await, "the outsider");
     // (Members count departed ones too, so a ping timeout under load does not change it.)
     for d in [&a, &b] {
         let st = status(d).await;
@@ -128,8 +101,8 @@ async fn closed_membership_refuses_a_peer_outside_the_allow_list() {
     }
 
     // The listed two serve each other (the default quorum diversity needs votes of both).
-    assert_locked(&lock(&a, "shared", "30s").await, "a");
-    assert_locked(&lock(&b, "shared", "30s").await, "b");
+    assert_locked(&lock_echo(&a, "shared", "30s").await, "a");
+    assert_locked(&lock_echo(&b, "shared", "30s").await, "b");
 }
 
 /// `sigma swarm-key` makes keys; A and B share one (B through a TOML config) and take a
@@ -154,7 +127,7 @@ async fn a_swarm_key_admits_only_its_holders() {
     let b = daemon_with(dir, "b", &[a.listen[0].clone()], &["--listen", TCP, "--config", &config]).await;
     serving_with(&a, 2).await;
     serving_with(&b, 2).await;
-    assert_locked(&lock(&b, "private", "30s").await, "b");
+    assert_locked(&lock_echo(&b, "private", "30s").await, "b");
     let log = std::fs::read_to_string(&a.log).unwrap();
     assert!(log.contains(&psk.fingerprint().to_string()), "the key's fingerprint is logged");
     assert!(!log.contains(text.lines().nth(2).unwrap()), "the key itself is not");
@@ -167,8 +140,8 @@ async fn a_swarm_key_admits_only_its_holders() {
         })
         .await;
     }
-    assert_not_locked(&lock(&c, "private", "2s").await, "the peer with another key");
-    assert_not_locked(&lock(&d, "private", "2s").await, "the peer without a key");
+    assert_not_locked(&lock_echo(&c, "private", "2s").await, "the peer with another key");
+    assert_not_locked(&lock_echo(&d, "private", "2s").await, "the peer without a key");
     for outsider in [&c, &d] {
         let st = status(outsider).await;
         assert_eq!(st["readiness"], "joining", "{st}");
@@ -179,7 +152,7 @@ async fn a_swarm_key_admits_only_its_holders() {
         assert_eq!(st["members"], 2, "{st}");
         assert!(!connected_to(&st, &c) && !connected_to(&st, &d), "{st}");
     }
-    assert_locked(&lock(&a, "private", "30s").await, "a");
+    assert_locked(&lock_echo(&a, "private", "30s").await, "a");
 }
 
 /// `sigma run` with these extra arguments must stop at once with exit 64 and say `why`.

@@ -11,7 +11,7 @@ use tokio::process::Command;
 
 mod daemon;
 
-use daemon::{daemon, eventually, get_json, Daemon, SIGMA};
+use daemon::{assert_locked, daemon, eventually, lock_echo, serving_with, status, Daemon, SIGMA};
 
 /// Five daemons, 1 to 4 bootstrapping to 0; answers once all five serve with 5 members.
 async fn five(dir: &Path) -> Vec<Daemon> {
@@ -25,35 +25,6 @@ async fn five(dir: &Path) -> Vec<Daemon> {
         serving_with(d, 5).await;
     }
     ds
-}
-
-async fn status(d: &Daemon) -> Value {
-    get_json(&format!("http://{}/v1/status", d.api)).await
-}
-
-/// Waits until `d` serves and counts `members` members (itself included).
-async fn serving_with(d: &Daemon, members: u64) {
-    eventually(&format!("{} to serve with {members} members", d.peer_id), || async move {
-        let st = status(d).await;
-        st["ready"] == true && st["members"] == members
-    })
-    .await;
-}
-
-/// `sigma lock NAME --timeout 30s -- sh -c 'echo ran'` through `d`.
-async fn lock(d: &Daemon, name: &str) -> Output {
-    Command::new(SIGMA)
-        .args(["lock", name, "--api", &d.api, "--timeout", "30s", "--", "sh", "-c", "echo ran"])
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap()
-}
-
-fn assert_locked(out: &Output, who: &str) {
-    assert!(out.status.success(), "{who}: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n", "{who}");
 }
 
 /// `sigma admin forget PEERS…` through `d`, with the daemons' admin token.
@@ -87,7 +58,7 @@ async fn survivors_serve_again_after_most_of_the_swarm_stops_gracefully() {
         let st = status(d).await;
         assert_eq!(st["departed_members"], Value::Array(vec![]), "they left: nothing to forget");
     }
-    assert_locked(&lock(&ds[1], "after-three-left").await, "a survivor");
+    assert_locked(&lock_echo(&ds[1], "after-three-left", "30s").await, "a survivor");
 }
 
 /// Three of five daemons killed (SIGKILL: no leave): the survivors are a minority of
@@ -122,5 +93,5 @@ async fn an_operator_forgets_killed_peers_and_the_survivors_serve_again() {
     for d in &ds[..2] {
         serving_with(d, 2).await;
     }
-    assert_locked(&lock(&ds[0], "after-three-killed").await, "a survivor");
+    assert_locked(&lock_echo(&ds[0], "after-three-killed", "30s").await, "a survivor");
 }

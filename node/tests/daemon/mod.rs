@@ -187,3 +187,34 @@ pub fn sigma_lock(api: &str, name: &str, options: &[&str], script: &str) -> Comm
         .kill_on_drop(true);
     cmd
 }
+
+/// `GET /v1/status` of `d`.
+pub async fn status(d: &Daemon) -> Value {
+    get_json(&format!("http://{}/v1/status", d.api)).await
+}
+
+/// Waits until `d` serves and counts `members` members (itself included).
+pub async fn serving_with(d: &Daemon, members: u64) {
+    eventually(&format!("{} to serve with {members} members", d.peer_id), || async move {
+        let st = status(d).await;
+        st["ready"] == true && st["members"] == members
+    })
+    .await;
+}
+
+/// `sigma lock NAME --timeout T -- sh -c 'echo ran'` through daemon `d`.
+pub async fn lock_echo(d: &Daemon, name: &str, timeout: &str) -> std::process::Output {
+    Command::new(SIGMA)
+        .args(["lock", name, "--api", &d.api, "--timeout", timeout, "--", "sh", "-c", "echo ran"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap()
+}
+
+/// The lock was held and the command ran.
+pub fn assert_locked(out: &std::process::Output, who: &str) {
+    assert!(out.status.success(), "{who}: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n", "{who}");
+}

@@ -114,6 +114,12 @@ struct NetArgs {
     /// the same setting beside its own (the paper's Fig. 7 on real nodes).
     #[arg(long, value_name = "DIST")]
     message_delay: Option<Latency>,
+    /// Test only: the odd-numbered nodes run with clocks PPM parts per million fast
+    /// (negative: slow), under libfaketime (Debian: apt-get install faketime). The
+    /// daemons' drift bound is 1,000 ppm: within it the checker must see no overlap;
+    /// beyond it, what breaks is the assumption's price (docs/testnet.md).
+    #[arg(long, value_name = "PPM", allow_hyphen_values = true)]
+    clock_drift: Option<i64>,
 }
 
 #[derive(Args)]
@@ -470,6 +476,7 @@ fn up_options(nodes: usize, net: &NetArgs, lease_ms: Option<u64>) -> Result<UpOp
             max_connections: Some(net.max_connections),
             swarm_size: nodes,
             message_delay: net.message_delay.map(|l| l.to_string()),
+            clock_drift_ppm: net.clock_drift,
         },
         sigma_bin: locate_sigma(net.sigma_bin.as_deref())?,
         form_timeout: Duration::try_from_secs_f64(net.form_timeout.unwrap_or(default_form_timeout(nodes)))?,

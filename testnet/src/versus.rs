@@ -425,6 +425,7 @@ pub async fn run(opts: &VersusOptions) -> Result<(VersusReport, String)> {
                 max_connections: Some(64),
                 swarm_size: nodes,
                 message_delay: None,
+                clock_drift_ppm: None,
             },
             sigma_bin: opts.sigma_bin.clone(),
             form_timeout: Duration::from_secs(60.max(2 * nodes as u64)),

@@ -92,6 +92,35 @@ pub struct Params {
     /// (`sigma run --test-message-delay`), as text (`U(0,200)ms`).
     #[serde(default)]
     pub message_delay: Option<String>,
+    /// Test only: the odd-numbered nodes run with a clock this many parts per million
+    /// fast (negative: slow), under libfaketime ([`FAKETIME_LIB`]); the others run on
+    /// the real clock.
+    #[serde(default)]
+    pub clock_drift_ppm: Option<i64>,
+}
+
+/// Where libfaketime's multi-threaded library is looked for (`SIGMA_LIBFAKETIME` wins):
+/// Debian's `faketime` package.
+pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// The libfaketime library to preload, or how to get it.
+pub fn faketime_lib() -> Result<PathBuf> {
+    let path = std::env::var_os("SIGMA_LIBFAKETIME").map_or_else(|| PathBuf::from(FAKETIME_LIB), PathBuf::from);
+    anyhow::ensure!(
+        path.exists(),
+        "--clock-drift runs nodes under libfaketime, not found at {} (install it: apt-get install faketime; or set \
+         SIGMA_LIBFAKETIME to the library)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// libfaketime's `FAKETIME` for a clock `ppm` parts per million fast (slow if
+/// negative): no offset, the rate 1 + ppm/10⁶. It scales every clock the daemon reads
+/// (`CLOCK_MONOTONIC`, which the leases and timers use, and the wall clock) and its
+/// sleeps and poll timeouts.
+pub fn faketime_rate(ppm: i64) -> String {
+    format!("+0 x{:.6}", 1.0 + ppm as f64 / 1e6)
 }
 
 /// Swarms larger than this run their nodes with the daemon's liveness pings (1 s, 3 s
@@ -244,6 +273,9 @@ pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
         cmd.arg("--max-connections").arg(max.to_string());
         cmd.arg("--max-incoming").arg((max * 3 / 4).max(1).to_string());
     }
+    if let Some(ppm) = spec.params.clock_drift_ppm.filter(|_| spec.index % 2 == 1) {
+        cmd.env("LD_PRELOAD", faketime_lib()?).env("FAKETIME", faketime_rate(ppm)).env("FAKETIME_DONT_RESET", "1");
+    }
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", NODE_LOG);
     }
@@ -372,6 +404,15 @@ pub fn terminate(pid: u32, grace: Duration, mut exited: impl FnMut() -> bool) ->
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_clock_drift_is_a_libfaketime_rate() {
+        assert_eq!(faketime_rate(500), "+0 x1.000500");
+        assert_eq!(faketime_rate(-500), "+0 x0.999500");
+        assert_eq!(faketime_rate(0), "+0 x1.000000");
+        assert_eq!(faketime_rate(1_000_000), "+0 x2.000000");
+    }
+
     use super::*;
 
     #[test]

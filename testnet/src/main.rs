@@ -114,7 +114,7 @@ struct NetArgs {
     /// the same setting beside its own (the paper's Fig. 7 on real nodes).
     #[arg(long, value_name = "DIST")]
     message_delay: Option<Latency>,
-    /// Test only: the odd-numbered nodes run with clocks PPM parts per million fast
+    /// Test only: every node but node 0 runs with a clock PPM parts per million fast
     /// (negative: slow), under libfaketime (Debian: apt-get install faketime). The
     /// daemons' drift bound is 1,000 ppm: within it the checker must see no overlap;
     /// beyond it, what breaks is the assumption's price (docs/testnet.md).

@@ -92,9 +92,9 @@ pub struct Params {
     /// (`sigma run --test-message-delay`), as text (`U(0,200)ms`).
     #[serde(default)]
     pub message_delay: Option<String>,
-    /// Test only: the odd-numbered nodes run with a clock this many parts per million
-    /// fast (negative: slow), under libfaketime ([`FAKETIME_LIB`]); the others run on
-    /// the real clock.
+    /// Test only: every node but node 0 runs with a clock this many parts per million
+    /// fast (negative: slow), under libfaketime ([`FAKETIME_LIB`]); node 0 runs on the
+    /// real clock.
     #[serde(default)]
     pub clock_drift_ppm: Option<i64>,
 }
@@ -273,7 +273,7 @@ pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
         cmd.arg("--max-connections").arg(max.to_string());
         cmd.arg("--max-incoming").arg((max * 3 / 4).max(1).to_string());
     }
-    if let Some(ppm) = spec.params.clock_drift_ppm.filter(|_| spec.index % 2 == 1) {
+    if let Some(ppm) = spec.params.clock_drift_ppm.filter(|_| spec.index != 0) {
         cmd.env("LD_PRELOAD", faketime_lib()?).env("FAKETIME", faketime_rate(ppm)).env("FAKETIME_DONT_RESET", "1");
     }
     if std::env::var_os("RUST_LOG").is_none() {

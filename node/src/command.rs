@@ -135,6 +135,11 @@ pub struct Status {
     pub reachable_members: usize,
     /// The takeover delay: a replica this node takes over grants nothing for this long.
     pub takeover_delay_ms: u64,
+    /// How long replicas started now would still grant nothing because serving began
+    /// (the takeover delay after a start or a rejoin): a new lock waits that long. 0
+    /// when nothing is held back.
+    #[serde(default)]
+    pub held_back_ms: u64,
     /// Members that departed (not alive here, still counted: what `sigma admin forget`
     /// takes out of the counts), the first 256 in id order.
     #[serde(default)]

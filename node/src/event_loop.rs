@@ -291,6 +291,7 @@ impl EventLoop {
             reachable_members,
             takeover_delay_ms: u64::try_from(sigma.takeover_delay().as_millis()).unwrap_or(u64::MAX),
             departed_members: sigma.departed_members(256),
+            held_back_ms: u64::try_from(sigma.held_back().as_millis()).unwrap_or(u64::MAX),
         }
     }
 

@@ -19,6 +19,8 @@
 //! | `GET /v1/inspect/{name}` | | 200 [`crate::inspect::Inspection`]: the lock seen from the hosts of all its replicas (holder, token, validity, waiters and positions, each replica) |
 //! | `POST /v1/revoke/{name}` | [`ReleaseBody`] `{"token": …}` | 200 [`crate::inspect::Revoked`]: the holder gave it up; 404 not held under that token, or refused (the holder's `--admin-peer`) |
 //! | `GET /v1/status` | | 200 the node's [`crate::Status`] |
+//! | `GET /healthz` | | 200 [`Probe`] while the event loop answers; 503 `unresponsive` |
+//! | `GET /readyz` | | 200 [`Probe`] when serving with nothing held back; 503 `not_ready` or `held_back` |
 //! | `POST /v1/admin/forget` | [`PeerList`] `{"peers": […]}` | 200 [`Forgotten`]: members gone for good taken out of this node's counts (admin token) |
 //! | `GET /v1/openapi.json` | | 200 the OpenAPI document of all of this ([`openapi`]) |
 //! | `GET /metrics` | | Prometheus / OpenMetrics text ([`crate::metrics`]) |
@@ -287,7 +289,8 @@ pub struct ErrorBody {
     /// A stable code where the client may act on it: `not_ready` (503: the node is
     /// joining its swarm or reaches no majority of the peers it knows), `stopping` (503:
     /// the daemon is stopping; a holder must stop using the lock), `not_held` (404),
-    /// `bad_lease` (400), and the gate's codes ([`gate::Refusal`]).
+    /// `bad_lease` (400), `unresponsive` and `held_back` (503, the probes), and the
+    /// gate's codes ([`gate::Refusal`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
 }
@@ -853,6 +856,56 @@ async fn post_revoke(
     }
 }
 
+/// Answer of `GET /healthz` and `GET /readyz` when they pass.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Probe {
+    /// `serving` (or, for `/healthz`, the readiness whatever it is: alive is enough).
+    pub readiness: String,
+}
+
+/// How long a probe waits for the node's event loop.
+const PROBE_PATIENCE: Duration = Duration::from_secs(2);
+
+#[utoipa::path(get, path = "/healthz", tag = "node",
+    responses((status = 200, description = "The daemon's event loop answers (liveness): restart it only on a 503 or no answer", body = Probe),
+        (status = 503, description = "`unresponsive`: the event loop did not answer within 2 s, or the node stopped", body = ErrorBody)))]
+async fn get_healthz(State(s): State<AppState>) -> Response {
+    match tokio::time::timeout(PROBE_PATIENCE, s.handle.status()).await {
+        Ok(Ok(st)) => (StatusCode::OK, Json(Probe { readiness: st.readiness })).into_response(),
+        Ok(Err(e)) => error_with_code(StatusCode::SERVICE_UNAVAILABLE, "unresponsive", e.to_string()),
+        Err(_) => error_with_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unresponsive",
+            format!("the event loop did not answer within {PROBE_PATIENCE:?}"),
+        ),
+    }
+}
+
+#[utoipa::path(get, path = "/readyz", tag = "node",
+    responses((status = 200, description = "The peer serves and no new lock waits for a takeover delay: a lock taken now is granted at once (readiness)", body = Probe),
+        (status = 503, description = "`not_ready` (joining, a minority, unreachable, leaving) or `held_back` (serving, but a new lock waits out the takeover delay); the message says which and for how long", body = ErrorBody)))]
+async fn get_readyz(State(s): State<AppState>) -> Response {
+    let st = match tokio::time::timeout(PROBE_PATIENCE, s.handle.status()).await {
+        Ok(Ok(st)) => st,
+        Ok(Err(e)) => return error_with_code(StatusCode::SERVICE_UNAVAILABLE, "unresponsive", e.to_string()),
+        Err(_) => {
+            return error_with_code(StatusCode::SERVICE_UNAVAILABLE, "unresponsive", "the event loop did not answer")
+        }
+    };
+    if !st.ready {
+        return error_with_code(StatusCode::SERVICE_UNAVAILABLE, "not_ready", st.readiness_detail);
+    }
+    if st.held_back_ms > 0 {
+        let msg = format!(
+            "serving, but a new lock waits {} ms more for the takeover delay (every replica this peer starts grants \
+             nothing until then)",
+            st.held_back_ms
+        );
+        return error_with_code(StatusCode::SERVICE_UNAVAILABLE, "held_back", msg);
+    }
+    (StatusCode::OK, Json(Probe { readiness: st.readiness })).into_response()
+}
+
 #[utoipa::path(get, path = "/v1/status", tag = "node",
     responses((status = 200, description = "The node: peers, readiness, locks, state sizes", body = crate::Status)))]
 async fn get_status(State(s): State<AppState>) -> Response {
@@ -999,6 +1052,8 @@ async fn get_metrics(State(s): State<AppState>) -> Response {
         post_block,
         post_unblock,
         post_forget,
+        get_healthz,
+        get_readyz,
         get_openapi
     )
 )]
@@ -1022,6 +1077,8 @@ fn router(state: AppState, gate: gate::Gate) -> Router {
         .route("/v1/inspect/{*name}", get(get_inspect))
         .route("/v1/revoke/{*name}", axum::routing::post(post_revoke))
         .route("/v1/status", get(get_status))
+        .route("/healthz", get(get_healthz))
+        .route("/readyz", get(get_readyz))
         .route("/v1/admin/blocked", get(get_blocked))
         .route("/v1/admin/block", axum::routing::post(post_block))
         .route("/v1/admin/unblock", axum::routing::post(post_unblock))
@@ -1253,7 +1310,9 @@ mod tests {
         let mut paths: Vec<&str> = doc["paths"].as_object().unwrap().keys().map(String::as_str).collect();
         paths.sort_unstable();
         let mut want = vec![
+            "/healthz",
             "/metrics",
+            "/readyz",
             "/v1/admin/block",
             "/v1/admin/blocked",
             "/v1/admin/forget",

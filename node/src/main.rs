@@ -82,7 +82,7 @@ enum Cmd {
     /// name or quorum or a usage error; 126/127 if the command cannot be started.
     Lock(LockArgs),
     /// Show the local peer: id, addresses, peers, replicas, locks held and waited for.
-    Status(StatusArgs),
+    Status(StatusCmdArgs),
     /// List the locks this peer holds (with their fencing tokens) and waits for.
     Locks(StatusArgs),
     /// Show a lock as the whole swarm sees it: the holder (fencing token, validity), the
@@ -439,6 +439,17 @@ enum AdminCmd {
         #[command(flatten)]
         api: ApiArgs,
     },
+}
+
+#[derive(Args, Debug)]
+struct StatusCmdArgs {
+    #[command(flatten)]
+    base: StatusArgs,
+    /// A readiness check for scripts and probes: exit 0 if the peer serves and no new
+    /// lock waits for the takeover delay (what `GET /readyz` answers 200 to), else
+    /// print why and exit 1 (69 if the daemon cannot be reached).
+    #[arg(long, conflicts_with = "json")]
+    check: bool,
 }
 
 #[derive(Args, Debug)]
@@ -811,6 +822,22 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Custom(&status)]) {
         tracing::warn!(%e, "cannot notify systemd of readiness");
     }
+    // systemd's watchdog (WatchdogSec=): fed only while the node's event loop answers,
+    // so that a hung loop is restarted rather than left listening.
+    if let Some(interval) = sd_notify::watchdog_enabled() {
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let every = interval / 2;
+            loop {
+                tokio::time::sleep(every).await;
+                if let Ok(Ok(_)) = tokio::time::timeout(every, handle.status()).await {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                } else {
+                    tracing::warn!("the event loop did not answer: the systemd watchdog is not fed");
+                }
+            }
+        });
+    }
 
     let which = tokio::select! {
         _ = term.recv() => "SIGTERM",
@@ -972,8 +999,22 @@ async fn fetch_status(api: &ApiArgs, what: &str) -> anyhow::Result<serde_json::V
     Ok(serde_json::to_value(status)?)
 }
 
-async fn status(args: StatusArgs) -> anyhow::Result<u8> {
+async fn status(cmd: StatusCmdArgs) -> anyhow::Result<u8> {
+    let args = cmd.base;
     let v = fetch_status(&args.api, "status").await?;
+    if cmd.check {
+        let held_back = v["held_back_ms"].as_u64().unwrap_or(0);
+        return Ok(if v["ready"] != true {
+            println!("not ready: {}", v["readiness_detail"].as_str().unwrap_or("?"));
+            1
+        } else if held_back > 0 {
+            println!("serving, but a new lock waits {held_back} ms more for the takeover delay");
+            1
+        } else {
+            println!("ready: serving");
+            0
+        });
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
@@ -1107,6 +1148,9 @@ fn render_status(v: &serde_json::Value) -> String {
     let departed = str_list("departed_members");
     if !departed.is_empty() {
         let _ = writeln!(out, "departed peers:   {} (sigma admin forget, if gone for good)", departed.join(", "));
+    }
+    if let Some(ms) = v.get("held_back_ms").and_then(serde_json::Value::as_u64).filter(|ms| *ms > 0) {
+        let _ = writeln!(out, "new locks wait:   {ms} ms more (the takeover delay after serving began)");
     }
     let _ = writeln!(out, "replicas hosted:  {}", num("replicas_hosted"));
     let held: Vec<String> = match v.get("locks_held") {

@@ -7,7 +7,7 @@ use sigma_node::client::{AcquireOptions, Client};
 
 mod daemon;
 
-use daemon::{daemon, get_json};
+use daemon::{daemon, daemon_with, eventually, get_json, http, SIGMA};
 
 /// Checks `value` against the component schema `name`: object keys within its
 /// properties, its required properties present; nested objects by their `$ref`s.
@@ -70,4 +70,47 @@ async fn answers_match_the_served_openapi_document() {
     assert_eq!(resp.status(), 404);
     conforms(&doc, "ErrorBody", &resp.json::<Value>().await.unwrap(), "release");
     client.release("contract/x", held.token, &held.lease).await.unwrap();
+}
+
+/// The probes tell the truth. A lone daemon serves at once but holds new locks back for
+/// its takeover delay: `GET /readyz` answers 503 `held_back` and `sigma status --check`
+/// exits 1 until the delay has passed, then 200 and 0; `GET /healthz` answers 200
+/// throughout. The answers conform to the document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_say_ready_only_once_nothing_is_held_back() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let delay = Duration::from_secs(8);
+    let d =
+        daemon_with(dir.path(), "probes", &[], &["--listen", "/ip4/127.0.0.1/tcp/0", "--takeover-delay", "8s"]).await;
+    let started = Instant::now();
+    let doc = get_json(&format!("http://{}/v1/openapi.json", d.api)).await;
+    let probe = |path: &'static str| {
+        let url = format!("http://{}{path}", d.api);
+        async move {
+            let resp = http().get(url).send().await.unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let check = || async {
+        let out =
+            tokio::process::Command::new(SIGMA).args(["status", "--check", "--api", &d.api]).output().await.unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, body) = probe("/readyz").await;
+    assert!(started.elapsed() < delay, "the machine is too slow for this test's 8 s delay");
+    assert_eq!((code, body["code"].as_str()), (503, Some("held_back")), "{body}");
+    conforms(&doc, "ErrorBody", &body, "/readyz");
+    let (exit, said) = check().await;
+    assert_eq!(exit, Some(1), "{said}");
+    assert!(said.contains("takeover delay"), "{said}");
+    let (code, body) = probe("/healthz").await;
+    assert_eq!(code, 200, "{body}");
+    conforms(&doc, "Probe", &body, "/healthz");
+    eventually("/readyz to answer 200", || async { probe("/readyz").await.0 == 200 }).await;
+    assert!(started.elapsed() >= delay - Duration::from_secs(1), "ready before the takeover delay passed");
+    let (code, body) = probe("/readyz").await;
+    assert_eq!((code, body["readiness"].as_str()), (200, Some("serving")));
+    conforms(&doc, "Probe", &body, "/readyz");
+    assert_eq!(check().await.0, Some(0));
 }

@@ -62,6 +62,14 @@ impl Behaviour {
         departed
     }
 
+    /// How long a replica started now would still grant nothing because serving began
+    /// (the takeover delay after a start, a rejoin or a stall), if at all: new locks
+    /// wait that long here. Zero when none is held back.
+    pub fn held_back(&self) -> Duration {
+        let now = self.clock.now();
+        self.membership.hold_until(now, |_| false).map_or(Duration::ZERO, |t| t.saturating_sub(now))
+    }
+
     /// The takeover delay in force.
     pub fn takeover_delay(&self) -> Duration {
         self.membership.delay()

@@ -372,7 +372,8 @@ struct LockArgs {
     /// (the daemon's lease and --ttl).
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     grace: Duration,
-    /// Try once: give up after about a second if the lock is held elsewhere (exit 75).
+    /// Try once: give up after about a second if the lock is not won (exit 75), saying why
+    /// when this peer knows (not ready, or new locks held back by the takeover delay).
     #[arg(long = "try", conflicts_with = "timeout")]
     try_once: bool,
     /// The command and its arguments, after `--`. Without one, `sigma lock` prints the
@@ -1174,6 +1175,33 @@ fn render_status(v: &serde_json::Value) -> String {
 // ---------------------------------------------------------------------------------
 // sigma lock
 
+/// How long `sigma lock` waits before saying why it waits, and how often it asks again.
+const WHY_AFTER: Duration = Duration::from_secs(1);
+const WHY_EVERY: Duration = Duration::from_secs(5);
+
+/// Why a lock may not be won through this daemon yet, if the daemon knows: it is not
+/// ready (joining, a minority…), or its replicas hold new grants back for the takeover
+/// delay. `None`: it serves with nothing held back (the lock is held elsewhere or
+/// contended), or the daemon did not answer.
+/// The reason's kind comes first (the readiness, or `held_back`): it is said once.
+async fn why_waiting(client: &Client) -> Option<(String, String)> {
+    let st = client.clone().with_timeout(Duration::from_secs(2)).status().await.ok()?;
+    if !st.ready {
+        Some((st.readiness.clone(), format!("this peer is not ready: {}", st.readiness_detail)))
+    } else if st.held_back_ms > 0 {
+        Some((
+            "held_back".to_owned(),
+            format!(
+            "this peer began serving recently and grants nothing for {:.1} s more (the takeover delay: a peer that \
+             took replicas over waits out every vote their previous host could have granted)",
+            st.held_back_ms as f64 / 1000.0
+        ),
+        ))
+    } else {
+        None
+    }
+}
+
 async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     init_tracing("warn");
     let name = args.name.clone();
@@ -1193,24 +1221,39 @@ async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     // hang forever).
     let timeout = if args.try_once { Some(TRY_TIMEOUT) } else { args.timeout };
     let opts = AcquireOptions { timeout, ttl: Some(args.ttl), quorum: args.n.zip(args.m), min_peers: args.min_peers };
-    let acquired = tokio::select! {
-        r = client.acquire(&name, &opts) => match r {
-            Ok(a) => a,
-            Err(ClientError::NoAnswer { .. }) => {
-                return Err(fail(EXIT_TIMEOUT, format!("lock {name}: the daemon did not answer within the timeout")));
+    let waiter = client.clone();
+    let acquire = waiter.acquire(&name, &opts);
+    tokio::pin!(acquire);
+    // A wait past a second says why, once per reason, if this peer knows one.
+    let mut ask = tokio::time::interval_at(tokio::time::Instant::now() + WHY_AFTER, WHY_EVERY);
+    let mut said: Option<String> = None;
+    let acquired = loop {
+        tokio::select! {
+            r = &mut acquire => break match r {
+                Ok(a) => a,
+                Err(ClientError::NoAnswer { .. }) => {
+                    return Err(fail(EXIT_TIMEOUT, format!("lock {name}: the daemon did not answer within the timeout")));
+                }
+                Err(ClientError::Timeout) if args.try_once => {
+                    let why = why_waiting(&client).await.map_or_else(|| "it is held elsewhere".to_owned(), |(_, why)| why);
+                    return Err(fail(EXIT_TIMEOUT, format!("lock {name} not won within {TRY_TIMEOUT:?}: {why}")));
+                }
+                Err(ClientError::Timeout) => {
+                    let waited = timeout.map_or_else(String::new, |t| format!(" after {t:?}"));
+                    return Err(fail(EXIT_TIMEOUT, format!("timed out{waited} waiting for lock {name}")));
+                }
+                Err(e) => return Err(api_error(&format!("lock {name}"), e)),
+            },
+            _ = ask.tick(), if !args.try_once => {
+                if let Some((kind, why)) = why_waiting(&client).await.filter(|(k, _)| said.as_ref() != Some(k)) {
+                    eprintln!("sigma: waiting for lock {name}: {why}");
+                    said = Some(kind);
+                }
             }
-            Err(ClientError::Timeout) if args.try_once => {
-                return Err(fail(EXIT_TIMEOUT, format!("lock {name} is held elsewhere (not won within {TRY_TIMEOUT:?})")));
+            sig = signals.recv() => {
+                // Dropping the request closes the connection: the daemon abandons the wait.
+                return Err(fail(128 + sig as u8, format!("interrupted while waiting for lock {name}")));
             }
-            Err(ClientError::Timeout) => {
-                let waited = timeout.map_or_else(String::new, |t| format!(" after {t:?}"));
-                return Err(fail(EXIT_TIMEOUT, format!("timed out{waited} waiting for lock {name}")));
-            }
-            Err(e) => return Err(api_error(&format!("lock {name}"), e)),
-        },
-        sig = signals.recv() => {
-            // Dropping the request closes the connection: the daemon abandons the wait.
-            return Err(fail(128 + sig as u8, format!("interrupted while waiting for lock {name}")));
         }
     };
     let token = acquired.token;

@@ -575,3 +575,28 @@ async fn the_binary_runs_on_jemalloc_with_one_arena_and_background_purging() {
     assert!(stats.contains("opt.narenas: 1\n"), "jemalloc's options: {stats}");
     assert!(stats.contains("opt.background_thread: true"), "jemalloc's options: {stats}");
 }
+
+/// A newcomer's first lock says why it waits. A lone daemon that just began serving
+/// grants nothing for its takeover delay (4 s here): `sigma lock --try` says so instead
+/// of "held elsewhere", and a waiting `sigma lock` prints the reason (once) after a
+/// second, then wins once the delay has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_lock_says_it_waits_for_the_takeover_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let d =
+        daemon_with(dir.path(), "first", &[], &["--listen", "/ip4/127.0.0.1/tcp/0", "--takeover-delay", "4s"]).await;
+    let tried =
+        Command::new(SIGMA).args(["lock", "first", "--try", "--api", &d.api, "--", "true"]).output().await.unwrap();
+    let said = String::from_utf8_lossy(&tried.stderr);
+    assert_eq!(tried.status.code(), Some(75), "{said}");
+    assert!(said.contains("takeover delay") && !said.contains("held elsewhere"), "{said}");
+    let out = Command::new(SIGMA)
+        .args(["lock", "first", "--timeout", "30s", "--api", &d.api, "--", "sh", "-c", "echo ran"])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+    assert_eq!(said.matches("waiting for lock first: this peer began serving recently").count(), 1, "{said}");
+}

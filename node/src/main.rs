@@ -58,7 +58,9 @@ enum Cmd {
     ///
     /// Prints parseable lines on stdout once up: `SIGMA_PEER_ID=…`, one
     /// `SIGMA_LISTEN=…/p2p/…` per address (usable as another peer's --bootstrap),
-    /// `SIGMA_API=IP:PORT`, then `SIGMA_READY`. Logs go to stderr (RUST_LOG, default info).
+    /// `SIGMA_API=IP:PORT`, then `SIGMA_READY` (listening), and `SIGMA_SERVING` once the
+    /// peer serves with no new lock held back (`GET /readyz` would answer 200). Logs go
+    /// to stderr (RUST_LOG, default info).
     Run(Box<RunArgs>),
     /// Hold a lock while a command runs (the etcdctl/consul `lock` convention), or,
     /// without a command, until SIGINT/SIGTERM, printing SIGMA_LOCK_NAME=,
@@ -822,6 +824,24 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let status = format!("STATUS=peer {peer}, API {}", api.local_addr());
     if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Custom(&status)]) {
         tracing::warn!(%e, "cannot notify systemd of readiness");
+    }
+    // `SIGMA_SERVING` (and systemd's STATUS) once the peer serves with nothing held
+    // back: a lock taken then is granted at once (SIGMA_READY means listening).
+    {
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            loop {
+                match handle.status().await {
+                    Ok(st) if st.ready && st.held_back_ms == 0 => {
+                        println!("SIGMA_SERVING");
+                        let _ = sd_notify::notify(&[sd_notify::NotifyState::Custom("STATUS=serving")]);
+                        return;
+                    }
+                    Ok(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                    Err(_) => return,
+                }
+            }
+        });
     }
     // systemd's watchdog (WatchdogSec=): fed only while the node's event loop answers,
     // so that a hung loop is restarted rather than left listening.

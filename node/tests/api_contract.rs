@@ -75,7 +75,8 @@ async fn answers_match_the_served_openapi_document() {
 /// The probes tell the truth. A lone daemon serves at once but holds new locks back for
 /// its takeover delay: `GET /readyz` answers 503 `held_back` and `sigma status --check`
 /// exits 1 until the delay has passed, then 200 and 0; `GET /healthz` answers 200
-/// throughout. The answers conform to the document.
+/// throughout; `SIGMA_SERVING` is printed only then. The answers conform to the
+/// document.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probes_say_ready_only_once_nothing_is_held_back() {
     use std::time::{Duration, Instant};
@@ -98,6 +99,8 @@ async fn the_probes_say_ready_only_once_nothing_is_held_back() {
         (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
     };
     let (code, body) = probe("/readyz").await;
+    let printed = || d.serving.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(!printed(), "SIGMA_SERVING printed while new locks are held back");
     assert!(started.elapsed() < delay, "the machine is too slow for this test's 8 s delay");
     assert_eq!((code, body["code"].as_str()), (503, Some("held_back")), "{body}");
     conforms(&doc, "ErrorBody", &body, "/readyz");
@@ -113,4 +116,5 @@ async fn the_probes_say_ready_only_once_nothing_is_held_back() {
     assert_eq!((code, body["readiness"].as_str()), (200, Some("serving")));
     conforms(&doc, "Probe", &body, "/readyz");
     assert_eq!(check().await.0, Some(0));
+    eventually("SIGMA_SERVING on stdout", || async { printed() }).await;
 }

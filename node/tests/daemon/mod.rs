@@ -44,6 +44,8 @@ pub struct Daemon {
     pub api: String,
     /// The `--metrics` listener's address, if one was asked for.
     pub metrics: Option<String>,
+    /// Set once the daemon printed `SIGMA_SERVING`.
+    pub serving: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub log: PathBuf,
 }
 
@@ -125,11 +127,19 @@ pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: 
         panic!("daemon {tag} did not get ready:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
     }
     // Keep draining stdout so the daemon never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let serving = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = serving.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line == "SIGMA_SERVING" {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
     let peer_id: PeerId = peer_id.parse().expect("SIGMA_PEER_ID is a peer id");
     assert!(!listen.is_empty() && !api.is_empty());
     assert!(listen.iter().all(|a| a.to_string().ends_with(&format!("/p2p/{peer_id}"))), "{listen:?}");
-    Daemon { child, peer_id, listen, api, metrics, log }
+    Daemon { child, peer_id, listen, api, metrics, serving, log }
 }
 
 /// An HTTP client that never goes through a proxy (loopback only).

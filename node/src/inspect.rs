@@ -184,8 +184,15 @@ impl Inspection {
         self
     }
 
-    /// A table for people.
+    /// A table for people, with a line per replica (`sigma inspect --replicas`).
     pub fn render(&self) -> String {
+        self.render_with(true)
+    }
+
+    /// The same, the replicas summed up in one line unless `replicas`: what they
+    /// answered (owned by the holder, by another acquisition, idle, refused and why,
+    /// no answer) and whether any holds its grants back (`sigma inspect`).
+    pub fn render_with(&self, replicas: bool) -> String {
         use std::fmt::Write;
         let mut out = String::new();
         let _ = writeln!(
@@ -220,6 +227,10 @@ impl Inspection {
                 );
             }
         }
+        if !replicas {
+            out.push_str(&self.replica_summary());
+            return out;
+        }
         out.push_str("replicas:\n");
         for r in &self.replicas {
             let what = match (r.answer.as_str(), &r.owner) {
@@ -237,6 +248,33 @@ impl Inspection {
             let _ = writeln!(out, "  {:>2}  host {}  {what}{held}", r.index, r.host);
         }
         out
+    }
+}
+
+impl Inspection {
+    /// One line: how many replicas answered what, and the longest hold of grants.
+    fn replica_summary(&self) -> String {
+        use std::collections::BTreeMap;
+        let holder = self.holder.as_ref().map(|h| &h.acquisition);
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for r in &self.replicas {
+            let kind = match (r.answer.as_str(), &r.owner) {
+                ("ok", Some(o)) if Some(o) == holder => "owned by the holder".to_owned(),
+                ("ok", Some(_)) => "owned by another acquisition".to_owned(),
+                ("ok", None) if r.queue_len > 0 => "no owner, waiters queued".to_owned(),
+                ("ok", None) => "idle".to_owned(),
+                ("refused", _) => format!("refused ({})", r.refused.as_deref().unwrap_or("?")),
+                _ => "no answer".to_owned(),
+            };
+            *kinds.entry(kind).or_default() += 1;
+        }
+        let parts: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let held: Vec<u64> = self.replicas.iter().map(|r| r.held_back_ms).filter(|ms| *ms > 0).collect();
+        let held = match held.iter().max() {
+            Some(max) => format!("; {} hold grants back (up to {max} ms more: the takeover delay)", held.len()),
+            None => String::new(),
+        };
+        format!("replicas: {}{held} (--replicas: one line each)\n", parts.join(", "))
     }
 }
 
@@ -314,5 +352,8 @@ mod tests {
         assert_eq!(i.holder, None);
         assert!(i.waiters.is_empty());
         assert!(i.render().contains("holder: none"));
+        let short = i.render_with(false);
+        assert!(short.contains("replicas: 1 no answer, 2 owned by another acquisition"), "{short}");
+        assert_eq!(short.lines().count(), 4, "{short}");
     }
 }

@@ -411,6 +411,9 @@ struct InspectArgs {
     /// Print the daemon's JSON answer.
     #[arg(long)]
     json: bool,
+    /// One line per replica (by default they are summed up in one line).
+    #[arg(long)]
+    replicas: bool,
 }
 
 #[derive(Args, Debug)]
@@ -1065,7 +1068,7 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&view)?);
     } else {
-        print!("{}", view.render());
+        print!("{}", view.render_with(args.replicas));
     }
     Ok(0)
 }

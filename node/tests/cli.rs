@@ -539,6 +539,11 @@ async fn inspect_and_release_from_another_daemon() {
     let out = Command::new(SIGMA).args(["inspect", "broken", "--api", &c.api]).output().await.unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains(&format!("token {token}")), "{text}");
+    // Compact by default: the replicas in one line; one each with --replicas.
+    assert!(text.lines().count() < 8 && text.contains("owned by the holder"), "{text}");
+    let out = Command::new(SIGMA).args(["inspect", "broken", "--replicas", "--api", &c.api]).output().await.unwrap();
+    let full = String::from_utf8_lossy(&out.stdout);
+    assert!(full.lines().filter(|l| l.contains("  host ")).count() >= 3, "{full}");
 
     let out = Command::new(SIGMA)
         .args(["release", "broken", "--token", &token.to_string(), "--api", &c.api])

@@ -121,8 +121,9 @@
 #[path = "model/checker.rs"]
 mod checker;
 
-use checker::{run, Bounds, Network, Timers};
+use checker::{run, Bounds, Network, Timers, EVERY, LEASE};
 use sigma_behaviour::proto::Mutant;
+use std::time::Duration;
 
 /// Runs `b`, requires the invariant to hold and exactly `states` distinct states.
 fn pinned(b: Bounds, states: usize) -> checker::Report {
@@ -169,7 +170,7 @@ fn scheduled_3_2_late_notices() {
         copies: 0,
         ..Bounds::new(3, 2, 3)
     };
-    pinned(b, 489_363);
+    pinned(b, 490_161);
 }
 
 /// Scheduled, n=4, m=3, two clients, one reset: two links cut for good, the holder never
@@ -272,6 +273,94 @@ fn scheduled_3_2_a_replica_that_grants_over_a_live_vote_is_caught() {
         ..Bounds::new(3, 2, 2)
     };
     assert_caught(&b, (21, 925));
+}
+
+/// `scheduled_3_2_reset_excuses_two_holders` with a faulty client A
+/// (`Mutant::CountLapsedVote`): it stays valid on the latest of its m leases instead of
+/// the m-th latest. Its votes behind the two cut links lapse and go to B, who wins; A
+/// still counts itself valid on its one live vote. Caught with no reset to hide behind
+/// (no live vote in common).
+#[test]
+fn scheduled_3_2_a_client_that_counts_a_lapsed_vote_is_caught() {
+    let b = Bounds {
+        network: Network::Scheduled,
+        depth: 75,
+        cuts: 2,
+        heals: 0,
+        releases: 0,
+        resets: 1,
+        copies: 0,
+        mutant: Some((Mutant::CountLapsedVote, 0)),
+        ..Bounds::new(3, 2, 2)
+    };
+    assert_caught(&b, (57, 46_569));
+}
+
+/// `scheduled_3_2_reset_excuses_two_holders` with the takeover delay on every reset
+/// (`Bounds::delayed_resets`: the new incarnation grants nothing for one lease and the
+/// drift bound, as a host that takes a key over). Without the delay this configuration
+/// has 829 states with two valid holders that the reset excuses; with it a reset
+/// excuses nothing (the oracle's excusal is off) and there are none.
+#[test]
+fn scheduled_3_2_delayed_resets_need_no_excuse() {
+    let b = Bounds {
+        network: Network::Scheduled,
+        depth: 75,
+        cuts: 2,
+        heals: 0,
+        releases: 0,
+        resets: 1,
+        copies: 0,
+        delayed_resets: true,
+        ..Bounds::new(3, 2, 2)
+    };
+    let r = pinned(b, 435_198);
+    assert_eq!(r.excused, 0);
+}
+
+/// Scheduled, n=3, m=2, two clients starting at explored times, no reset: releases, a
+/// pause of one lease, one link cut, and two idle-replica disposals (`Action::Dispose`,
+/// when `Replica::is_disposable` by the replica's clock, as the behaviour drops it).
+/// Replica 0's clock runs 4 s ahead (more than a lease), so a token can stand above the
+/// clock of a replica it reaches. With no reset nothing is excused: disposals must act
+/// as no reset for exclusion, and the token order (promise (a): a RELEASE or renewal
+/// reached a replica of the next quorum, no reset since) must survive them.
+#[test]
+fn scheduled_3_2_disposals() {
+    let r = pinned(disposals(), 299_776);
+    assert_eq!(r.after_disposal, 208_300, "states reached after a disposal");
+}
+
+fn disposals() -> Bounds {
+    Bounds {
+        network: Network::Scheduled,
+        explored_starts: true,
+        depth: 40,
+        cuts: 1,
+        heals: 0,
+        releases: 2,
+        pauses: 1,
+        resets: 0,
+        copies: 0,
+        disposals: 2,
+        offsets: vec![Duration::from_secs(4)],
+        ..Bounds::new(3, 2, 2)
+    }
+}
+
+/// `scheduled_3_2_disposals` with a disposal that forgets the floor
+/// (`Mutant::DisposalForgetsFloor` in every replica): A wins on replica 0's stamp (4 s
+/// ahead) and releases; replicas 1 and 2 are dropped once their tombstones allow,
+/// though their floor (A's token) is ahead of their clocks, and B, cut from replica 0,
+/// wins on their fresh stamps: below A's token.
+#[test]
+fn scheduled_3_2_a_disposal_that_forgets_the_floor_is_caught() {
+    let b = Bounds { mutant: Some((Mutant::DisposalForgetsFloor, EVERY)), ..disposals() };
+    let r = run(&b);
+    let v = r.violation.expect("the planted disposal is caught");
+    assert!(v.contains("fencing token went back"), "{v}");
+    assert_eq!((r.depth, r.states), (20, 9_256), "where the first counterexample is found");
+    assert!(b.offsets[0] > LEASE, "beyond promise (b): only the floor keeps the order");
 }
 
 /// The planted double grant of `b` is caught, first at `(depth, states)`.

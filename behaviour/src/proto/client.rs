@@ -43,7 +43,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::clock::{micros, Timestamp};
-use super::config::Config;
+use super::config::{Config, Mutant};
 use super::error::ClientError;
 use super::message::{Response, ToReplica, RELAY_DEPTH};
 use super::Time;
@@ -259,6 +259,10 @@ impl<C: Clone + Ord> Client<C> {
             return None;
         }
         leases.sort_unstable_by(|a, b| b.cmp(a));
+        if self.config.mutant == Some(Mutant::CountLapsedVote) {
+            // The planted fault (test-only): m views count, lapsed or not.
+            return Some(leases[0]);
+        }
         Some(leases[k - 1])
     }
 

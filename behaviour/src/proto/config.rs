@@ -47,6 +47,15 @@ pub enum Mutant {
     /// live: the owner is queued under its timestamp as if its lease had run out, and
     /// learns of it only at its next contact. Two holders with no reset.
     GrantOverLiveVote,
+    /// A client counts a lapsed vote toward m: once m views name it, it stays valid
+    /// until the *latest* of their leases ([`Client::valid_until`](super::Client::valid_until)),
+    /// while a single vote may be live. Two holders with no reset.
+    CountLapsedVote,
+    /// An idle replica is disposable as soon as its tombstones allow, whatever its floor
+    /// ([`Replica::is_disposable`](super::Replica::is_disposable)): dropped while the
+    /// stamps it issued or the tokens it saw are ahead of its clock, its next incarnation
+    /// grants below them. Fencing tokens go back with no reset.
+    DisposalForgetsFloor,
 }
 
 /// How a reset replica (all memory lost) gets back into agreement with the others

@@ -333,6 +333,10 @@ impl<C: Clone + Ord> Replica<C> {
             until.min(until.saturating_sub(self.config.tombstone_ttl).saturating_add(self.config.idle_ttl))
         });
         let stamp = Duration::from_micros(self.last_stamp.saturating_add(1));
+        if self.config.mutant == Some(Mutant::DisposalForgetsFloor) {
+            // The planted fault (test-only): the floor is not waited out.
+            return Some(tombstones);
+        }
         Some(tombstones.max(stamp))
     }
 

@@ -36,7 +36,28 @@ fn config(n: usize, m: usize) -> Config {
         .with_advice_bounds(Duration::from_millis(20), Duration::from_secs(2))
         .with_queue_grace(Duration::from_secs(1))
         .with_tombstone_ttl(Duration::from_secs(30))
+        .with_idle_ttl(IDLE_TTL)
         .with_state_bounds(64, 256)
+}
+
+/// An idle replica is disposable this long after its last RELEASE (the default is 5 s):
+/// short, so that a disposal comes within a few steps of a release.
+pub const IDLE_TTL: Duration = Duration::from_secs(1);
+
+/// Every replica or every client, as the place of a mutant (`Bounds::mutant`).
+pub const EVERY: usize = usize::MAX;
+
+/// Whether `mutant` is a fault of the client (planted in clients) or of the replica.
+fn client_mutant(mutant: Mutant) -> bool {
+    matches!(mutant, Mutant::CountLapsedVote)
+}
+
+/// The takeover delay a reset replica waits out when resets carry it: one lease and the
+/// drift bound, every vote its previous life can have granted (the behaviour's
+/// `Config::takeover_delay` adds the liveness timeout and a timer's slack to that, for a
+/// host to notice a cut; the core needs only this much).
+fn takeover_delay(cfg: &Config) -> Duration {
+    LEASE + LEASE.mul_f64(f64::from(cfg.max_drift_ppm()) / 1e6)
 }
 
 /// How timers fire (see the module doc of `tests/model.rs`).
@@ -89,9 +110,20 @@ pub struct Bounds {
     pub heals: u8,
     /// Fingerprints are taken up to a permutation of the replicas.
     pub symmetry: bool,
-    /// A fault planted in one replica (every incarnation of it), to show that the
-    /// invariant catches it: `(mutant, replica)`.
+    /// A fault planted in one replica (every incarnation of it) or one client, to show
+    /// that the invariant catches it: `(mutant, replica or client)`, [`EVERY`] for all.
     pub mutant: Option<(Mutant, usize)>,
+    /// Every reset carries the takeover delay (`Replica::hold_grants_until`): the new
+    /// incarnation grants nothing for one lease and the drift bound. A reset then
+    /// excuses nothing: two valid holders are a violation, whatever the resets.
+    pub delayed_resets: bool,
+    /// Idle-replica disposals in all: a replica that is `is_disposable` (by its clock)
+    /// is dropped and a new one takes the next message, as the behaviour does. Not a
+    /// reset: it excuses nothing.
+    pub disposals: u8,
+    /// How far each replica's clock runs ahead of the clients' (index = replica; missing
+    /// = 0). Rates are equal; offsets within `max_clock_offset`.
+    pub offsets: Vec<Duration>,
 }
 
 impl Bounds {
@@ -114,6 +146,9 @@ impl Bounds {
             heals: 0,
             symmetry: true,
             mutant: None,
+            delayed_resets: false,
+            disposals: 0,
+            offsets: Vec::new(),
         }
     }
 
@@ -142,8 +177,23 @@ impl Bounds {
         b.releases = num("releases", b.releases.into()) as u8;
         b.heals = num("heals", b.heals.into()) as u8;
         b.symmetry = num("symmetry", b.symmetry.into()) != 0;
-        if let Some(i) = get("mutant") {
-            b.mutant = Some((Mutant::GrantOverLiveVote, i.parse().expect("mutant=<replica index>")));
+        if let Some(v) = get("mutant") {
+            // `mutant=<index>` (a double grant) or `mutant=<name>:<index or all>`.
+            let (kind, at) = v.split_once(':').unwrap_or(("grant-over-live-vote", v));
+            let kind = match kind {
+                "grant-over-live-vote" => Mutant::GrantOverLiveVote,
+                "count-lapsed-vote" => Mutant::CountLapsedVote,
+                "disposal-forgets-floor" => Mutant::DisposalForgetsFloor,
+                k => panic!("mutant={k}: grant-over-live-vote, count-lapsed-vote or disposal-forgets-floor"),
+            };
+            let at = if at == "all" { EVERY } else { at.parse().expect("mutant=<name>:<index>") };
+            b.mutant = Some((kind, at));
+        }
+        b.delayed_resets = num("delayed", 0) != 0;
+        b.disposals = num("disposals", 0) as u8;
+        if let Some(v) = get("offsets") {
+            // Milliseconds each replica's clock runs ahead, comma-separated.
+            b.offsets = v.split(',').map(|ms| Duration::from_millis(ms.parse().expect("offsets=<ms>,..."))).collect();
         }
         match get("timers") {
             Some("lazy") => b.timers = Timers::Lazy,
@@ -189,6 +239,8 @@ enum Action {
     Release(u8),
     /// The replica loses its memory.
     Reset(u8),
+    /// The idle replica is dropped (disposal; a new one takes the next message).
+    Dispose(u8),
     /// (Scheduled) the default: deliver the oldest message not held, or else fire the
     /// earliest timer (moving the clock to it).
     Step,
@@ -256,6 +308,7 @@ struct Used {
     heals: u8,
     releases: u8,
     started: u8,
+    disposals: u8,
 }
 
 #[derive(Clone)]
@@ -275,6 +328,14 @@ struct State {
     /// later incarnation issued again, identical (same owner and stamp, possible when
     /// the reset and both grants fall on one instant): its incarnation is unknown.
     wiped: BTreeMap<(usize, Ts, u64), u8>,
+    /// The first delivery of a fencing token to a replica: `(replica, holder)` → the
+    /// grant the replica's owner had then (ghost state for the token order). A RELEASE or
+    /// a renewal carries the holder's token and moves the replica's stamps past it; a
+    /// grant made after it is above the token. Forgotten at a reset of the replica (the
+    /// promise does not survive one), kept across a disposal (which is no reset).
+    floors: BTreeMap<(usize, Id), Option<(Ts, u64)>>,
+    /// How far each replica's clock runs ahead (`Bounds::offsets`, constant).
+    offsets: Vec<Duration>,
     /// (Scheduled) cut links, bit `client * n + replica`.
     cut: u64,
     /// The actor the last action changed (whose fingerprint to refresh).
@@ -406,9 +467,30 @@ impl Model {
     /// Replica `i`'s configuration: the mutant's, if it is planted there.
     fn replica_config(&self, i: usize) -> Config {
         match self.b.mutant {
-            Some((mutant, at)) if at == i => self.cfg.clone().with_mutant(mutant),
+            Some((mutant, at)) if !client_mutant(mutant) && (at == i || at == EVERY) => {
+                self.cfg.clone().with_mutant(mutant)
+            }
             _ => self.cfg.clone(),
         }
+    }
+
+    /// Client `c`'s configuration: the mutant's, if it is planted there.
+    fn client_config(&self, c: usize) -> Config {
+        match self.b.mutant {
+            Some((mutant, at)) if client_mutant(mutant) && (at == c || at == EVERY) => {
+                self.cfg.clone().with_mutant(mutant)
+            }
+            _ => self.cfg.clone(),
+        }
+    }
+
+    /// Whether the replicas' clocks are within one lease of each other: the fencing
+    /// promise (b) of ARCHITECTURE.md.
+    fn clocks_within_a_lease(&self) -> bool {
+        let max = self.b.offsets.iter().max().copied().unwrap_or_default();
+        let min =
+            if self.b.offsets.len() < self.b.n { Duration::ZERO } else { *self.b.offsets.iter().min().expect("n > 0") };
+        max - min <= LEASE
     }
 }
 
@@ -462,6 +544,8 @@ impl State {
             flight: Vec::new(),
             used: Used::default(),
             wiped: BTreeMap::new(),
+            floors: BTreeMap::new(),
+            offsets: b.offsets.clone(),
             cut: 0,
             touched: None,
             fp_replicas: Vec::new(),
@@ -481,13 +565,22 @@ impl State {
     fn start(&mut self, model: &Model, c: usize) {
         let id = c as Id;
         let ts = LamportClock::new().stamp(self.now, id);
-        self.clients[c] = Some(Client::new(model.cfg.clone(), ts, self.now));
+        self.clients[c] = Some(Client::new(model.client_config(c), ts, self.now));
         self.used.started += 1;
     }
 
+    /// Replica `i`'s clock.
+    fn replica_now(&self, i: usize) -> Time {
+        self.now + self.offsets.get(i).copied().unwrap_or_default()
+    }
+
+    /// An actor's next deadline, on the global clock.
     fn deadline(&self, x: Actor) -> Option<Time> {
         match x {
-            Actor::Replica(i) => self.replicas[i as usize].poll_timeout(),
+            Actor::Replica(i) => {
+                let off = self.offsets.get(i as usize).copied().unwrap_or_default();
+                self.replicas[i as usize].poll_timeout().map(|t| t.saturating_sub(off))
+            }
             Actor::Client(c) => self.clients[c as usize].as_ref().and_then(|c| c.poll_timeout()),
         }
     }
@@ -571,6 +664,13 @@ impl State {
         }
         if self.used.resets < b.resets {
             out.extend((0..b.n).map(|i| Action::Reset(i as u8)));
+        }
+        if self.used.disposals < b.disposals {
+            for i in 0..b.n {
+                if self.replicas[i].is_disposable(self.replica_now(i)) {
+                    out.push(Action::Dispose(i as u8));
+                }
+            }
         }
     }
 
@@ -656,6 +756,7 @@ impl State {
             Action::Pause => format!("clock advances by one lease ({LEASE:?}), timers unfired"),
             Action::Release(c) => format!("{} releases", name(c.into())),
             Action::Reset(i) => format!("replica {i} is RESET (memory wiped)"),
+            Action::Dispose(i) => format!("replica {i} is idle and DISPOSED of"),
             Action::Step => match self.front() {
                 Some(k) => format!("deliver {}", show_msg(&self.flight[k].msg)),
                 None => self.describe(Action::Fire(self.next_timer().expect("enabled"))),
@@ -708,6 +809,7 @@ impl State {
                 self.touched = Some(x);
                 match x {
                     Actor::Replica(i) => {
+                        let now = self.replica_now(i as usize);
                         self.replicas[i as usize].handle_timeout(now);
                         self.drain_replica(model, i as usize);
                         Ok(())
@@ -735,6 +837,15 @@ impl State {
             }
             Action::Reset(i) => {
                 self.reset(model, i as usize);
+                Ok(())
+            }
+            Action::Dispose(i) => {
+                // What `Behaviour::reindex_replica` does: the entry goes, and the next
+                // message for the key creates a replica with empty memory. No grant is
+                // wiped (it had no owner, and its stamps are behind its clock).
+                self.replicas[i as usize] = Replica::new(model.replica_config(i as usize));
+                self.used.disposals += 1;
+                self.touched = Some(Actor::Replica(i));
                 Ok(())
             }
             Action::Cut(c, i) => {
@@ -793,6 +904,12 @@ impl State {
             self.wiped.entry((i, ts, s)).or_insert(self.used.resets);
         }
         self.replicas[i] = Replica::new(model.replica_config(i));
+        if model.b.delayed_resets {
+            let until = self.replica_now(i) + takeover_delay(&model.cfg);
+            self.replicas[i].hold_grants_until(until);
+        }
+        // The token floors it had seen are gone with it.
+        self.floors.retain(|&(j, _), _| j != i);
         self.used.resets += 1;
         self.touched = Some(Actor::Replica(i as u8));
     }
@@ -824,6 +941,18 @@ impl State {
         match msg {
             Msg::Up { from, to, msg } => {
                 self.touched = Some(Actor::Replica(to as u8));
+                // A RELEASE or a renewal carrying its sender's fencing token.
+                let carried = match &msg {
+                    ToReplica::Request { floor, .. } => *floor,
+                    ToReplica::Release { token, .. } => *token,
+                    _ => 0,
+                };
+                let token = self.clients[from as usize].as_ref().map_or(0, |c| c.token());
+                if token > 0 && carried >= token && !self.floors.contains_key(&(to, from)) {
+                    let owner = self.replicas[to].owner().map(|(ts, s)| (*ts, s));
+                    self.floors.insert((to, from), owner);
+                }
+                let now = self.replica_now(to);
                 match self.replicas[to].handle(now, &from, msg) {
                     Ok(()) | Err(ReplicaError::NotHolder) | Err(ReplicaError::Finished) => {}
                     Err(e) => return Err(format!("replica {to} rejected a well-formed message: {e}")),
@@ -858,8 +987,10 @@ impl State {
             out.push(Flight::new(Msg::Up { from, to, msg }, true));
         }
         let mut result = Ok(());
+        let mut won = false;
         while let Some(event) = client.poll_event() {
             if let Event::Acquired { votes, .. } = event {
+                won = true;
                 if votes < model.b.m || client.votes() < model.b.m {
                     result = Err(format!("{} won with {votes} votes, m = {}", name(from), model.b.m));
                 }
@@ -868,7 +999,53 @@ impl State {
         for f in out {
             self.send(model, f);
         }
+        if won && result.is_ok() {
+            result = self.check_token_order(model, c);
+        }
         result
+    }
+
+    /// The fencing-token order (ARCHITECTURE.md, "Fencing tokens"), when client `c` has
+    /// just won: its token is above that of every earlier holder P whose holding is over
+    /// (not a valid holder now: two valid holders are the exclusion check's) when
+    /// (a) P's RELEASE or a renewal carrying P's token reached a replica of `c`'s quorum
+    /// before that replica granted `c` its vote there, and the replica was not reset
+    /// since; or (b) the replicas' clocks are within one lease of each other and no reset
+    /// came yet (with a reset, (b) promises nothing: a waiter granted by a reset replica
+    /// before P's win can win after it on older stamps).
+    fn check_token_order(&self, model: &Model, c: usize) -> Result<(), String> {
+        let now = self.now;
+        let n = self.clients[c].as_ref().expect("won");
+        let quorum: Vec<(usize, u64)> = (0..model.b.n)
+            .filter(|&i| n.views()[i].owner.as_ref() == Some(n.ts()))
+            .map(|i| (i, n.views()[i].stamp))
+            .collect();
+        let b = model.clocks_within_a_lease() && self.used.resets == 0;
+        for (p, holder) in self.clients.iter().enumerate() {
+            let Some(holder) = holder.as_ref().filter(|h| p != c && h.token() > 0) else { continue };
+            if holder.phase() == Phase::Holding && holder.valid_until().is_some_and(|t| t > now) {
+                continue;
+            }
+            let a = quorum.iter().find(|&&(i, stamp)| {
+                self.floors.get(&(i, p as Id)).is_some_and(|owner| *owner != Some((*n.ts(), stamp)))
+            });
+            if (a.is_some() || b) && n.token() <= holder.token() {
+                let why = match a {
+                    Some((i, _)) => {
+                        format!("{}'s token reached replica {i} before its grant to {}", name(p as Id), name(c as Id))
+                    }
+                    None => "the replicas' clocks are within one lease, no reset".to_string(),
+                };
+                return Err(format!(
+                    "fencing token went back: {} won with token {} after {} held with token {} ({why})",
+                    name(c as Id),
+                    n.token(),
+                    name(p as Id),
+                    holder.token()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Marks a wiped grant that its replica's current incarnation has issued again.
@@ -926,6 +1103,7 @@ impl State {
         let mut best = u128::MAX;
         let mut msgs: Vec<u128> = Vec::with_capacity(self.flight.len());
         let mut wiped: Vec<(usize, Ts, u64, u8)> = Vec::with_capacity(self.wiped.len());
+        let mut floors: Vec<(usize, Id, Option<(Ts, u64)>)> = Vec::with_capacity(self.floors.len());
         let mut inv = vec![0; n];
         for p in &model.perms {
             // p[i] is the new index of replica i; inv[j] the old index at j.
@@ -979,6 +1157,17 @@ impl State {
                 h.word(*s);
                 h.word(u64::from(*k));
             }
+            floors.clear();
+            floors.extend(self.floors.iter().map(|(&(i, holder), o)| (p[i], holder, *o)));
+            floors.sort_unstable();
+            h.word(floors.len() as u64);
+            for (i, holder, owner) in &floors {
+                h.word(*i as u64);
+                h.word(u64::from(*holder));
+                let (ts, s) = owner.map_or((0, 0), |(ts, s)| (ts.counter ^ (u64::from(ts.client) << 56), s + 1));
+                h.word(ts);
+                h.word(s);
+            }
             best = best.min(h.finish());
         }
         best
@@ -1019,7 +1208,9 @@ impl State {
                     // switched before a reset) are a double grant, whatever came after.
                     let incarnation = |c: &Client<Id>, stamp| self.wiped.get(&(i, *c.ts(), stamp));
                     let (ka, kb) = (incarnation(a, va.stamp), incarnation(b, vb.stamp));
-                    if ka != kb && ka != Some(&REISSUED) && kb != Some(&REISSUED) {
+                    // A reset that carries the takeover delay switches nothing: its new
+                    // incarnation grants only once every vote of the old one has run out.
+                    if ka != kb && ka != Some(&REISSUED) && kb != Some(&REISSUED) && !model.b.delayed_resets {
                         switched.push(i);
                     }
                 }
@@ -1149,6 +1340,8 @@ pub struct Report {
     pub excused_after_resets: Vec<usize>,
     /// The trace to the first of them.
     pub first_excused: Option<String>,
+    /// States reached after at least one idle-replica disposal.
+    pub after_disposal: usize,
     /// The latest clock reading of any state.
     pub clock: Time,
     /// Transitions taken (actions applied).
@@ -1176,7 +1369,8 @@ pub fn run(b: &Bounds) -> Report {
     // The scheduled network's default order depends on the replica indices (FIFO from
     // the initial REQUESTs to replica 0, 1, ...; timer ties): no symmetry there, nor
     // with a mutant planted in one replica.
-    let symmetry = b.symmetry && b.network == Network::Exhaustive && b.mutant.is_none();
+    // Nor with replica clocks that differ.
+    let symmetry = b.symmetry && b.network == Network::Exhaustive && b.mutant.is_none() && b.offsets.is_empty();
     let b = &Bounds { symmetry, ..b.clone() };
     let perms = if symmetry { permutations(b.n) } else { vec![(0..b.n).collect()] };
     assert!(b.clients * b.n <= 64, "cut links are bits of a u64");
@@ -1194,6 +1388,7 @@ pub fn run(b: &Bounds) -> Report {
         excused: 0,
         excused_after_resets: vec![0; usize::from(b.resets) + 1],
         first_excused: None,
+        after_disposal: 0,
         clock: Duration::ZERO,
         transitions: 0,
         depth: 0,
@@ -1230,6 +1425,7 @@ pub fn run(b: &Bounds) -> Report {
                 }
                 if new {
                     report.clock = report.clock.max(t.now);
+                    report.after_disposal += usize::from(t.used.disposals > 0);
                 }
                 if let Err(e) = result {
                     report.depth = depth;
@@ -1277,11 +1473,12 @@ pub fn run(b: &Bounds) -> Report {
     report.states = seen.len();
     report.elapsed = started.elapsed();
     println!(
-        "model: {} states ({} with two valid holders excused by resets; by resets made: {:?}), {} transitions, \
-         depth {} reached, clock up to {}, {:.1?}: invariant holds",
+        "model: {} states ({} with two valid holders excused by resets; by resets made: {:?}; {} after a \
+         disposal), {} transitions, depth {} reached, clock up to {}, {:.1?}: invariant holds",
         report.states,
         report.excused,
         report.excused_after_resets,
+        report.after_disposal,
         report.transitions,
         report.depth,
         secs(report.clock),

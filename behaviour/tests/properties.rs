@@ -63,8 +63,12 @@ fn config(n: usize, m: usize) -> Config {
         .with_advice_bounds(Duration::from_millis(20), MAX_ADVICE)
         .with_queue_grace(QUEUE_GRACE)
         .with_tombstone_ttl(TOMBSTONE_TTL)
+        .with_idle_ttl(IDLE_TTL)
         .with_state_bounds(64, MAX_TOMBSTONES)
 }
+
+/// An idle replica is disposable this long after its last RELEASE (`Op::Dispose`).
+const IDLE_TTL: Duration = Duration::from_millis(500);
 
 /// `j_same + n − j < m` on a client's `resp[]` (Fig. 5, case 3), computed here
 /// independently of the client's own evaluation.
@@ -111,6 +115,10 @@ enum Op {
     /// A client's clock runs this far ahead of real time from now on (offsets only grow,
     /// so no clock goes back).
     Skew(Id, Duration),
+    /// Replica i is dropped if it is disposable by its clock (`Replica::is_disposable`),
+    /// as the behaviour drops an idle replica; a new one takes the next message. Not a
+    /// reset.
+    Dispose(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -164,9 +172,12 @@ struct World {
     /// Resets take the takeover delay (`Replica::hold_grants_until`): exclusion is then
     /// checked with no reset budget at all.
     delayed_resets: bool,
-    /// A replica where a fault is planted (every incarnation of it): the checks must
-    /// catch it.
+    /// A replica where a fault is planted (every incarnation of it), or with a fault of
+    /// the client, every client: the checks must catch it.
     mutant_at: Option<(Mutant, usize)>,
+    /// How far each replica's clock runs ahead of real time (index = replica; missing =
+    /// 0).
+    replica_offsets: Vec<Duration>,
     last_token: u64,
     rng: ChaCha8Rng,
 }
@@ -193,6 +204,7 @@ impl World {
             paused: BTreeMap::new(),
             delayed_resets: false,
             mutant_at: None,
+            replica_offsets: Vec::new(),
             last_token: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
@@ -208,9 +220,22 @@ impl World {
     /// Replica `i`'s configuration: the mutant's, if it is planted there.
     fn replica_config(&self, i: usize) -> Config {
         match self.mutant_at {
-            Some((mutant, at)) if at == i => self.cfg.clone().with_mutant(mutant),
+            Some((mutant, at)) if at == i && mutant != Mutant::CountLapsedVote => self.cfg.clone().with_mutant(mutant),
             _ => self.cfg.clone(),
         }
+    }
+
+    /// A client's configuration: with a client's fault planted, every client has it.
+    fn client_config(&self) -> Config {
+        match self.mutant_at {
+            Some((mutant @ Mutant::CountLapsedVote, _)) => self.cfg.clone().with_mutant(mutant),
+            _ => self.cfg.clone(),
+        }
+    }
+
+    /// Replica `i`'s clock.
+    fn replica_now(&self, i: usize) -> Time {
+        self.now + self.replica_offsets.get(i).copied().unwrap_or_default()
     }
 
     fn acq_index(&self, ts: &Ts) -> usize {
@@ -285,11 +310,18 @@ impl World {
                 if self.delayed_resets {
                     // Every vote the replica's previous life granted ends by then.
                     let drift = LEASE.mul_f64(f64::from(self.cfg.max_drift_ppm()) / 1e6);
-                    self.replicas[i % self.n].hold_grants_until(self.now + LEASE + drift);
+                    let until = self.replica_now(i % self.n) + LEASE + drift;
+                    self.replicas[i % self.n].hold_grants_until(until);
                 }
                 self.reset_at[i % self.n] = Some(self.now);
                 self.incarnation[i % self.n] += 1;
                 self.resets += 1;
+            }
+            Op::Dispose(i) => {
+                let i = i % self.n;
+                if self.replicas[i].is_disposable(self.replica_now(i)) {
+                    self.replicas[i] = Replica::new(self.replica_config(i));
+                }
             }
             _ => {}
         }
@@ -318,7 +350,7 @@ impl World {
         }
         let local = self.local(id);
         let ts = self.clocks.entry(id).or_default().stamp(local, id);
-        let client = Client::new(self.cfg.clone(), ts, local);
+        let client = Client::new(self.client_config(), ts, local);
         self.acqs.push(Acq { client, acquired: false, released_at: vec![None; self.n], last_heard: self.now });
         self.drain_client(self.acqs.len() - 1);
     }
@@ -352,7 +384,8 @@ impl World {
                 // next waiters and changes nothing about its sender (checked below).
                 let is_relay = matches!(msg, ToReplica::Relay { .. });
                 let ts = msg.ts().clone();
-                let result = self.replicas[to].handle(self.now, &from, msg);
+                let replica_now = self.replica_now(to);
+                let result = self.replicas[to].handle(replica_now, &from, msg);
                 if let (Some(t), true) = (buried, is_relay) {
                     assert!(
                         !self.replicas[to].has(&ts),
@@ -442,7 +475,11 @@ impl World {
             self.deliver_all();
         }
         for _ in 0..100_000 {
-            let next = self.replicas.iter().filter_map(|r| r.poll_timeout()).chain(self.client_deadlines()).min();
+            let replicas = (0..self.n).filter_map(|i| {
+                let off = self.replica_offsets.get(i).copied().unwrap_or_default();
+                self.replicas[i].poll_timeout().map(|t| t.saturating_sub(off))
+            });
+            let next = replicas.chain(self.client_deadlines()).min();
             match next {
                 Some(t) if t <= target => {
                     self.now = self.now.max(t);
@@ -476,8 +513,8 @@ impl World {
     }
 
     fn fire_due(&mut self) {
-        let now = self.now;
         for i in 0..self.n {
+            let now = self.replica_now(i);
             if self.replicas[i].poll_timeout().is_some_and(|t| t <= now) {
                 self.replicas[i].handle_timeout(now);
                 assert!(self.replicas[i].poll_timeout().is_none_or(|t| t > now), "replica timer not re-armed");
@@ -749,6 +786,73 @@ fn the_properties_catch_a_replica_that_grants_over_a_live_vote() {
         }
         other => panic!("the planted double grant went unnoticed: {other:?}"),
     }
+}
+
+/// The property tests catch a client that counts a lapsed vote toward m
+/// (`Mutant::CountLapsedVote` in every client: valid until the latest of its m leases)
+/// with the scripts of `safety_without_resets`: no reset to hide behind. Seeded.
+#[test]
+fn the_properties_catch_a_client_that_counts_a_lapsed_vote() {
+    use proptest::test_runner::{TestError, TestRunner};
+    let config = ProptestConfig { cases: 4096, failure_persistence: None, ..ProptestConfig::default() };
+    let mut runner = TestRunner::new_with_rng(
+        config,
+        proptest::test_runner::TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha),
+    );
+    let strategy = (quorum(), prop::collection::vec(op(false), 1..250));
+    let result = runner.run(&strategy, |((n, m), script)| {
+        let mut world = World::new(n, m, false, 0);
+        world.plant(Mutant::CountLapsedVote, 0);
+        world.run(&script);
+        Ok(())
+    });
+    match result {
+        Err(TestError::Fail(why, ((n, m), script))) => {
+            println!("caught at n = {n}, m = {m} by a script of {} steps: {why}\n{script:?}", script.len());
+        }
+        other => panic!("the client counting a lapsed vote went unnoticed: {other:?}"),
+    }
+}
+
+/// n = 3, m = 2, replica 0's clock 4 s ahead (beyond one lease: only the floor keeps
+/// the tokens in order). A holds all three, its token replica 0's stamp; it releases,
+/// and its RELEASE moves the floor of replicas 1 and 2 past that token. A second later
+/// both are idle and their tombstones old enough to dispose of them, but not their
+/// floor: a disposal waits for the clock to pass it. B, cut from replica 0, then wins
+/// on replicas 1 and 2. With `faulty` (`Mutant::DisposalForgetsFloor`) they are dropped
+/// at once and B's token falls below A's.
+fn a_disposal_after_a_release(faulty: bool) -> World {
+    let mut w = World::new(3, 2, false, 0);
+    w.replica_offsets = vec![Duration::from_secs(4)];
+    if faulty {
+        for i in 1..3 {
+            w.plant(Mutant::DisposalForgetsFloor, i);
+        }
+    }
+    w.step(&Op::Start(A));
+    w.settle(&|_| false);
+    assert_eq!(w.phase(0), Phase::Holding);
+    w.step(&Op::Release(0));
+    w.run_for(Duration::from_secs(1), &|_| false);
+    for i in 1..3 {
+        w.step(&Op::Dispose(i));
+    }
+    w.step(&Op::Start(B));
+    w.run_for(Duration::from_secs(1), &between(B, 0..1));
+    assert_eq!(w.phase(1), Phase::Holding, "B holds replicas 1 and 2");
+    w
+}
+
+#[test]
+fn a_disposal_keeps_the_token_floor() {
+    let w = a_disposal_after_a_release(false);
+    assert!(w.acqs[1].client.token() > w.acqs[0].client.token());
+}
+
+#[test]
+#[should_panic(expected = "fencing token went back")]
+fn a_disposal_that_forgets_the_floor_is_caught() {
+    a_disposal_after_a_release(true);
 }
 
 fn up(from: Id, to: usize, kind: &'static str) -> impl Fn(&Msg) -> bool {

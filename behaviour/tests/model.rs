@@ -79,6 +79,16 @@
 //! runs as specified) in one replica and all its incarnations; the tests require the
 //! invariant to catch it. `GrantOverLiveVote`: the replica grants a REQUEST while its
 //! owner's vote is live. `SIGMA_MODEL="... mutant=1"` plants it in replica 1.
+//! `CountLapsedVote` (a client: lapsed votes count toward m) and `DisposalForgetsFloor`
+//! (a replica disposed of with its floor ahead of its clock): `mutant=<name>:<index|all>`.
+//!
+//! # Beyond resets
+//!
+//! Resets may carry the takeover delay (`Bounds::delayed_resets`; the oracle then excuses
+//! nothing), idle replicas may be disposed of (`Action::Dispose`, when `is_disposable` by
+//! the replica's clock; no reset, no excusal), and replica clocks may run ahead by a fixed
+//! offset (`Bounds::offsets`). At every win the fencing-token order is checked
+//! (`State::check_token_order`; docs/design/model-checker.md, "Fencing-token order").
 //!
 //! # The fingerprint
 //!
@@ -434,6 +444,27 @@ fn long_scheduled_5_3_two_cuts_two_resets() {
     let r = run(&long(b, 120));
     r.assert_holds();
     println!("excused by resets made: {:?}", r.excused_after_resets);
+}
+
+/// `long_scheduled_5_3_two_cuts_two_resets` with the takeover delay on both resets: no
+/// excusal at all (`Bounds::delayed_resets`).
+/// `cargo test -p sigma-behaviour --release --test model long_scheduled_5_3_delayed_resets -- --ignored --nocapture`
+#[test]
+#[ignore = "long: cargo test --release -- --ignored"]
+fn long_scheduled_5_3_delayed_resets() {
+    let b = Bounds {
+        network: Network::Scheduled,
+        cuts: 2,
+        heals: 0,
+        releases: 0,
+        resets: 2,
+        copies: 0,
+        delayed_resets: true,
+        ..Bounds::new(5, 3, 2)
+    };
+    let r = run(&long(b, 120));
+    r.assert_holds();
+    assert_eq!(r.excused, 0);
 }
 
 /// `scheduled_4_3_lapsed_votes`, sixty steps deeper (about two leases more).

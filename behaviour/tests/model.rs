@@ -209,16 +209,7 @@ fn scheduled_4_3_lapsed_votes() {
 /// excused, as the paper's bound allows.
 #[test]
 fn scheduled_3_2_reset_excuses_two_holders() {
-    let b = Bounds {
-        network: Network::Scheduled,
-        depth: 75,
-        cuts: 2,
-        heals: 0,
-        releases: 0,
-        resets: 1,
-        copies: 0,
-        ..Bounds::new(3, 2, 2)
-    };
+    let b = scheduled_3_2();
     let r = pinned(b, 146_957);
     assert_eq!(r.excused, 829, "states with two valid holders excused by the reset");
 }
@@ -271,17 +262,7 @@ fn scheduled_5_3_a_replica_that_grants_over_a_live_vote_is_caught() {
 /// both grants.
 #[test]
 fn scheduled_3_2_a_replica_that_grants_over_a_live_vote_is_caught() {
-    let b = Bounds {
-        network: Network::Scheduled,
-        depth: 75,
-        cuts: 2,
-        heals: 0,
-        releases: 0,
-        resets: 1,
-        copies: 0,
-        mutant: Some((Mutant::GrantOverLiveVote, 1)),
-        ..Bounds::new(3, 2, 2)
-    };
+    let b = Bounds { mutant: Some((Mutant::GrantOverLiveVote, 1)), ..scheduled_3_2() };
     assert_caught(&b, (21, 925));
 }
 
@@ -292,17 +273,7 @@ fn scheduled_3_2_a_replica_that_grants_over_a_live_vote_is_caught() {
 /// (no live vote in common).
 #[test]
 fn scheduled_3_2_a_client_that_counts_a_lapsed_vote_is_caught() {
-    let b = Bounds {
-        network: Network::Scheduled,
-        depth: 75,
-        cuts: 2,
-        heals: 0,
-        releases: 0,
-        resets: 1,
-        copies: 0,
-        mutant: Some((Mutant::CountLapsedVote, 0)),
-        ..Bounds::new(3, 2, 2)
-    };
+    let b = Bounds { mutant: Some((Mutant::CountLapsedVote, 0)), ..scheduled_3_2() };
     assert_caught(&b, (57, 46_569));
 }
 
@@ -313,17 +284,7 @@ fn scheduled_3_2_a_client_that_counts_a_lapsed_vote_is_caught() {
 /// excuses nothing (the oracle's excusal is off) and there are none.
 #[test]
 fn scheduled_3_2_delayed_resets_need_no_excuse() {
-    let b = Bounds {
-        network: Network::Scheduled,
-        depth: 75,
-        cuts: 2,
-        heals: 0,
-        releases: 0,
-        resets: 1,
-        copies: 0,
-        delayed_resets: true,
-        ..Bounds::new(3, 2, 2)
-    };
+    let b = Bounds { delayed_resets: true, ..scheduled_3_2() };
     let r = pinned(b, 435_198);
     assert_eq!(r.excused, 0);
 }
@@ -481,4 +442,20 @@ fn long_scheduled_4_3_lapsed_votes() {
         ..Bounds::new(4, 3, 2)
     };
     run(&long(b, 150)).assert_holds();
+}
+
+/// The configuration of `scheduled_3_2_reset_excuses_two_holders`, which the mutant and
+/// adversary tests beside it vary: (3, 2), the scheduled network to depth 75, two cuts,
+/// one reset.
+fn scheduled_3_2() -> Bounds {
+    Bounds {
+        network: Network::Scheduled,
+        depth: 75,
+        cuts: 2,
+        heals: 0,
+        releases: 0,
+        resets: 1,
+        copies: 0,
+        ..Bounds::new(3, 2, 2)
+    }
 }

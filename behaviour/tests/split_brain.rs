@@ -116,6 +116,18 @@ impl Net {
         net
     }
 
+    /// `count` peers meshed and past their start delay: a warm-up lock won and
+    /// released through peer 1, so the swarm serves at once.
+    async fn serving(count: usize) -> Net {
+        let mut net = Net::new(count, false).await;
+        let all: Vec<usize> = (0..count).collect();
+        net.mesh(&all).await;
+        let warm = net.acquire(1, "warm-up");
+        net.drive(Duration::from_secs(30), won(1, warm)).await;
+        net.release(1, warm);
+        net
+    }
+
     /// Starts one more peer (`joining`: given bootstrap peers); answers its index.
     async fn spawn(&mut self, joining: bool) -> usize {
         self.spawn_with(config(joining)).await
@@ -423,11 +435,7 @@ async fn a_partition_serves_on_the_majority_side_only_and_heals() {
 /// and stops within the gossip liveness window.
 #[tokio::test]
 async fn members_alive_through_gossip_count_and_a_cut_off_peer_still_stops() {
-    let mut net = Net::new(5, false).await;
-    net.mesh(&[0, 1, 2, 3, 4]).await;
-    let warm = net.acquire(1, "warm-up");
-    net.drive(Duration::from_secs(30), won(1, warm)).await;
-    net.release(1, warm);
+    let mut net = Net::serving(5).await;
     // Peer 0 keeps only peer 1: it refuses 2, 3 and 4 (they still reach each other).
     for j in [2, 3, 4] {
         let p = net.peer(j);
@@ -456,11 +464,7 @@ async fn members_alive_through_gossip_count_and_a_cut_off_peer_still_stops() {
 /// 4 members, still hears 1 through the others, and wins a lock once the cut heals.
 #[tokio::test]
 async fn a_forged_membership_changes_nothing_at_the_peer_it_is_sent_to() {
-    let mut net = Net::new(4, false).await;
-    net.mesh(&[0, 1, 2, 3]).await;
-    let warm = net.acquire(1, "warm-up");
-    net.drive(Duration::from_secs(30), won(1, warm)).await;
-    net.release(1, warm);
+    let mut net = Net::serving(4).await;
     net.cut(&[0], &[1]);
     net.drive(LIVENESS, |_, _, _| false).await;
     assert_eq!(net.swarms[0].behaviour().sigma.members(), (4, 4), "1 alive at 0 through the gossip");
@@ -548,12 +552,7 @@ async fn only_a_peer_that_does_not_serve_dials_departed_members_again() {
 /// cut heals, 0 serves again and 3 and 4 join through it.
 #[tokio::test]
 async fn a_minority_does_not_grow_into_a_majority_by_joins() {
-    let mut net = Net::new(3, false).await;
-    net.mesh(&[0, 1, 2]).await;
-    // Past the start delay: the swarm serves at once.
-    let warm = net.acquire(1, "warm-up");
-    net.drive(Duration::from_secs(30), won(1, warm)).await;
-    net.release(1, warm);
+    let mut net = Net::serving(3).await;
     net.cut(&[0], &[1, 2]);
     assert!(net.stops_serving(&[0], LIVENESS).await, "the cut-off peer still serves after {LIVENESS:?}");
     assert_eq!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Minority { reachable: 1, members: 3 });
@@ -702,11 +701,7 @@ async fn a_peer_joining_during_a_cut_keeps_the_delay_of_the_peer_it_joined_throu
 #[tokio::test]
 #[ignore = "known gap: joins within the liveness timeout of a cut still count"]
 async fn joins_before_the_cut_is_noticed_do_not_grow_a_minority() {
-    let mut net = Net::new(3, false).await;
-    net.mesh(&[0, 1, 2]).await;
-    let warm = net.acquire(1, "warm-up");
-    net.drive(Duration::from_secs(30), won(1, warm)).await;
-    net.release(1, warm);
+    let mut net = Net::serving(3).await;
     net.cut(&[0], &[1, 2]);
     assert_eq!(net.swarms[0].behaviour().sigma.readiness(), Readiness::Serving, "not noticed yet");
     let joiners = [net.spawn(true).await, net.spawn(true).await];

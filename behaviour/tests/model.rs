@@ -221,16 +221,7 @@ fn scheduled_3_2_reset_excuses_two_holders() {
 /// after two (with two cuts one reset suffices: `long_scheduled_5_3_two_cuts_two_resets`).
 #[test]
 fn scheduled_5_3_two_resets() {
-    let b = Bounds {
-        network: Network::Scheduled,
-        depth: 120,
-        cuts: 1,
-        heals: 0,
-        releases: 0,
-        resets: 2,
-        copies: 0,
-        ..Bounds::new(5, 3, 2)
-    };
+    let b = scheduled_5_3();
     let r = pinned(b, 1_054_387);
     assert_eq!(r.excused_after_resets, [0, 0, 452], "states with two valid holders excused, by resets made");
 }
@@ -240,17 +231,7 @@ fn scheduled_5_3_two_resets() {
 /// caught, with two resets to hide it behind.
 #[test]
 fn scheduled_5_3_a_replica_that_grants_over_a_live_vote_is_caught() {
-    let b = Bounds {
-        network: Network::Scheduled,
-        depth: 120,
-        cuts: 1,
-        heals: 0,
-        releases: 0,
-        resets: 2,
-        copies: 0,
-        mutant: Some((Mutant::GrantOverLiveVote, 1)),
-        ..Bounds::new(5, 3, 2)
-    };
+    let b = Bounds { mutant: Some((Mutant::GrantOverLiveVote, 1)), ..scheduled_5_3() };
     assert_caught(&b, (39, 13_142));
 }
 
@@ -457,5 +438,20 @@ fn scheduled_3_2() -> Bounds {
         resets: 1,
         copies: 0,
         ..Bounds::new(3, 2, 2)
+    }
+}
+
+/// The configuration of `scheduled_5_3_two_resets`, which the mutant test beside it
+/// varies: (5, 3), the scheduled network to depth 120, one cut, two resets.
+fn scheduled_5_3() -> Bounds {
+    Bounds {
+        network: Network::Scheduled,
+        depth: 120,
+        cuts: 1,
+        heals: 0,
+        releases: 0,
+        resets: 2,
+        copies: 0,
+        ..Bounds::new(5, 3, 2)
     }
 }

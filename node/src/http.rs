@@ -870,14 +870,23 @@ const PROBE_PATIENCE: Duration = Duration::from_secs(2);
     responses((status = 200, description = "The daemon's event loop answers (liveness): restart it only on a 503 or no answer", body = Probe),
         (status = 503, description = "`unresponsive`: the event loop did not answer within 2 s, or the node stopped", body = ErrorBody)))]
 async fn get_healthz(State(s): State<AppState>) -> Response {
+    match probe_status(&s).await {
+        Ok(st) => (StatusCode::OK, Json(Probe { readiness: st.readiness })).into_response(),
+        Err(unresponsive) => unresponsive,
+    }
+}
+
+/// The node's status for a probe, or the 503 `unresponsive` answer if the event loop
+/// did not give it within [`PROBE_PATIENCE`].
+async fn probe_status(s: &AppState) -> Result<crate::Status, Response> {
     match tokio::time::timeout(PROBE_PATIENCE, s.handle.status()).await {
-        Ok(Ok(st)) => (StatusCode::OK, Json(Probe { readiness: st.readiness })).into_response(),
-        Ok(Err(e)) => error_with_code(StatusCode::SERVICE_UNAVAILABLE, "unresponsive", e.to_string()),
-        Err(_) => error_with_code(
+        Ok(Ok(st)) => Ok(st),
+        Ok(Err(e)) => Err(error_with_code(StatusCode::SERVICE_UNAVAILABLE, "unresponsive", e.to_string())),
+        Err(_) => Err(error_with_code(
             StatusCode::SERVICE_UNAVAILABLE,
             "unresponsive",
             format!("the event loop did not answer within {PROBE_PATIENCE:?}"),
-        ),
+        )),
     }
 }
 
@@ -885,12 +894,9 @@ async fn get_healthz(State(s): State<AppState>) -> Response {
     responses((status = 200, description = "The peer serves and no new lock waits for a takeover delay: a lock taken now is granted at once (readiness)", body = Probe),
         (status = 503, description = "`not_ready` (joining, a minority, unreachable, leaving) or `held_back` (serving, but a new lock waits out the takeover delay); the message says which and for how long", body = ErrorBody)))]
 async fn get_readyz(State(s): State<AppState>) -> Response {
-    let st = match tokio::time::timeout(PROBE_PATIENCE, s.handle.status()).await {
-        Ok(Ok(st)) => st,
-        Ok(Err(e)) => return error_with_code(StatusCode::SERVICE_UNAVAILABLE, "unresponsive", e.to_string()),
-        Err(_) => {
-            return error_with_code(StatusCode::SERVICE_UNAVAILABLE, "unresponsive", "the event loop did not answer")
-        }
+    let st = match probe_status(&s).await {
+        Ok(st) => st,
+        Err(unresponsive) => return unresponsive,
     };
     if !st.ready {
         return error_with_code(StatusCode::SERVICE_UNAVAILABLE, "not_ready", st.readiness_detail);

@@ -19,6 +19,12 @@
 //! be paused (`Op::Pause`: the process stops, its clock goes on, as `CLOCK_BOOTTIME`
 //! does across a suspend). The core assumes no bound on transit times.
 //!
+//! Clocks also run at their own rates ([`Rates`]): every client and replica clock is
+//! drawn up to half the core's drift bound (`max_drift_ppm`) fast or slow, so any two
+//! measure durations within the bound of each other, as the guarantee assumes; and
+//! `the_properties_catch_clocks_beyond_the_drift_bound` shows that past the bound the
+//! same checks fail.
+//!
 //! A failing case prints its (shrunk) script, and proptest records its seed in
 //! `properties.proptest-regressions` next to this file, replayed first on later runs.
 
@@ -69,6 +75,48 @@ fn config(n: usize, m: usize) -> Config {
 
 /// An idle replica is disposable this long after its last RELEASE (`Op::Dispose`).
 const IDLE_TTL: Duration = Duration::from_millis(500);
+
+/// Real time when a world starts; clocks running at other rates diverge from here.
+const START: Duration = Duration::from_secs(1);
+
+/// The clock rates of a world, in parts per million fast (negative: slow): one per
+/// client id (1..=3; missing: 0) and per replica index (missing: 0).
+#[derive(Clone, Debug, Default)]
+struct Rates {
+    clients: BTreeMap<Id, i64>,
+    replicas: Vec<i64>,
+}
+
+/// Rates within the core's drift bound: up to half of `max_drift_ppm` either way.
+fn rates_within_bound() -> impl Strategy<Value = Rates> {
+    rates(i64::from(Config::default().max_drift_ppm()) / 2)
+}
+
+/// Rates up to `half` ppm either way for every client and replica (any two then differ
+/// by at most `2 · half`).
+fn rates(half: i64) -> impl Strategy<Value = Rates> {
+    (prop::collection::vec(-half..=half, 3), prop::collection::vec(-half..=half, 7))
+        .prop_map(|(c, replicas)| Rates { clients: (1..=3).zip(c).collect(), replicas })
+}
+
+/// What a clock `offset` ahead and `ppm` fast (since [`START`]) reads at real time `now`.
+fn clock_at(now: Time, offset: Duration, ppm: i64) -> Time {
+    let elapsed = now.saturating_sub(START).as_nanos() as i128;
+    let drift = elapsed * i128::from(ppm) / 1_000_000;
+    let ns = (now.as_nanos() as i128 + offset.as_nanos() as i128 + drift).max(0);
+    Duration::from_nanos(u64::try_from(ns).expect("virtual time fits in u64 ns"))
+}
+
+/// The earliest real time (not before `now`) at which that clock reads `local` or later.
+fn real_at(local: Time, offset: Duration, ppm: i64, now: Time) -> Time {
+    let ahead = local.as_nanos() as i128 - START.as_nanos() as i128 - offset.as_nanos() as i128;
+    let elapsed = (ahead * 1_000_000).div_euclid(1_000_000 + i128::from(ppm)).max(0);
+    let mut t = (START + Duration::from_nanos(u64::try_from(elapsed).expect("fits"))).max(now);
+    while clock_at(t, offset, ppm) < local {
+        t += Duration::from_nanos(1);
+    }
+    t
+}
 
 /// `j_same + n − j < m` on a client's `resp[]` (Fig. 5, case 3), computed here
 /// independently of the client's own evaluation.
@@ -178,6 +226,8 @@ struct World {
     /// How far each replica's clock runs ahead of real time (index = replica; missing =
     /// 0).
     replica_offsets: Vec<Duration>,
+    /// Each clock's rate.
+    rates: Rates,
     last_token: u64,
     rng: ChaCha8Rng,
 }
@@ -191,7 +241,7 @@ impl World {
             cfg,
             n,
             m,
-            now: Duration::from_secs(1),
+            now: START,
             clocks: BTreeMap::new(),
             acqs: Vec::new(),
             flight: Vec::new(),
@@ -205,6 +255,7 @@ impl World {
             delayed_resets: false,
             mutant_at: None,
             replica_offsets: Vec::new(),
+            rates: Rates::default(),
             last_token: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
@@ -233,9 +284,27 @@ impl World {
         }
     }
 
+    /// Runs the clocks at `rates` (before anything happened).
+    fn with_rates(mut self, rates: Rates) -> Self {
+        self.rates = rates;
+        self
+    }
+
+    fn replica_clock(&self, i: usize) -> (Duration, i64) {
+        (
+            self.replica_offsets.get(i).copied().unwrap_or_default(),
+            self.rates.replicas.get(i).copied().unwrap_or_default(),
+        )
+    }
+
+    fn client_clock(&self, id: Id) -> (Duration, i64) {
+        (self.offsets.get(&id).copied().unwrap_or_default(), self.rates.clients.get(&id).copied().unwrap_or_default())
+    }
+
     /// Replica `i`'s clock.
     fn replica_now(&self, i: usize) -> Time {
-        self.now + self.replica_offsets.get(i).copied().unwrap_or_default()
+        let (offset, ppm) = self.replica_clock(i);
+        clock_at(self.now, offset, ppm)
     }
 
     fn acq_index(&self, ts: &Ts) -> usize {
@@ -244,7 +313,8 @@ impl World {
 
     /// A client's own clock.
     fn local(&self, id: Id) -> Time {
-        self.now + self.offsets.get(&id).copied().unwrap_or_default()
+        let (offset, ppm) = self.client_clock(id);
+        clock_at(self.now, offset, ppm)
     }
 
     fn is_paused(&self, id: Id) -> bool {
@@ -476,8 +546,8 @@ impl World {
         }
         for _ in 0..100_000 {
             let replicas = (0..self.n).filter_map(|i| {
-                let off = self.replica_offsets.get(i).copied().unwrap_or_default();
-                self.replicas[i].poll_timeout().map(|t| t.saturating_sub(off))
+                let (offset, ppm) = self.replica_clock(i);
+                self.replicas[i].poll_timeout().map(|t| real_at(t, offset, ppm, self.now))
             });
             let next = replicas.chain(self.client_deadlines()).min();
             match next {
@@ -501,13 +571,14 @@ impl World {
         panic!("timers do not make progress");
     }
 
-    /// The clients' next deadlines in real time: their own clock's minus their offset;
-    /// a paused client's timers wait for it to resume.
+    /// The clients' next deadlines in real time: when their own clock reaches them; a
+    /// paused client's timers wait for it to resume.
     fn client_deadlines(&self) -> impl Iterator<Item = Time> + '_ {
         self.acqs.iter().filter_map(|a| {
             let id = a.client.ts().client;
             let t = a.client.poll_timeout()?;
-            let t = t.saturating_sub(self.offsets.get(&id).copied().unwrap_or_default());
+            let (offset, ppm) = self.client_clock(id);
+            let t = real_at(t, offset, ppm, self.now);
             Some(self.paused.get(&id).map_or(t, |&resume| t.max(resume)))
         })
     }
@@ -676,6 +747,7 @@ fn op(resets: bool) -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Delay),
         1 => ((1u32..=3), (500u64..8_000)).prop_map(|(c, ms)| Op::Pause(c, Duration::from_millis(ms))),
         1 => ((1u32..=3), (0u64..=800)).prop_map(|(c, ms)| Op::Skew(c, Duration::from_millis(ms))),
+        1 => any::<usize>().prop_map(Op::Dispose),
     ]
 }
 
@@ -689,8 +761,12 @@ proptest! {
     /// delivery, pauses, clock offsets and no reset: invariants, the rules of Fig. 5,
     /// mutual exclusion, fencing, tombstones.
     #[test]
-    fn safety_without_resets((n, m) in quorum(), script in prop::collection::vec(op(false), 1..250)) {
-        let mut world = World::new(n, m, false, 0);
+    fn safety_without_resets(
+        (n, m) in quorum(),
+        rates in rates_within_bound(),
+        script in prop::collection::vec(op(false), 1..250),
+    ) {
+        let mut world = World::new(n, m, false, 0).with_rates(rates);
         world.run(&script);
     }
 }
@@ -703,8 +779,12 @@ proptest! {
     /// replica invariants, the bounds on state and the client's rules hold whatever
     /// happens.
     #[test]
-    fn exclusion_within_the_reset_budget((n, m) in quorum(), script in prop::collection::vec(op(true), 1..250)) {
-        let mut world = World::new(n, m, false, 0);
+    fn exclusion_within_the_reset_budget(
+        (n, m) in quorum(),
+        rates in rates_within_bound(),
+        script in prop::collection::vec(op(true), 1..250),
+    ) {
+        let mut world = World::new(n, m, false, 0).with_rates(rates);
         world.run(&script);
     }
 }
@@ -717,8 +797,12 @@ proptest! {
     /// only: at most one holder valid by its own clock, whatever the resets, losses,
     /// copies, late deliveries, pauses and clock offsets.
     #[test]
-    fn exclusion_with_delayed_resets((n, m) in quorum(), script in prop::collection::vec(op(true), 1..250)) {
-        let mut world = World::new(n, m, false, 0);
+    fn exclusion_with_delayed_resets(
+        (n, m) in quorum(),
+        rates in rates_within_bound(),
+        script in prop::collection::vec(op(true), 1..250),
+    ) {
+        let mut world = World::new(n, m, false, 0).with_rates(rates);
         world.delayed_resets = true;
         world.run(&script);
     }
@@ -785,6 +869,34 @@ fn the_properties_catch_a_replica_that_grants_over_a_live_vote() {
             println!("caught at n = {n}, m = {m} by a script of {} steps: {why}\n{script:?}", script.len());
         }
         other => panic!("the planted double grant went unnoticed: {other:?}"),
+    }
+}
+
+/// The drift bound is an assumption the checks depend on: with every replica's clock
+/// 20% fast (the bound is 0.1%), a replica's lease ends, in real time, well before the
+/// holder's view of it, and the scripts of `safety_without_resets` (no reset, no planted
+/// fault) find two valid holders. Seeded; the shrunk script is printed.
+#[test]
+fn the_properties_catch_clocks_beyond_the_drift_bound() {
+    use proptest::test_runner::{TestError, TestRunner};
+    let config = ProptestConfig { cases: 4096, failure_persistence: None, ..ProptestConfig::default() };
+    let mut runner = TestRunner::new_with_rng(
+        config,
+        proptest::test_runner::TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha),
+    );
+    let fast = Rates { clients: BTreeMap::new(), replicas: vec![200_000; 7] };
+    let strategy = (quorum(), prop::collection::vec(op(false), 1..250));
+    let result = runner.run(&strategy, |((n, m), script)| {
+        let mut world = World::new(n, m, false, 0).with_rates(fast.clone());
+        world.run(&script);
+        Ok(())
+    });
+    match result {
+        Err(TestError::Fail(why, ((n, m), script))) => {
+            println!("caught at n = {n}, m = {m} by a script of {} steps: {why}\n{script:?}", script.len());
+            assert!(why.message().contains("mutual exclusion violated"), "failed for another reason: {why}");
+        }
+        other => panic!("clocks 20% apart went unnoticed: {other:?}"),
     }
 }
 

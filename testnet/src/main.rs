@@ -14,7 +14,7 @@ use sigma_testnet::sim::latency::Latency;
 use sigma_testnet::sim::paper;
 use sigma_testnet::testnet::chaos::{ChaosOptions, Fault};
 use sigma_testnet::testnet::cluster::{self, Cluster, UpOptions};
-use sigma_testnet::testnet::proc::{locate_sigma, Params};
+use sigma_testnet::testnet::proc::{self, locate_sigma, Params};
 use sigma_testnet::testnet::run::{self as net_run, RunOptions};
 
 /// jemalloc, as the daemon (`node/src/heap.rs`): in a 1,000-peer in-process swarm
@@ -158,8 +158,9 @@ struct NetRunArgs {
     #[arg(long, default_value_t = 3000, value_name = "MS")]
     lease_ms: u64,
     /// Faults to fire, any of kill,restart,restart-graceful,join,pause,partition,split,
-    /// isolate (comma-separated; restart brings killed nodes back, so it comes with kill;
-    /// restart-graceful is SIGTERM then a start, as `systemctl restart`).
+    /// isolate,clock-step (comma-separated; restart brings killed nodes back, so it comes
+    /// with kill; restart-graceful is SIGTERM then a start, as `systemctl restart`;
+    /// clock-step runs the nodes but node 0 under libfaketime and steps their wall clocks).
     #[arg(long, value_delimiter = ',', value_name = "FAULTS")]
     chaos: Vec<Fault>,
     /// Mean seconds between faults (exponentially distributed).
@@ -176,6 +177,11 @@ struct NetRunArgs {
     /// Seconds a pause lasts [default: lease + max(1 s, lease / 2)].
     #[arg(long, value_name = "SECONDS")]
     pause: Option<f64>,
+    /// Pause only node N (when a client holds a lock through it): with --clock-drift,
+    /// `--pause-node 0` pauses the one node whose clock runs at another rate than the
+    /// replica hosts'.
+    #[arg(long, value_name = "N")]
+    pause_node: Option<usize>,
     /// Seconds a partition, split or isolation lasts before it heals [default: 3 leases].
     #[arg(long, value_name = "SECONDS")]
     cut: Option<f64>,
@@ -477,6 +483,7 @@ fn up_options(nodes: usize, net: &NetArgs, lease_ms: Option<u64>) -> Result<UpOp
             swarm_size: nodes,
             message_delay: net.message_delay.map(|l| l.to_string()),
             clock_drift_ppm: net.clock_drift,
+            clock_steps: false,
         },
         sigma_bin: locate_sigma(net.sigma_bin.as_deref())?,
         form_timeout: Duration::try_from_secs_f64(net.form_timeout.unwrap_or(default_form_timeout(nodes)))?,
@@ -529,8 +536,19 @@ fn real_main() -> Result<ExitCode> {
                     "--chaos restart brings killed nodes back: give it with kill (e.g. --chaos kill,restart)"
                 );
             }
+            if faults.contains(&Fault::ClockStep) && a.net.clock_drift.is_some() {
+                anyhow::bail!(
+                    "--chaos clock-step steps the wall clock only and leaves the monotonic clocks real, which \
+                     --clock-drift scales: give one or the other"
+                );
+            }
+            let mut up = up_options(a.nodes, &a.net, Some(a.lease_ms))?;
+            up.params.clock_steps = faults.contains(&Fault::ClockStep);
+            if up.params.clock_steps {
+                proc::faketime_lib()?;
+            }
             let opts = RunOptions {
-                up: up_options(a.nodes, &a.net, Some(a.lease_ms))?,
+                up,
                 resources: a.resources,
                 clients: a.clients,
                 duration: Duration::try_from_secs_f64(a.duration)?,
@@ -541,6 +559,7 @@ fn real_main() -> Result<ExitCode> {
                     mean_interval: Duration::try_from_secs_f64(a.chaos_interval)?,
                     seed: a.seed,
                     pause_for,
+                    pause_node: a.pause_node,
                     cut_for: match a.cut {
                         Some(s) => Duration::try_from_secs_f64(s)?,
                         None => lease * 3,

@@ -426,6 +426,7 @@ pub async fn run(opts: &VersusOptions) -> Result<(VersusReport, String)> {
                 swarm_size: nodes,
                 message_delay: None,
                 clock_drift_ppm: None,
+                clock_steps: false,
             },
             sigma_bin: opts.sigma_bin.clone(),
             form_timeout: Duration::from_secs(60.max(2 * nodes as u64)),

@@ -14,7 +14,11 @@
 //!   nodes block the other side's through the loopback admin control, so the traffic
 //!   really stops), then heal;
 //! - `split`: the same, 50/50 (as even as the count allows);
-//! - `isolate`: one node cut from every other, then healed.
+//! - `isolate`: one node cut from every other, then healed;
+//! - `clock-step`: set a node's wall clock (not node 0's) to a new offset from the real
+//!   one, up to [`MAX_CLOCK_STEP`] either way, as an NTP step or `date -s` would: the
+//!   nodes read their wall clocks through libfaketime ([`proc::Params::clock_steps`]),
+//!   and their monotonic clocks, which the leases use, do not move.
 //!
 //! With `join` or `restart` among the faults, every cut also starts one node *inside*
 //! it, at a random moment between a tenth and seven tenths of the cut: a new peer, or a
@@ -61,11 +65,13 @@ pub enum Fault {
     Split,
     /// One node cut from every other, healed after a while.
     Isolate,
+    /// A node's wall clock steps to a new offset.
+    ClockStep,
 }
 
 impl Fault {
     /// Every kind, in display order.
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 9] = [
         Fault::Kill,
         Fault::Restart,
         Fault::RestartGraceful,
@@ -74,6 +80,7 @@ impl Fault {
         Fault::Partition,
         Fault::Split,
         Fault::Isolate,
+        Fault::ClockStep,
     ];
 
     /// Its name on the command line.
@@ -87,6 +94,7 @@ impl Fault {
             Fault::Partition => "partition",
             Fault::Split => "split",
             Fault::Isolate => "isolate",
+            Fault::ClockStep => "clock-step",
         }
     }
 }
@@ -101,7 +109,8 @@ impl FromStr for Fault {
     type Err = String;
     fn from_str(s: &str) -> Result<Fault, String> {
         Fault::ALL.into_iter().find(|f| f.name() == s.trim()).ok_or_else(|| {
-            format!("unknown fault {s:?} (kill, restart, restart-graceful, join, pause, partition, split, isolate)")
+            let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+            format!("unknown fault {s:?} ({})", names.join(", "))
         })
     }
 }
@@ -117,6 +126,8 @@ pub struct ChaosOptions {
     pub seed: u64,
     /// How long a pause lasts (longer than the lease).
     pub pause_for: Duration,
+    /// Pause only nodes through this one (None: any node through which a client holds).
+    pub pause_node: Option<usize>,
     /// How long a partition, split or isolation lasts before it heals.
     pub cut_for: Duration,
 }
@@ -182,7 +193,19 @@ pub struct Supervisor {
     retired: Completed,
     joins: usize,
     fired: Arc<std::sync::atomic::AtomicU64>,
+    /// Each node's wall-clock offset from the real clock, seconds (`clock-step`).
+    clock_offsets: std::collections::BTreeMap<usize, i64>,
 }
+
+/// How long a daemon's admin API may take to block or unblock peers: a cut's edges are
+/// set through it, and on two cores shared with compiles a loaded daemon took over 2 s
+/// to answer (a restart inside a cut then failed its blocks).
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest wall-clock offset `clock-step` sets, either way: half of
+/// `liveness::MAX_INCARNATION_AHEAD` (10 min), so that no two nodes' clocks are further
+/// apart than a restarted node's incarnation may be ahead of its receivers'.
+pub const MAX_CLOCK_STEP: Duration = Duration::from_secs(300);
 
 /// Prints a line above the live view, or on stderr when the view is hidden.
 pub fn say(pb: &ProgressBar, msg: &str) {
@@ -218,6 +241,7 @@ impl Supervisor {
             retired: Completed::default(),
             joins: 0,
             fired,
+            clock_offsets: Default::default(),
         })
     }
 
@@ -320,6 +344,7 @@ impl Supervisor {
             Fault::Partition | Fault::Split | Fault::Isolate => {
                 members.iter().filter(|m| m.record.state == State::Running).count() >= 2
             }
+            Fault::ClockStep => members.iter().any(|m| m.record.index != 0 && m.record.state == State::Running),
         }
     }
 
@@ -333,6 +358,38 @@ impl Supervisor {
             Fault::Join => self.join().await,
             Fault::Pause => self.pause(stop).await,
             Fault::Partition | Fault::Split | Fault::Isolate => self.cut(kind, stop).await,
+            Fault::ClockStep => self.clock_step(),
+        }
+    }
+
+    /// Moves a running node's wall clock (never node 0's) to a new offset from the
+    /// real clock, up to [`MAX_CLOCK_STEP`] either way.
+    fn clock_step(&mut self) {
+        let mut nodes: Vec<usize> = self
+            .cluster
+            .members
+            .iter()
+            .filter(|m| m.record.index != 0 && m.record.state == State::Running)
+            .map(|m| m.record.index)
+            .collect();
+        nodes.sort_unstable();
+        let Some(&node) = nodes.choose(&mut self.rng) else { return };
+        let max = MAX_CLOCK_STEP.as_secs() as i64;
+        let offset = self.rng.gen_range(-max..=max);
+        let before = self.clock_offsets.get(&node).copied().unwrap_or(0);
+        let file = proc::clock_file(&self.cluster.members[node].record.key_file);
+        match std::fs::write(&file, proc::clock_offset(offset)) {
+            Ok(()) => {
+                self.clock_offsets.insert(node, offset);
+                let step = offset - before;
+                self.record(
+                    Fault::ClockStep,
+                    node,
+                    true,
+                    format!("wall clock stepped {step:+} s (now {offset:+} s off the real clock; monotonic clocks untouched)"),
+                );
+            }
+            Err(e) => self.record(Fault::ClockStep, node, false, format!("writing {}: {e}", file.display())),
         }
     }
 
@@ -361,7 +418,7 @@ impl Supervisor {
             for &i in side.iter() {
                 let api = self.cluster.members[i].record.api;
                 let blocked = match api::admin_token(&self.cluster.opts.dir) {
-                    Ok(admin) => api::admin_block(&self.http, api, &admin, other, true, Duration::from_secs(2)).await,
+                    Ok(admin) => api::admin_block(&self.http, api, &admin, other, true, ADMIN_TIMEOUT).await,
                     Err(e) => Err(e),
                 };
                 if let Err(e) = blocked {
@@ -397,7 +454,7 @@ impl Supervisor {
         for i in &running {
             let api = self.cluster.members[*i].record.api;
             if let Ok(admin) = api::admin_token(&self.cluster.opts.dir) {
-                let _ = api::admin_block(&self.http, api, &admin, &all, false, Duration::from_secs(2)).await;
+                let _ = api::admin_block(&self.http, api, &admin, &all, false, ADMIN_TIMEOUT).await;
             }
         }
         say(&self.pb, &format!("[{:6.1}s] {kind} healed: nodes {a:?} and {b:?} unblocked", self.now_s()));
@@ -467,8 +524,7 @@ impl Supervisor {
             let api = self.cluster.members[i].record.api;
             if let Some(admin) = &admin {
                 if let Err(e) =
-                    api::admin_block(&self.http, api, admin, std::slice::from_ref(&peer), true, Duration::from_secs(2))
-                        .await
+                    api::admin_block(&self.http, api, admin, std::slice::from_ref(&peer), true, ADMIN_TIMEOUT).await
                 {
                     failed.push(format!("node {i}: {e:#}"));
                 }
@@ -490,9 +546,7 @@ impl Supervisor {
             }
         };
         if let Some(admin) = &admin {
-            if let Err(e) =
-                api::admin_block(&self.http, member.record.api, admin, other, true, Duration::from_secs(2)).await
-            {
+            if let Err(e) = api::admin_block(&self.http, member.record.api, admin, other, true, ADMIN_TIMEOUT).await {
                 failed.push(format!("the new node: {e:#}"));
             }
         }
@@ -661,7 +715,8 @@ impl Supervisor {
                         _ => None,
                     })
                     .filter(|(_, n)| {
-                        w.nodes[*n].state == NodeState::Up
+                        self.opts.pause_node.is_none_or(|only| only == *n)
+                            && w.nodes[*n].state == NodeState::Up
                             && self.cluster.members.get(*n).is_some_and(|m| m.record.state == State::Running)
                     })
                     .collect();

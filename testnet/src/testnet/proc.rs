@@ -97,6 +97,12 @@ pub struct Params {
     /// real clock.
     #[serde(default)]
     pub clock_drift_ppm: Option<i64>,
+    /// Test only: every node but node 0 reads its wall clock through libfaketime with an
+    /// offset in [`Spec::clock_file`], which the `clock-step` fault rewrites; the
+    /// monotonic clocks stay real (`FAKETIME_DONT_FAKE_MONOTONIC`), as an NTP step or
+    /// `date -s` leaves them.
+    #[serde(default)]
+    pub clock_steps: bool,
 }
 
 /// Where libfaketime's multi-threaded library is looked for (`SIGMA_LIBFAKETIME` wins):
@@ -108,8 +114,8 @@ pub fn faketime_lib() -> Result<PathBuf> {
     let path = std::env::var_os("SIGMA_LIBFAKETIME").map_or_else(|| PathBuf::from(FAKETIME_LIB), PathBuf::from);
     anyhow::ensure!(
         path.exists(),
-        "--clock-drift runs nodes under libfaketime, not found at {} (install it: apt-get install faketime; or set \
-         SIGMA_LIBFAKETIME to the library)",
+        "--clock-drift and the clock-step fault run nodes under libfaketime, not found at {} (install it: apt-get \
+         install faketime; or set SIGMA_LIBFAKETIME to the library)",
         path.display()
     );
     Ok(path)
@@ -170,6 +176,23 @@ impl Spec {
             append_log: false,
         }
     }
+
+    /// See [`clock_file`].
+    pub fn clock_file(&self) -> PathBuf {
+        clock_file(&self.key_file)
+    }
+}
+
+/// The wall-clock offset of the node whose key is `key_file`, under
+/// [`Params::clock_steps`], in libfaketime's format (`+0`, `-90`: seconds); it outlives
+/// a restart, as a host's clock does.
+pub fn clock_file(key_file: &Path) -> PathBuf {
+    key_file.with_extension("clock")
+}
+
+/// The content of a [`Spec::clock_file`] for a wall clock `offset_s` seconds off.
+pub fn clock_offset(offset_s: i64) -> String {
+    format!("{offset_s:+}\n")
 }
 
 /// A started daemon, once it printed `SIGMA_READY`.
@@ -275,6 +298,21 @@ pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
     }
     if let Some(ppm) = spec.params.clock_drift_ppm.filter(|_| spec.index != 0) {
         cmd.env("LD_PRELOAD", faketime_lib()?).env("FAKETIME", faketime_rate(ppm)).env("FAKETIME_DONT_RESET", "1");
+    }
+    if spec.params.clock_steps && spec.index != 0 {
+        let file = spec.clock_file();
+        if !file.exists() {
+            std::fs::write(&file, clock_offset(0)).with_context(|| format!("writing {}", file.display()))?;
+        }
+        // The offset is read again at most a second after it changed. Checked: with
+        // the offset moved from +3600 to -600, `CLOCK_REALTIME` follows within a second
+        // while `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` (the leases', the timers' and the
+        // behaviour's clocks) go on unchanged, and epoll timeouts still expire on time.
+        cmd.env("LD_PRELOAD", faketime_lib()?)
+            .env("FAKETIME_TIMESTAMP_FILE", &file)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .env("FAKETIME_CACHE_DURATION", "1")
+            .env("FAKETIME_DONT_RESET", "1");
     }
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", NODE_LOG);
@@ -411,6 +449,9 @@ mod tests {
         assert_eq!(faketime_rate(-500), "+0 x0.999500");
         assert_eq!(faketime_rate(0), "+0 x1.000000");
         assert_eq!(faketime_rate(1_000_000), "+0 x2.000000");
+        assert_eq!(clock_offset(0), "+0\n");
+        assert_eq!(clock_offset(-90), "-90\n");
+        assert_eq!(clock_offset(3600), "+3600\n");
     }
 
     use super::*;

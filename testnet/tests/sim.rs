@@ -398,3 +398,33 @@ fn the_takeover_delay_removes_the_violations_resets_cause() {
     }
     assert!(without > 0, "the scenario must show violations under the paper's rule, or it tests nothing");
 }
+
+// Each planted fault of the core that breaks exclusion without a reset
+// (`proto::Mutant`, planted in every replica or every client through the shared
+// config) is caught by the simulator's budget check: its violations need no reset.
+// `DisposalForgetsFloor` does not apply: the simulator keeps idle replicas.
+#[test]
+fn the_simulator_catches_the_planted_faults() {
+    use sigma_behaviour::proto::Mutant;
+    let saturated = SimConfig {
+        cs: Duration::from_secs(1),
+        warmup: Duration::from_secs(10),
+        measure: Duration::from_secs(300),
+        ..SimConfig::paper(2.0, u0200(), 96)
+    };
+    let lapses =
+        Adversarial { n: 3, m: 2, lambda: 0.5, loss: 0.2, late: 0.05, lifetime_s: 0, measure_s: 3_000, seed: 97 };
+    let cases = [
+        (Mutant::GrantOverLiveVote, Config::default().with_quorum(5, 4), saturated),
+        (Mutant::CountLapsedVote, lapses.config(), SimConfig { mean_lifetime: None, ..lapses.sim() }),
+    ];
+    for (mutant, config, sim) in cases {
+        let (n, m) = (config.n(), config.m());
+        let sound = run(&Sigma(config.clone()), sim.clone());
+        let faulty = run(&Sigma(config.with_mutant(mutant)), sim);
+        println!("{mutant:?}: as built {}\n  planted {}", budget_line(n, m, &sound), budget_line(n, m, &faulty));
+        assert_eq!(faulty.resets, 0, "{mutant:?}: resets in a run meant to have none");
+        assert_eq!(sound.budget_violations, 0, "{mutant:?}: the core as built broke exclusion");
+        assert!(faulty.budget_violations > 0, "{mutant:?} not caught: {}", budget_line(n, m, &faulty));
+    }
+}

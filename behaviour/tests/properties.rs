@@ -205,8 +205,11 @@ struct World {
     /// Messages are never lost: time advances deliver everything first.
     lossless: bool,
     resets: usize,
-    /// When each replica was last reset.
-    reset_at: Vec<Option<Time>>,
+    /// When each replica last lost its tombstones: a reset, or a disposal (which may
+    /// drop tombstones younger than `TOMBSTONE_TTL` once the idle TTL allows it; a
+    /// late message of a released acquisition may then make a new entry, which its
+    /// client hands back).
+    forgot_at: Vec<Option<Time>>,
     /// Resets of each replica so far: the number of its current incarnation.
     incarnation: Vec<usize>,
     /// The incarnations of replica i that sent a RESPONSE naming the grant (owner, stamp)
@@ -247,7 +250,7 @@ impl World {
             flight: Vec::new(),
             lossless,
             resets: 0,
-            reset_at: vec![None; n],
+            forgot_at: vec![None; n],
             incarnation: vec![0; n],
             grants: BTreeMap::new(),
             offsets: BTreeMap::new(),
@@ -383,7 +386,7 @@ impl World {
                     let until = self.replica_now(i % self.n) + LEASE + drift;
                     self.replicas[i % self.n].hold_grants_until(until);
                 }
-                self.reset_at[i % self.n] = Some(self.now);
+                self.forgot_at[i % self.n] = Some(self.now);
                 self.incarnation[i % self.n] += 1;
                 self.resets += 1;
             }
@@ -391,6 +394,7 @@ impl World {
                 let i = i % self.n;
                 if self.replicas[i].is_disposable(self.replica_now(i)) {
                     self.replicas[i] = Replica::new(self.replica_config(i));
+                    self.forgot_at[i] = Some(self.now);
                 }
             }
             _ => {}
@@ -448,7 +452,7 @@ impl World {
                 // Traps (no FIFO): once a RELEASE reached a replica, nothing later from
                 // that acquisition changes it while the tombstone lasts (absent a reset).
                 let buried = self.acqs[a].released_at[to]
-                    .filter(|&t| self.now < t + TOMBSTONE_TTL && self.reset_at[to].is_none_or(|r| r < t));
+                    .filter(|&t| self.now < t + TOMBSTONE_TTL && self.forgot_at[to].is_none_or(|r| r < t));
                 let is_release = matches!(msg, ToReplica::Release { .. });
                 // A RELAY sent with the RELEASE may arrive after it: it solicits the
                 // next waiters and changes nothing about its sender (checked below).
@@ -468,7 +472,7 @@ impl World {
                         "replica {to} revived an acquisition released at {t:?}"
                     );
                 }
-                if is_release && self.acqs[a].released_at[to].is_none_or(|t| self.reset_at[to].is_some_and(|r| r >= t))
+                if is_release && self.acqs[a].released_at[to].is_none_or(|t| self.forgot_at[to].is_some_and(|r| r >= t))
                 {
                     self.acqs[a].released_at[to] = Some(self.now);
                 }

@@ -276,6 +276,8 @@ pub struct Membership {
     forgotten: Vec<PeerId>,
     /// This peer is leaving ([`Membership::leave`]).
     leaving: bool,
+    /// Test-only planted fault: rule 1 broken ([`Membership::with_fault_counting_every_newcomer`]).
+    count_every_newcomer: bool,
 }
 
 impl Membership {
@@ -310,7 +312,18 @@ impl Membership {
             stalls: 0,
             forgotten: Vec::new(),
             leaving: false,
+            count_every_newcomer: false,
         }
+    }
+
+    /// Test-only: a planted fault that breaks rule 1 (a newcomer counts only while this
+    /// peer has a majority): every peer alive here is counted, majority or not, as
+    /// before the rule. For the model checker to show that it catches the fault; off
+    /// unless called.
+    #[doc(hidden)]
+    pub fn with_fault_counting_every_newcomer(mut self) -> Self {
+        self.count_every_newcomer = true;
+        self
     }
 
     /// The takeover delay in force: the longest of this peer's own and of the own
@@ -556,7 +569,7 @@ impl Membership {
     fn admits(&self, peer: &PeerId) -> bool {
         match &self.fixed {
             Some(list) => list.contains(peer),
-            None => self.majority(),
+            None => self.count_every_newcomer || self.majority(),
         }
     }
 

@@ -78,7 +78,7 @@
 //! # Running
 //!
 //! ```text
-//! cargo test -p sigma-behaviour --test model_membership            # about 45 s
+//! cargo test -p sigma-behaviour --test model_membership            # 15-35 s
 //! cargo test -p sigma-behaviour --release --test model_membership -- --ignored --nocapture long_
 //! SIGMA_MODEL="depth=50 cuts=1 joins=2 again=1 cut_sets=00001,11001 slot_ms=1000 until_ms=13000" \
 //!     cargo test -p sigma-behaviour --test model_membership explore_from_env -- --ignored --nocapture
@@ -96,7 +96,8 @@ use std::time::Duration;
 /// two peer slots that may join ({P0, P3, P4} | {P1, P2}); two joins with any
 /// bootstrap peer once every peer noticed the cut (a new peer on either side, through
 /// a serving or a minority peer); A may acquire again. The adversary acts every 2 s
-/// until t = 14 s.
+/// until t = 14 s; peers notice a loss at once or at the liveness timeout, and meet at
+/// the liveness timeout (the latest).
 fn joins_during_a_split() -> Bounds {
     Bounds {
         depth: 45,

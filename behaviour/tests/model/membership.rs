@@ -478,18 +478,16 @@ impl State {
             .collect();
         // A meshed swarm that has served since time 0.
         let zero = Duration::ZERO;
-        for p in 0..b.initial {
-            peers[p].up = true;
-            peers[p].incarnation = 1;
-            peers[p].membership = model.fresh(false, 1);
-            for q in 0..b.initial {
-                if q != p {
-                    peers[p].membership.connected(model.ids[q], zero);
-                    peers[p].conn |= 1 << q;
-                }
+        for (p, peer) in peers.iter_mut().enumerate().take(b.initial) {
+            peer.up = true;
+            peer.incarnation = 1;
+            peer.membership = model.fresh(false, 1);
+            for q in (0..b.initial).filter(|&q| q != p) {
+                peer.membership.connected(model.ids[q], zero);
+                peer.conn |= 1 << q;
             }
-            peers[p].membership.tick(zero);
-            assert!(peers[p].membership.serving());
+            peer.membership.tick(zero);
+            assert!(peer.membership.serving());
         }
         let clients = (0..b.homes.len())
             .map(|c| Client::new(model.cfg.clone(), LamportClock::new().stamp(START, c as Id), START))

@@ -13,6 +13,7 @@ use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
 use super::delay::Held;
+use super::key::ReplicaKey;
 use super::placement::{Parked, ReplyTo};
 use super::{
     shrink_if_sparse, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Counters, Event, ProbeId, ReplicaAnswer,
@@ -42,6 +43,8 @@ enum ProbeKind {
 pub(super) struct Acquisition {
     resource: String,
     n: u16,
+    /// Its replicas' keys, by index (hashed once, at the start).
+    keys: Vec<ReplicaKey>,
     pub(super) client: Client<PeerId>,
     /// Started while this peer was joining: nothing sent yet; started afresh (same
     /// timestamp) once it is ready.
@@ -63,8 +66,8 @@ pub(super) enum Sent {
 #[derive(Debug)]
 pub(super) struct Pending {
     peer: PeerId,
-    resource: String,
-    index: u16,
+    /// The replica it is for; `None` for a question to one peer ([`Behaviour::ask`]).
+    key: Option<ReplicaKey>,
     n: u16,
     /// The client message, or `None` for a probe.
     msg: Option<ToReplica<PeerId>>,
@@ -79,9 +82,8 @@ pub(super) struct Pending {
 /// to go again after a refusal for the request budget ([`Behaviour::resend_later`]).
 #[derive(Debug)]
 pub(super) struct Outgoing {
-    pub(super) resource: String,
+    pub(super) key: ReplicaKey,
     pub(super) n: u16,
-    pub(super) index: u16,
     pub(super) msg: ToReplica<PeerId>,
     /// Redirects followed so far.
     pub(super) hops: u8,
@@ -130,11 +132,12 @@ impl Behaviour {
             config = config.with_quorum(n, m);
         }
         let m = config.m();
+        let keys = ReplicaKey::all(resource, u16::try_from(config.n()).unwrap_or(u16::MAX));
         let explicit = min_peers.or(self.config.min_voters);
         let d = match explicit {
             Some(d) if d == 0 || d > m => return Err(AcquireError::MinPeers { d, m }),
             Some(d) => d,
-            None => self.default_min_voters(resource, config.n()).min(m),
+            None => self.default_min_voters(&keys).min(m),
         };
         let config = config.with_min_voters(d);
         config.validate()?;
@@ -156,7 +159,7 @@ impl Behaviour {
         }
         *self.live_locks.entry(resource.to_owned()).or_default() += 1;
         let acquisition =
-            Acquisition { resource: resource.to_owned(), n, client, deferred, default_d: explicit.is_none() };
+            Acquisition { resource: resource.to_owned(), n, keys, client, deferred, default_d: explicit.is_none() };
         self.acquisitions.insert(id, acquisition);
         self.drain_acquisition(id);
         self.wake();
@@ -169,20 +172,19 @@ impl Behaviour {
     /// where 2 could never be met. An island still needs 2: its departed members host
     /// some of the keys. This peer counts as a possible host only when others can dial
     /// it: an unreachable one hosts nothing.
-    fn default_min_voters(&self, resource: &str, n: usize) -> usize {
-        if Self::one_host(resource, n, self.membership.peer_keys().chain(self.self_as_host_key())) {
+    fn default_min_voters(&self, keys: &[ReplicaKey]) -> usize {
+        if Self::one_host(keys, self.membership.peer_keys().chain(self.self_as_host_key())) {
             1
         } else {
             2
         }
     }
 
-    /// Whether all `n` keys of `resource` fall on one of `peers` (the closest to each).
-    fn one_host<'a>(resource: &str, n: usize, peers: impl Iterator<Item = &'a KBucketKey<PeerId>> + Clone) -> bool {
+    /// Whether all of a lock's `keys` fall on one of `peers` (the closest to each).
+    fn one_host<'a>(keys: &[ReplicaKey], peers: impl Iterator<Item = &'a KBucketKey<PeerId>> + Clone) -> bool {
         let mut first: Option<PeerId> = None;
-        for index in 0..n {
-            let key = Self::key(resource, u16::try_from(index).unwrap_or(u16::MAX));
-            let host = peers.clone().map(|p| (p.distance(&key), *p.preimage())).min().map(|(_, p)| p);
+        for key in keys {
+            let host = peers.clone().map(|p| (p.distance(key.kad()), *p.preimage())).min().map(|(_, p)| p);
             match (first, host) {
                 (None, h) => first = h,
                 (Some(a), Some(b)) if a != b => return false,
@@ -214,7 +216,7 @@ impl Behaviour {
         for id in short {
             let Some(a) = self.acquisitions.get(&id) else { continue };
             let alive = self.membership.alive_keys().chain(self.self_as_host_key());
-            if Self::one_host(&a.resource, usize::from(a.n), alive) {
+            if Self::one_host(&a.keys, alive) {
                 tracing::info!(resource = %a.resource, "every key on one alive peer: quorum diversity lowered to 1");
                 if let Some(a) = self.acquisitions.get_mut(&id) {
                     a.client.lower_min_voters(now, 1);
@@ -258,17 +260,17 @@ impl Behaviour {
 
     /// Sends a client message to the host of replica `index` (locally if that is us),
     /// after the test-only delay if it is on.
-    pub(super) fn send_to_replica(&mut self, resource: String, n: u16, index: u16, msg: ToReplica<PeerId>, hops: u8) {
-        self.send_or_hold(Held::ToReplica(Outgoing { resource, n, index, msg, hops, resent: 0 }));
+    pub(super) fn send_to_replica(&mut self, key: ReplicaKey, n: u16, msg: ToReplica<PeerId>, hops: u8) {
+        self.send_or_hold(Held::ToReplica(Outgoing { key, n, msg, hops, resent: 0 }));
     }
 
     /// [`Behaviour::send_to_replica`] at once.
     pub(super) fn send_to_replica_now(&mut self, out: Outgoing) {
-        let mut host = self.host(&out.resource, out.index);
+        let mut host = self.host(&out.key);
         if host == self.local {
             // The local estimate may predate a closer peer's connection.
-            if let Some(closer) = self.closer_live_peer(&out.resource, out.index) {
-                self.cache_host(&out.resource, out.index, closer);
+            if let Some(closer) = self.closer_live_peer(&out.key) {
+                self.cache_host(&out.key, closer);
                 host = closer;
             }
         }
@@ -278,9 +280,9 @@ impl Behaviour {
             self.wake();
             return;
         }
-        let Outgoing { resource, n, index, msg, hops, resent } = out;
-        let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
-        let pending = Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops, resent };
+        let Outgoing { key, n, msg, hops, resent } = out;
+        let request = Request::Replica { resource: key.resource().to_owned(), index: key.index(), n, msg: msg.clone() };
+        let pending = Pending { peer: host, key: Some(key), n, msg: Some(msg), probe: None, hops, resent };
         self.enqueue(host, request, Some(pending));
     }
 
@@ -289,19 +291,19 @@ impl Behaviour {
     /// peers have been handed to their connections: a replica created or a grant taken
     /// here (tens of microseconds each) no longer delays the first frame out.
     pub(super) fn serve_local_inbox(&mut self) {
-        while let Some(Outgoing { resource, index, n, msg, hops, .. }) = self.local_inbox.pop_front() {
+        while let Some(Outgoing { key, n, msg, hops, .. }) = self.local_inbox.pop_front() {
             // A local refusal (a duplicate RELEASE, say) needs no answer: the core retries
             // on its timers like for a lost message.
             if !self.membership.serving() {
                 continue; // not serving: as if lost; the core retries
             }
-            if self.owns(&resource, index) {
+            if self.owns(&key) {
                 let now = self.clock.now();
-                self.serve_local(&resource, index, msg, now);
-            } else if self.room_to_check(self.local, &resource, index).is_ok() {
+                self.serve_local(&key, msg, now);
+            } else if self.room_to_check(self.local, &key).is_ok() {
                 let parked =
                     Parked { from: self.local, heard: self.clock.now(), n, msg, hops, reply_to: ReplyTo::Local };
-                self.park(&resource, index, parked);
+                self.park(&key, parked);
             }
         }
     }
@@ -380,8 +382,8 @@ impl Behaviour {
         let id = ProbeId(self.next_id);
         self.next_id += 1;
         self.probes.insert(id, Probe { started: Instant::now(), kind: kind(n), outstanding: n });
-        for index in 0..n16 {
-            self.send_survey(resource.to_owned(), n16, index, id, 0);
+        for key in ReplicaKey::all(resource, n16) {
+            self.send_survey(key, n16, id, 0);
         }
         self.wake();
         Ok(id)
@@ -401,16 +403,7 @@ impl Behaviour {
             self.used(peer);
             self.counters.requests_out += 1;
             let out = self.inner.link.send_request(&peer, request);
-            let pending = Pending {
-                peer,
-                resource: String::new(),
-                index: 0,
-                n: 0,
-                msg: None,
-                probe: Some(id),
-                hops: 0,
-                resent: 0,
-            };
+            let pending = Pending { peer, key: None, n: 0, msg: None, probe: Some(id), hops: 0, resent: 0 };
             self.pending.insert(out, Sent::One(pending));
         }
         self.wake();
@@ -433,26 +426,24 @@ impl Behaviour {
         true
     }
 
-    fn send_survey(&mut self, resource: String, n: u16, index: u16, probe: ProbeId, hops: u8) {
-        let mut host = self.host(&resource, index);
+    fn send_survey(&mut self, key: ReplicaKey, n: u16, probe: ProbeId, hops: u8) {
+        let mut host = self.host(&key);
         if host == self.local {
-            if let Some(closer) = self.closer_live_peer(&resource, index) {
-                self.cache_host(&resource, index, closer);
+            if let Some(closer) = self.closer_live_peer(&key) {
+                self.cache_host(&key, closer);
                 host = closer;
             }
         }
         let inspect = matches!(self.probes.get(&probe).map(|p| &p.kind), Some(ProbeKind::Inspect(_)));
+        let (resource, index) = (key.resource().to_owned(), key.index());
         if host == self.local {
-            let reply = if inspect { Reply::Replica(self.replica_state(&resource, index)) } else { Reply::Ack };
+            let reply = if inspect { Reply::Replica(self.replica_state(&key)) } else { Reply::Ack };
             self.probe_answered(probe, index, host, Some(reply));
             return;
         }
-        let request = if inspect {
-            Request::Inspect { resource: resource.clone(), index, n }
-        } else {
-            Request::Ping { resource: resource.clone(), index, n }
-        };
-        let pending = Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops, resent: 0 };
+        let request =
+            if inspect { Request::Inspect { resource, index, n } } else { Request::Ping { resource, index, n } };
+        let pending = Pending { peer: host, key: Some(key), n, msg: None, probe: Some(probe), hops, resent: 0 };
         self.enqueue(host, request, Some(pending));
     }
 
@@ -513,7 +504,7 @@ impl Behaviour {
                     // leave the vote with nobody until its lease ran out.
                     let n = *n;
                     let msg = ToReplica::Release { ts: resp.ts, token: 0, next: Vec::new() };
-                    self.send_to_replica(resource.to_owned(), n, index, msg, 0);
+                    self.send_to_replica(ReplicaKey::new(resource, index), n, msg, 0);
                 }
             }
             return;
@@ -576,9 +567,10 @@ impl Behaviour {
                 if a.deferred.is_some() {
                     continue; // nothing was sent: nothing to send now
                 }
-                let (resource, n) = (a.resource.clone(), a.n);
-                let index = u16::try_from(index).unwrap_or(u16::MAX);
-                self.send_to_replica(resource, n, index, msg, 0);
+                let key = a.keys.get(index).cloned();
+                let key = key.unwrap_or_else(|| ReplicaKey::new(&a.resource, u16::try_from(index).unwrap_or(u16::MAX)));
+                let n = a.n;
+                self.send_to_replica(key, n, msg, 0);
                 continue;
             }
             if a.client.phase() == Phase::Released {
@@ -650,26 +642,29 @@ impl Behaviour {
 
     /// The reply to one message sent alone or in a batch.
     fn on_item_reply(&mut self, peer: PeerId, p: Pending, reply: Reply) {
+        let index = p.key.as_ref().map_or(0, ReplicaKey::index);
         if let Some(probe) = p.probe {
-            match reply {
-                Reply::Redirect { peer: closer, addrs } if p.hops < self.config.max_redirects && closer != peer => {
+            match (reply, p.key) {
+                (Reply::Redirect { peer: closer, addrs }, Some(key))
+                    if p.hops < self.config.max_redirects && closer != peer =>
+                {
                     for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
                         self.add_address(&closer, a);
                     }
-                    self.cache_host(&p.resource, p.index, closer);
-                    self.send_survey(p.resource, p.n, p.index, probe, p.hops + 1);
+                    self.cache_host(&key, closer);
+                    self.send_survey(key, p.n, probe, p.hops + 1);
                 }
-                Reply::Redirect { .. } => self.probe_answered(probe, p.index, peer, None),
-                reply => self.probe_answered(probe, p.index, peer, Some(reply)),
+                (Reply::Redirect { .. }, _) => self.probe_answered(probe, index, peer, None),
+                (reply, _) => self.probe_answered(probe, index, peer, Some(reply)),
             }
             return;
         }
-        let Some(msg) = p.msg else { return };
+        let (Some(msg), Some(key)) = (p.msg, p.key) else { return };
         match reply {
             Reply::Responses(responses) => {
                 for r in responses {
                     if r.ts.client == self.local {
-                        self.deliver(peer, &p.resource, p.index, r);
+                        self.deliver(peer, key.resource(), key.index(), r);
                     }
                 }
             }
@@ -678,12 +673,12 @@ impl Behaviour {
                 for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
                     self.add_address(&closer, a);
                 }
-                self.cache_host(&p.resource, p.index, closer);
+                self.cache_host(&key, closer);
                 if p.hops < self.config.max_redirects && closer != peer {
                     Counters::bump(&mut self.counters.messages_out, "redirected");
-                    self.send_to_replica(p.resource, p.n, p.index, msg, p.hops + 1);
+                    self.send_to_replica(key, p.n, msg, p.hops + 1);
                 } else {
-                    self.lookup(&p.resource, p.index);
+                    self.lookup(&key);
                 }
             }
             // A message refused for the budget goes again once it has refilled: nothing
@@ -691,8 +686,7 @@ impl Behaviour {
             // others only on its timers (about a second, with every waiter standing
             // still). Other refusals are left to the core.
             Reply::Rejected(Rejection::RateLimited) => {
-                let (resource, n, index, resent) = (p.resource, p.n, p.index, p.resent);
-                self.resend_later(Outgoing { resource, n, index, msg, hops: 0, resent });
+                self.resend_later(Outgoing { key, n: p.n, msg, hops: 0, resent: p.resent });
             }
             Reply::Rejected(r) => {
                 tracing::debug!(%peer, reason = r.as_str(), "sigma request rejected by peer");
@@ -762,17 +756,17 @@ impl Behaviour {
     fn on_item_failure(&mut self, p: Pending, error: &OutboundFailure) {
         use OutboundFailure as F;
         if let Some(probe) = p.probe {
-            self.probe_answered(probe, p.index, p.peer, None);
+            self.probe_answered(probe, p.key.as_ref().map_or(0, ReplicaKey::index), p.peer, None);
         }
         // Timeout and ConnectionClosed mean "maybe delivered": the core's timers retry,
         // and every handler is idempotent. A host that cannot be reached is looked up
         // (a question to one peer, `ask`, names no replica). A dial this peer's own
         // connection limit refused (DialDenied) says nothing of the host: the core's
         // timers retry it, by when trimming has made room.
-        if matches!(error, F::DialFailure | F::UnsupportedProtocols) && !p.resource.is_empty() {
-            self.forget_host(&p.resource, p.index);
+        if let Some(key) = p.key.filter(|_| matches!(error, F::DialFailure | F::UnsupportedProtocols)) {
+            self.forget_host(&key);
             self.routable.remove(&p.peer);
-            self.lookup(&p.resource, p.index);
+            self.lookup(&key);
         }
     }
 

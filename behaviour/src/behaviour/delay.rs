@@ -11,6 +11,7 @@ use libp2p::PeerId;
 
 use super::client::Outgoing;
 use super::config::Config;
+use super::key::ReplicaKey;
 use super::placement::ReplyTo;
 use super::Behaviour;
 use crate::proto::{Response, Time};
@@ -28,7 +29,7 @@ pub(super) enum Held {
     /// A local acquisition's message to the host of a replica.
     ToReplica(Outgoing),
     /// A hosted replica's RESPONSE to a client (this peer's or a remote one).
-    Response { to: PeerId, resource: String, index: u16, resp: Response<PeerId> },
+    Response { to: PeerId, key: ReplicaKey, resp: Response<PeerId> },
     /// The reply to a remote peer's request.
     Reply { to: ReplyTo, reply: Reply },
 }
@@ -71,7 +72,7 @@ impl Behaviour {
     fn dispatch(&mut self, message: Held) {
         match message {
             Held::ToReplica(out) => self.send_to_replica_now(out),
-            Held::Response { to, resource, index, resp } => self.notify_now(to, &resource, index, resp),
+            Held::Response { to, key, resp } => self.notify_now(to, &key, resp),
             Held::Reply { to, reply } => self.respond_now(to, reply),
         }
     }

@@ -12,6 +12,7 @@ use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
 use super::delay::Held;
+use super::key::ReplicaKey;
 use super::link::ResponseChannel;
 use super::placement::{Parked, ReplyTo};
 use super::{shrink_if_sparse, Behaviour, Counters, ReplicaInfo, ReplicaTotals};
@@ -36,10 +37,6 @@ type EntryShape = (usize, Option<PeerId>);
 #[derive(Debug)]
 pub(super) struct Hosted {
     pub(super) replica: Replica<PeerId>,
-    /// Its Kademlia key, hashed once: a member that becomes alive is compared with
-    /// every hosted replica ([`Behaviour::hand_over_to`]), and a hash per replica on
-    /// each membership change made its cost grow with the replicas hosted.
-    pub(super) key: KBucketKey<Vec<u8>>,
     /// The remote peer whose request created it (its replica quota); `None`: this peer.
     creator: Option<PeerId>,
     /// Its entries' shape and the remote peers in them (owner, waiters, with
@@ -124,10 +121,10 @@ impl Behaviour {
         let mut v: Vec<ReplicaInfo> = self
             .replicas
             .iter()
-            .filter(|((r, _), _)| resource.is_none_or(|x| x == r))
-            .map(|((r, i), Hosted { replica: rep, .. })| ReplicaInfo {
-                resource: r.clone(),
-                index: *i,
+            .filter(|(key, _)| resource.is_none_or(|x| x == key.resource()))
+            .map(|(key, Hosted { replica: rep, .. })| ReplicaInfo {
+                resource: key.resource().to_owned(),
+                index: key.index(),
                 owner: rep.owner().map(|(ts, stamp)| (ts.client, ts.counter, stamp)),
                 queue: rep.queue().map(|ts| (ts.client, ts.counter)).collect(),
             })
@@ -138,15 +135,16 @@ impl Behaviour {
 
     /// A local acquisition's message to a replica hosted here, its key's ownership
     /// checked.
-    pub(super) fn serve_local(&mut self, resource: &str, index: u16, msg: ToReplica<PeerId>, heard: Time) {
+    pub(super) fn serve_local(&mut self, key: &ReplicaKey, msg: ToReplica<PeerId>, heard: Time) {
         let local = self.local;
-        match self.handle_replica(local, resource, index, msg, heard) {
+        match self.handle_replica(local, key, msg, heard) {
             // To this peer's own client: delivered at once, or after the test-only delay.
-            Ok(responses) => responses.into_iter().for_each(|r| self.notify(local, resource, index, r)),
+            Ok(responses) => responses.into_iter().for_each(|r| self.notify(local, key, r)),
             Err(r) => {
                 // Counted like a remote peer's (a full replica table refuses this
                 // peer's own clients too); the core retries on its timers.
                 Counters::bump(&mut self.counters.rejected, r.as_str());
+                let (resource, index) = (key.resource(), key.index());
                 tracing::debug!(%resource, index, reason = r.as_str(), "a local replica refused a local request");
             }
         }
@@ -187,8 +185,8 @@ impl Behaviour {
     }
 
     /// The state of replica `index` of `resource` here (idle if not hosted).
-    pub(super) fn replica_state(&self, resource: &str, index: u16) -> wire::ReplicaState {
-        let Some(Hosted { replica: r, .. }) = self.replicas.get(&(resource.to_owned(), index)) else {
+    pub(super) fn replica_state(&self, key: &ReplicaKey) -> wire::ReplicaState {
+        let Some(Hosted { replica: r, .. }) = self.replicas.get(key) else {
             return wire::ReplicaState::default();
         };
         let now = self.clock.now();
@@ -240,21 +238,19 @@ impl Behaviour {
     pub(super) fn handle_replica(
         &mut self,
         from: PeerId,
-        resource: &str,
-        index: u16,
+        key: &ReplicaKey,
         msg: ToReplica<PeerId>,
         heard: Time,
     ) -> Result<Vec<Response<PeerId>>, Rejection> {
         let now = self.clock.now();
-        let key = (resource.to_owned(), index);
-        let hosted = self.replicas.contains_key(&key);
+        let hosted = self.replicas.contains_key(key);
         // A REQUEST that would add a remote peer's entry past its quota, or past the cap
         // for all, is refused before anything is created; an acquisition already here
         // is always served (renewals, retries).
         if let ToReplica::Request { ts, .. } = &msg {
             let over = self.entries_by.get(&from).is_some_and(|n| *n >= self.config.max_entries_per_peer)
                 || self.entries_total >= self.config.max_entries;
-            if from != self.local && over && !self.replicas.get(&key).is_some_and(|h| h.replica.has(ts)) {
+            if from != self.local && over && !self.replicas.get(key).is_some_and(|h| h.replica.has(ts)) {
                 return Err(Rejection::QueueQuota);
             }
         }
@@ -272,11 +268,10 @@ impl Behaviour {
                 creator = Some(from);
             }
             // The takeover delay: its previous host may have granted it.
-            let k = self.replica_key(resource, index);
-            let mine = self.local_key.distance(&k);
-            held = self.membership.hold_until(now, |p| KBucketKey::from(*p).distance(&k) < mine);
+            let k = key.kad();
+            let mine = self.local_key.distance(k);
+            held = self.membership.hold_until(now, |p| KBucketKey::from(*p).distance(k) < mine);
         }
-        let rkey = (!self.replicas.contains_key(&key)).then(|| self.replica_key(resource, index));
         let replica = match self.replicas.entry(key.clone()) {
             std::collections::hash_map::Entry::Occupied(e) => &mut e.into_mut().replica,
             std::collections::hash_map::Entry::Vacant(e) => {
@@ -286,8 +281,7 @@ impl Behaviour {
                     self.counters.replicas_held += 1;
                     replica.hold_grants_until(until);
                 }
-                let key = rkey.unwrap_or_else(|| Self::key(resource, index));
-                &mut e.insert(Hosted { replica, key, creator, shape: (0, None), counted: Vec::new() }).replica
+                &mut e.insert(Hosted { replica, creator, shape: (0, None), counted: Vec::new() }).replica
             }
         };
         let result = replica.handle_heard(now, heard, &from, msg);
@@ -295,7 +289,7 @@ impl Behaviour {
         while let Some(out) = replica.poll_transmit() {
             outputs.push(out);
         }
-        self.reindex_replica(&key, now);
+        self.reindex_replica(key, now);
         if let Err(e) = result {
             return Err(match e {
                 ReplicaError::ForeignAcquisition => Rejection::ForeignAcquisition,
@@ -310,7 +304,7 @@ impl Behaviour {
             if to == from {
                 mine.push(resp);
             } else {
-                self.notify(to, resource, index, resp);
+                self.notify(to, key, resp);
             }
         }
         Ok(mine)
@@ -318,21 +312,21 @@ impl Behaviour {
 
     /// Sends an unsolicited RESPONSE from a hosted replica to its client (after the
     /// test-only delay if it is on).
-    pub(super) fn notify(&mut self, to: PeerId, resource: &str, index: u16, resp: Response<PeerId>) {
+    pub(super) fn notify(&mut self, to: PeerId, key: &ReplicaKey, resp: Response<PeerId>) {
         if self.delaying() {
-            return self.send_or_hold(Held::Response { to, resource: resource.to_owned(), index, resp });
+            return self.send_or_hold(Held::Response { to, key: key.clone(), resp });
         }
-        self.notify_now(to, resource, index, resp);
+        self.notify_now(to, key, resp);
     }
 
     /// [`Behaviour::notify`] at once.
-    pub(super) fn notify_now(&mut self, to: PeerId, resource: &str, index: u16, resp: Response<PeerId>) {
+    pub(super) fn notify_now(&mut self, to: PeerId, key: &ReplicaKey, resp: Response<PeerId>) {
         if to == self.local {
-            self.deliver(self.local, resource, index, resp);
+            self.deliver(self.local, key.resource(), key.index(), resp);
             return;
         }
         Counters::bump(&mut self.counters.messages_out, "notify");
-        let request = Request::Notify { resource: resource.to_owned(), index, resp };
+        let request = Request::Notify { resource: key.resource().to_owned(), index: key.index(), resp };
         self.enqueue(to, request, None);
     }
 
@@ -379,40 +373,46 @@ impl Behaviour {
                 }
                 Request::Replica { .. } if !self.membership.serving() => Reply::Rejected(Rejection::NotServing),
                 Request::Replica { .. } if !self.take_token(peer) => Reply::Rejected(Rejection::RateLimited),
-                Request::Replica { resource, index, msg, n } => match self.closer_live_peer(&resource, index) {
-                    Some(closer) => self.redirect(closer),
-                    None if self.owns(&resource, index) => {
-                        match self.handle_replica(peer, &resource, index, msg, now) {
+                Request::Replica { resource, index, msg, n } => {
+                    let key = ReplicaKey::new(&resource, index);
+                    match self.closer_live_peer(&key) {
+                        Some(closer) => self.redirect(closer),
+                        None if self.owns(&key) => match self.handle_replica(peer, &key, msg, now) {
                             Ok(responses) => Reply::Responses(responses),
                             Err(r) => Reply::Rejected(r),
-                        }
+                        },
+                        None => match self.room_to_check(peer, &key) {
+                            Ok(()) => {
+                                let parked = Parked { from: peer, heard: now, n, msg, hops: 0, reply_to: to };
+                                self.park(&key, parked);
+                                return None;
+                            }
+                            Err(r) => Reply::Rejected(r),
+                        },
                     }
-                    None => match self.room_to_check(peer, &resource, index) {
-                        Ok(()) => {
-                            let parked = Parked { from: peer, heard: now, n, msg, hops: 0, reply_to: to };
-                            self.park(&resource, index, parked);
-                            return None;
-                        }
-                        Err(r) => Reply::Rejected(r),
-                    },
-                },
+                }
                 Request::Inspect { .. } | Request::Holding { .. } | Request::Revoke { .. }
                     if !self.take_token(peer) =>
                 {
                     Reply::Rejected(Rejection::RateLimited)
                 }
-                Request::Inspect { resource, index, .. } => match self.closer_live_peer(&resource, index) {
-                    Some(closer) => self.redirect(closer),
-                    None => Reply::Replica(self.replica_state(&resource, index)),
-                },
-                request @ (Request::Holding { .. } | Request::Revoke { .. }) => self.answer_operator(peer, request),
-                Request::Ping { resource, index, .. } => match self.closer_live_peer(&resource, index) {
-                    Some(closer) => {
-                        self.counters.redirects_sent += 1;
-                        Reply::Redirect { peer: closer, addrs: Vec::new() }
+                Request::Inspect { resource, index, .. } => {
+                    let key = ReplicaKey::new(&resource, index);
+                    match self.closer_live_peer(&key) {
+                        Some(closer) => self.redirect(closer),
+                        None => Reply::Replica(self.replica_state(&key)),
                     }
-                    None => Reply::Ack,
-                },
+                }
+                request @ (Request::Holding { .. } | Request::Revoke { .. }) => self.answer_operator(peer, request),
+                Request::Ping { resource, index, .. } => {
+                    match self.closer_live_peer(&ReplicaKey::new(&resource, index)) {
+                        Some(closer) => {
+                            self.counters.redirects_sent += 1;
+                            Reply::Redirect { peer: closer, addrs: Vec::new() }
+                        }
+                        None => Reply::Ack,
+                    }
+                }
                 Request::Batch(_) => Reply::Rejected(Rejection::BadBatch),
                 Request::Notify { resource, index, resp } => {
                     if resp.ts.client != self.local {
@@ -439,7 +439,7 @@ impl Behaviour {
 
     /// Files a hosted replica under its next deadline, or drops it if it is disposable
     /// (idle, nothing to remember: see [`Replica::is_disposable`]).
-    pub(super) fn reindex_replica(&mut self, key: &(String, u16), now: Time) {
+    pub(super) fn reindex_replica(&mut self, key: &ReplicaKey, now: Time) {
         let Some(h) = self.replicas.get_mut(key) else {
             self.replica_due.set(key, None);
             return;
@@ -475,7 +475,7 @@ impl Behaviour {
     }
 
     /// Removes a hosted replica with its index entry and its creator's count.
-    pub(super) fn drop_replica(&mut self, key: &(String, u16)) {
+    pub(super) fn drop_replica(&mut self, key: &ReplicaKey) {
         let hosted = self.replicas.remove(key);
         self.forget_ownership(key);
         shrink_if_sparse(&mut self.replicas);

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use libp2p::PeerId;
 
+use super::key::ReplicaKey;
 use super::{AcquisitionId, Behaviour, Counters, TRIM_GRACE};
 use crate::membership::{Readiness, Record};
 use crate::proto::{client::Phase, Client, Time};
@@ -108,7 +109,7 @@ impl Behaviour {
         if restarted && !self.replicas.is_empty() {
             self.counters.replicas_dropped_not_serving += self.replicas.len() as u64;
             tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
-            let owned: Vec<(String, u16)> = self.replicas.keys().cloned().collect();
+            let owned: Vec<ReplicaKey> = self.replicas.keys().cloned().collect();
             for key in &owned {
                 self.forget_ownership(key);
             }

@@ -61,6 +61,7 @@ mod client;
 mod config;
 mod delay;
 mod host;
+mod key;
 pub mod link;
 mod members;
 mod placement;
@@ -82,6 +83,7 @@ use config::MAX_TIMER;
 #[cfg(doc)]
 use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
 use host::InboundBatch;
+use key::ReplicaKey;
 #[cfg(doc)]
 use placement::MAX_OWNERSHIP_CHECKS;
 use placement::{Neighbourhood, Ownership};
@@ -186,10 +188,10 @@ pub struct Behaviour {
     buckets_refreshed: Option<Time>,
     cut_bootstraps: HashSet<kad::QueryId>,
     /// The hosted replicas, each with its creator and entry counts.
-    replicas: HashMap<(String, u16), host::Hosted>,
+    replicas: HashMap<ReplicaKey, host::Hosted>,
     /// When each hosted replica next has work (a timer, or becoming disposable): an
     /// event costs O(log n), not a walk over every replica.
-    replica_due: DeadlineIndex<(String, u16)>,
+    replica_due: DeadlineIndex<ReplicaKey>,
     acquisitions: HashMap<AcquisitionId, Acquisition>,
     /// The same for the acquisitions' timers.
     acquisition_due: DeadlineIndex<AcquisitionId>,
@@ -237,12 +239,12 @@ pub struct Behaviour {
     /// lookups and the requests each may park.
     inbound_batches: HashMap<u64, InboundBatch>,
     next_batch: u64,
-    lookups: HashMap<kad::QueryId, (String, u16)>,
+    lookups: HashMap<kad::QueryId, ReplicaKey>,
     /// Keys this peer would host, checked (or being checked) with a Kademlia lookup;
     /// bounded by the hosted replicas plus [`MAX_OWNERSHIP_CHECKS`].
-    ownership: HashMap<(String, u16), Ownership>,
+    ownership: HashMap<ReplicaKey, Ownership>,
     /// When each entry next needs work: a running lookup's deadline, a recheck.
-    ownership_due: DeadlineIndex<(String, u16)>,
+    ownership_due: DeadlineIndex<ReplicaKey>,
     /// The peers closest to this one as the last self-lookup found them: a key much
     /// closer to this peer than they are needs no lookup of its own.
     neighbourhood: Option<Neighbourhood>,
@@ -252,7 +254,7 @@ pub struct Behaviour {
     /// `MAX_UNREACHED`): its failures that a departed peer explains.
     neighbourhood_unreached: Vec<PeerId>,
     /// The ownership lookups in flight.
-    checks: HashMap<kad::QueryId, (String, u16)>,
+    checks: HashMap<kad::QueryId, ReplicaKey>,
     probes: HashMap<ProbeId, Probe>,
     events: VecDeque<Event>,
     timer: Option<(Time, Pin<Box<Sleep>>)>,
@@ -278,8 +280,6 @@ pub struct Behaviour {
     /// Frames the codec refused (shared with every connection's codec).
     codec_stats: Arc<wire::CodecStats>,
     next_id: u64,
-    /// The Kademlia key of the replica last asked about ([`Behaviour::replica_key`]).
-    key_memo: std::cell::RefCell<Option<placement::KeyMemo>>,
 }
 
 impl Behaviour {
@@ -419,7 +419,6 @@ impl Behaviour {
             deferred: 0,
             codec_stats,
             next_id: 0,
-            key_memo: std::cell::RefCell::new(None),
             neighbourhood_unreached: Vec::new(),
         }
     }
@@ -552,16 +551,15 @@ impl Behaviour {
                     self.ownership_checked(key, &peers);
                     return;
                 }
-                let Some((resource, index)) = self.lookups.remove(&id) else { return };
-                let key = Self::key(&resource, index);
+                let Some(key) = self.lookups.remove(&id) else { return };
                 let best = peers
                     .iter()
                     .map(|i| i.peer_id)
                     .chain(self.dialable().then_some(self.local))
-                    .map(|p| (KBucketKey::from(p).distance(&key), p))
+                    .map(|p| (KBucketKey::from(p).distance(key.kad()), p))
                     .min()
                     .map_or(self.local, |(_, p)| p);
-                self.cache_host(&resource, index, best);
+                self.cache_host(&key, best);
             }
             // The first step of a bootstrap to succeed (its self-lookup, usually) joins:
             // this peer's neighbourhood knows it and it knows its neighbourhood. The
@@ -652,7 +650,7 @@ impl Behaviour {
             }
             self.reindex_replica(&key, now);
             for (to, resp) in outputs {
-                self.notify(to, &key.0, key.1, resp);
+                self.notify(to, &key, resp);
             }
         }
         for id in self.acquisition_due.due(now) {

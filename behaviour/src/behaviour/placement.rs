@@ -8,6 +8,7 @@ use libp2p::kad::{self, KBucketKey};
 use libp2p::{Multiaddr, PeerId};
 
 use super::config::MAX_IDLE_HOSTS;
+use super::key::ReplicaKey;
 use super::{kad_protocol, shrink_if_sparse, Behaviour, Counters, KAD_REFRESH};
 use crate::addr::Scope;
 use crate::proto::{Time, ToReplica};
@@ -79,9 +80,6 @@ pub(super) fn found_every_peer(found: usize, failures: u32, departed_unreached: 
     found >= kad::K_VALUE.get() || usize::try_from(failures).is_ok_and(|f| f <= departed_unreached)
 }
 
-/// A replica's name and index with its Kademlia key ([`Behaviour::replica_key`]).
-pub(super) type KeyMemo = (String, u16, KBucketKey<Vec<u8>>);
-
 /// Where the answer to a remote peer's message goes.
 #[derive(Debug)]
 pub(super) enum ReplyTo {
@@ -92,7 +90,6 @@ pub(super) enum ReplyTo {
     /// Item `slot` of inbound batch `batch` ([`Behaviour::inbound_batches`]).
     Slot { batch: u64, slot: usize },
 }
-
 impl Behaviour {
     /// Adds a known address of a peer (bootstrap, identify, a connected Kademlia peer).
     /// A peer new to a full k-bucket is left out: the bucket keeps its old peers.
@@ -365,31 +362,12 @@ impl Behaviour {
         self.connected.keys()
     }
 
-    pub(super) fn key(resource: &str, index: u16) -> KBucketKey<Vec<u8>> {
-        KBucketKey::new(wire::replica_name(resource, index).into_bytes())
-    }
-
-    /// [`Behaviour::key`], remembered for the last replica asked about: a message to a
-    /// replica needs its key up to three times (is a live peer closer, is the key
-    /// provably this peer's, which peers held it before), each a SHA-256 of its name.
-    pub(super) fn replica_key(&self, resource: &str, index: u16) -> KBucketKey<Vec<u8>> {
-        let mut memo = self.key_memo.borrow_mut();
-        match &*memo {
-            Some((r, i, key)) if *i == index && r == resource => key.clone(),
-            _ => {
-                let key = Self::key(resource, index);
-                *memo = Some((resource.to_owned(), index, key.clone()));
-                key
-            }
-        }
-    }
-
     /// The live sigma peer closest to the replica's key, if closer than this peer. Live:
     /// an alive member (connected, or its heartbeat fresh through gossip); members are
     /// sigma peers (one that merely connects, such as a light client or another
     /// protocol's peer, hosts nothing).
-    pub(super) fn closer_live_peer(&self, resource: &str, index: u16) -> Option<PeerId> {
-        self.membership.closest_alive(&self.replica_key(resource, index), &self.local_key)
+    pub(super) fn closer_live_peer(&self, key: &ReplicaKey) -> Option<PeerId> {
+        self.membership.closest_alive(key.kad(), &self.local_key)
     }
 
     /// Drops the hosted replicas that `peer` is closer to, once it is a live sigma peer
@@ -410,11 +388,11 @@ impl Behaviour {
     pub(super) fn hand_over_to(&mut self, peer: PeerId) {
         let theirs = KBucketKey::from(peer);
         let local_key = &self.local_key;
-        let gone: Vec<(String, u16)> = self
+        let gone: Vec<ReplicaKey> = self
             .replicas
-            .iter()
-            .filter(|(_, hosted)| local_key.distance(&hosted.key) >= theirs.distance(&hosted.key))
-            .map(|(name, _)| name.clone())
+            .keys()
+            .filter(|key| local_key.distance(key.kad()) >= theirs.distance(key.kad()))
+            .cloned()
             .collect();
         for key in &gone {
             self.drop_replica(key);
@@ -427,26 +405,26 @@ impl Behaviour {
     }
 
     /// The host of a replica: cached, else the closest of this peer and its routing table.
-    pub(super) fn host(&mut self, resource: &str, index: u16) -> PeerId {
-        if let Some(p) = self.cached_host(resource, index) {
+    pub(super) fn host(&mut self, key: &ReplicaKey) -> PeerId {
+        if let Some(p) = self.cached_host(key.resource(), key.index()) {
             return p;
         }
-        let key = Self::key(resource, index);
         let best = self
             .routable
             .values()
             .chain(self.dialable().then_some(&self.local_key))
-            .map(|p| (p.distance(&key), *p.preimage()))
+            .map(|p| (p.distance(key.kad()), *p.preimage()))
             .min()
             .map_or(self.local, |(_, p)| p);
-        self.cache_host(resource, index, best);
+        self.cache_host(key, best);
         best
     }
 
     /// Caches the host of a replica of a lock with a live local acquisition (a slot per
     /// replica index this peer sent to: at most n per such lock); other locks' hosts are
     /// computed per message.
-    pub(super) fn cache_host(&mut self, resource: &str, index: u16, peer: PeerId) {
+    pub(super) fn cache_host(&mut self, key: &ReplicaKey, peer: PeerId) {
+        let (resource, index) = (key.resource(), key.index());
         if !self.live_locks.contains_key(resource) {
             return;
         }
@@ -480,8 +458,9 @@ impl Behaviour {
     }
 
     /// Forgets the cached host of one replica (it could not be reached).
-    pub(super) fn forget_host(&mut self, resource: &str, index: u16) {
-        if let Some(slot) = self.hosts.get_mut(resource).and_then(|slots| slots.get_mut(usize::from(index))) {
+    pub(super) fn forget_host(&mut self, key: &ReplicaKey) {
+        let slots = self.hosts.get_mut(key.resource());
+        if let Some(slot) = slots.and_then(|slots| slots.get_mut(usize::from(key.index()))) {
             *slot = None;
         }
     }
@@ -517,39 +496,37 @@ impl Behaviour {
         shrink_if_sparse(&mut self.hosts);
     }
 
-    pub(super) fn lookup(&mut self, resource: &str, index: u16) {
-        if self.lookups.values().any(|(r, i)| r == resource && *i == index) {
+    pub(super) fn lookup(&mut self, key: &ReplicaKey) {
+        if self.lookups.values().any(|k| k == key) {
             return;
         }
         // The host is the closest peer: a lookup of the few closest (as an ownership
         // check) ends after about two rounds of α = 3 requests, where one of the k = 20
         // closest asks about 45 peers. The host checks its ownership itself, and a
         // wrong guess is redirected.
-        let name = wire::replica_name(resource, index).into_bytes();
-        let q = self.inner.kad.get_n_closest_peers(name, OWNERSHIP_LOOKUP_PEERS);
+        let q = self.inner.kad.get_n_closest_peers(key.name(), OWNERSHIP_LOOKUP_PEERS);
         self.counters.lookups += 1;
-        self.lookups.insert(q, (resource.to_owned(), index));
+        self.lookups.insert(q, key.clone());
     }
 
     /// Whether this peer may serve the key now: its last ownership lookup found no
     /// closer peer. A peer that knows no other sigma peer (a one-node swarm) owns every
     /// key without asking.
-    pub(super) fn owns(&mut self, resource: &str, index: u16) -> bool {
-        let key = (resource.to_owned(), index);
-        match self.ownership.get(&key) {
+    pub(super) fn owns(&mut self, key: &ReplicaKey) -> bool {
+        match self.ownership.get(key) {
             Some(Ownership::Owned { .. }) => true,
             Some(Ownership::Checking { .. }) => false,
             None if self.routable.is_empty() => {
                 let at = self.clock.now() + self.config.ownership_ttl;
                 self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
-                self.ownership_due.set(&key, Some(at));
+                self.ownership_due.set(key, Some(at));
                 true
             }
-            None => match self.provably_mine(resource, index) {
+            None => match self.provably_mine(key) {
                 Some(until) => {
                     self.counters.ownership_by_neighbourhood += 1;
                     self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
-                    self.ownership_due.set(&key, Some(until));
+                    self.ownership_due.set(key, Some(until));
                     true
                 }
                 None => false,
@@ -566,26 +543,26 @@ impl Behaviour {
     /// a lookup of the key's own would find what the self-lookup found. The verdict
     /// expires with the self-lookup (its time plus the TTL), so a second host unknown to
     /// this one serves no longer than with a lookup per key.
-    fn provably_mine(&mut self, resource: &str, index: u16) -> Option<Time> {
+    fn provably_mine(&mut self, key: &ReplicaKey) -> Option<Time> {
         let now = self.clock.now();
         let until = self.neighbourhood.as_ref()?.at + self.config.ownership_ttl;
         if now >= until {
             return None;
         }
-        let key = self.replica_key(resource, index);
+        let key = key.kad();
         let nb = self.neighbourhood.as_ref()?;
-        let mine = self.local_key.distance(&key);
+        let mine = self.local_key.distance(key);
         let inside = match (mine.ilog2(), nb.radius.and_then(|r| r.ilog2())) {
             (None, _) => true, // the key is this peer's id
             (Some(_), None) => nb.radius.is_none(),
             // mine < 2^(a+1) ≤ 2^(b-1) ≤ radius / 2
             (Some(a), Some(b)) => a + 2 <= b,
         };
-        let closer = |p: &KBucketKey<PeerId>| p.distance(&key) < mine;
+        let closer = |p: &KBucketKey<PeerId>| p.distance(key) < mine;
         if !inside
             || nb.peers.iter().any(closer)
             || self.routable.values().any(closer)
-            || self.membership.closest_alive(&key, &self.local_key).is_some()
+            || self.membership.closest_alive(key, &self.local_key).is_some()
         {
             return None;
         }
@@ -605,9 +582,8 @@ impl Behaviour {
     /// Whether a request from `from` may wait for the key's ownership lookup: the
     /// lookups and the requests waiting are bounded, and a remote peer's request that
     /// would create a replica past the caps is refused before any lookup.
-    pub(super) fn room_to_check(&self, from: PeerId, resource: &str, index: u16) -> Result<(), Rejection> {
-        let key = (resource.to_owned(), index);
-        match self.ownership.get(&key) {
+    pub(super) fn room_to_check(&self, from: PeerId, key: &ReplicaKey) -> Result<(), Rejection> {
+        match self.ownership.get(key) {
             Some(Ownership::Checking { parked, .. }) if parked.len() >= MAX_PARKED_PER_KEY => {
                 return Err(Rejection::RateLimited)
             }
@@ -615,7 +591,7 @@ impl Behaviour {
             _ if self.checks.len() >= MAX_OWNERSHIP_CHECKS => return Err(Rejection::RateLimited),
             _ => {}
         }
-        if from != self.local && !self.replicas.contains_key(&key) {
+        if from != self.local && !self.replicas.contains_key(key) {
             if self.replicas.len() >= self.config.max_replicas {
                 return Err(Rejection::TooManyReplicas);
             }
@@ -627,20 +603,18 @@ impl Behaviour {
     }
 
     /// Holds a client message until the key's ownership lookup answers (starting one).
-    pub(super) fn park(&mut self, resource: &str, index: u16, parked: Parked) {
-        let key = (resource.to_owned(), index);
-        if let Some(Ownership::Checking { parked: waiting, .. }) = self.ownership.get_mut(&key) {
+    pub(super) fn park(&mut self, key: &ReplicaKey, parked: Parked) {
+        if let Some(Ownership::Checking { parked: waiting, .. }) = self.ownership.get_mut(key) {
             waiting.push(parked);
             return;
         }
-        let query = self.check_ownership(&key);
-        self.ownership.insert(key, Ownership::Checking { query, parked: vec![parked] });
+        let query = self.check_ownership(key);
+        self.ownership.insert(key.clone(), Ownership::Checking { query, parked: vec![parked] });
     }
 
     /// Starts an ownership lookup for `key`: the few peers closest to it.
-    fn check_ownership(&mut self, key: &(String, u16)) -> kad::QueryId {
-        let name = wire::replica_name(&key.0, key.1).into_bytes();
-        let query = self.inner.kad.get_n_closest_peers(name, OWNERSHIP_LOOKUP_PEERS);
+    fn check_ownership(&mut self, key: &ReplicaKey) -> kad::QueryId {
+        let query = self.inner.kad.get_n_closest_peers(key.name(), OWNERSHIP_LOOKUP_PEERS);
         self.counters.ownership_checks += 1;
         self.refresh_neighbourhood();
         self.checks.insert(query, key.clone());
@@ -652,16 +626,15 @@ impl Behaviour {
     /// An ownership lookup answered with `peers` (those it heard from): the key is this
     /// peer's if none of them, nor any live peer it knows, is closer. Waiting requests
     /// are served, or sent to the closer peer; a hosted replica goes to it.
-    pub(super) fn ownership_checked(&mut self, key: (String, u16), peers: &[kad::PeerInfo]) {
-        let k = Self::key(&key.0, key.1);
-        let mine = self.local_key.distance(&k);
+    pub(super) fn ownership_checked(&mut self, key: ReplicaKey, peers: &[kad::PeerInfo]) {
+        let mine = self.local_key.distance(key.kad());
         let closer = peers
             .iter()
-            .map(|i| (KBucketKey::from(i.peer_id).distance(&k), i.peer_id))
+            .map(|i| (KBucketKey::from(i.peer_id).distance(key.kad()), i.peer_id))
             .filter(|(d, p)| *d < mine && *p != self.local)
             .min()
             .map(|(_, p)| p)
-            .or_else(|| self.closer_live_peer(&key.0, key.1));
+            .or_else(|| self.closer_live_peer(&key));
         let now = self.clock.now();
         let parked = match self.ownership.remove(&key) {
             Some(Ownership::Checking { parked, .. }) => parked,
@@ -683,7 +656,7 @@ impl Behaviour {
                     self.drop_replica(&key);
                     self.counters.replicas_handed_over += 1;
                 }
-                tracing::debug!(resource = %key.0, index = key.1, %peer, "ownership lookup: a closer peer hosts the key");
+                tracing::debug!(resource = %key.resource(), index = key.index(), %peer, "ownership lookup: a closer peer hosts the key");
                 for p in parked {
                     match p.reply_to {
                         to @ (ReplyTo::Channel(_) | ReplyTo::Slot { .. }) => {
@@ -691,10 +664,10 @@ impl Behaviour {
                             self.respond(to, reply);
                         }
                         ReplyTo::Local => {
-                            self.cache_host(&key.0, key.1, peer);
+                            self.cache_host(&key, peer);
                             if p.hops < self.config.max_redirects {
                                 Counters::bump(&mut self.counters.messages_out, "redirected");
-                                self.send_to_replica(key.0.clone(), p.n, key.1, p.msg, p.hops + 1);
+                                self.send_to_replica(key.clone(), p.n, p.msg, p.hops + 1);
                             }
                         }
                     }
@@ -705,17 +678,17 @@ impl Behaviour {
 
     /// Serves a message that waited for its key's ownership lookup, which found the
     /// key this peer's.
-    fn serve_parked(&mut self, key: &(String, u16), p: Parked) {
+    fn serve_parked(&mut self, key: &ReplicaKey, p: Parked) {
         if let ReplyTo::Local = p.reply_to {
             if self.membership.serving() {
-                self.serve_local(&key.0, key.1, p.msg, p.heard);
+                self.serve_local(key, p.msg, p.heard);
             }
             return;
         }
         let reply = if !self.membership.serving() {
             Reply::Rejected(Rejection::NotServing)
         } else {
-            match self.handle_replica(p.from, &key.0, key.1, p.msg, p.heard) {
+            match self.handle_replica(p.from, key, p.msg, p.heard) {
                 Ok(responses) => Reply::Responses(responses),
                 Err(r) => Reply::Rejected(r),
             }
@@ -729,7 +702,7 @@ impl Behaviour {
     /// An ownership entry is due: a lookup that ran too long is decided on what it has
     /// heard (finished now, its answer comes as an event); a hosted key is looked up
     /// again; an entry whose replica has gone is forgotten.
-    pub(super) fn ownership_due(&mut self, key: (String, u16), now: Time) {
+    pub(super) fn ownership_due(&mut self, key: ReplicaKey, now: Time) {
         let running = match self.ownership.get(&key) {
             Some(Ownership::Checking { query, .. }) | Some(Ownership::Owned { recheck: Some(query) }) => Some(*query),
             Some(Ownership::Owned { recheck: None }) => None,
@@ -751,7 +724,7 @@ impl Behaviour {
                 }
             }
         } else if self.replicas.contains_key(&key) && !self.routable.is_empty() {
-            if let Some(until) = self.provably_mine(&key.0, key.1) {
+            if let Some(until) = self.provably_mine(&key) {
                 self.counters.ownership_by_neighbourhood += 1;
                 self.ownership_due.set(&key, Some(until));
                 return;
@@ -784,7 +757,7 @@ impl Behaviour {
 
     /// Forgets a key's ownership verdict (its replica has gone); a running check stays:
     /// requests wait for it.
-    pub(super) fn forget_ownership(&mut self, key: &(String, u16)) {
+    pub(super) fn forget_ownership(&mut self, key: &ReplicaKey) {
         if let Some(Ownership::Owned { recheck }) = self.ownership.get(key) {
             if let Some(q) = recheck {
                 self.checks.remove(q);

@@ -1,6 +1,6 @@
 //! The client side: this peer's acquisitions (a sans-IO [`Client`] each) and its probes.
 //! Client messages go to each replica's host, queued per peer and sent once per step
-//! ([`Behaviour::flush_outbox`]); replies, redirects and failures come back here. Every
+//! (the outbox, `outbox.rs`); replies, redirects and failures come back here. Every
 //! change to an acquisition ends in [`Behaviour::drain_acquisition`], which hands its
 //! outputs on and files its next deadline; a finished one is remembered a while, so
 //! that a late grant to it is handed back.
@@ -12,9 +12,9 @@ use super::link::{OutboundFailure, RequestId};
 use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
-use super::delay::Held;
 use super::key::ReplicaKey;
-use super::placement::{Parked, ReplyTo};
+use super::outbox::{Held, Outgoing, Pending, ReplyTo, Sent};
+use super::placement::Parked;
 use super::{
     shrink_if_sparse, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Counters, Event, ProbeId, ReplicaAnswer,
 };
@@ -53,53 +53,6 @@ pub(super) struct Acquisition {
     /// to fall on one alive peer (see [`Behaviour::relax_diversity`]).
     default_d: bool,
 }
-
-/// An outbound request, kept for redirects and failures.
-/// What a transport request carried: one message, or a batch (an entry per item;
-/// `None` for a notice, which expects nothing but an acknowledgement).
-#[derive(Debug)]
-pub(super) enum Sent {
-    One(Pending),
-    Batch(Vec<Option<Pending>>),
-}
-
-#[derive(Debug)]
-pub(super) struct Pending {
-    peer: PeerId,
-    /// The replica it is for; `None` for a question to one peer ([`Behaviour::ask`]).
-    key: Option<ReplicaKey>,
-    n: u16,
-    /// The client message, or `None` for a probe.
-    msg: Option<ToReplica<PeerId>>,
-    probe: Option<ProbeId>,
-    hops: u8,
-    /// Times this message was sent again after a refusal for the request budget.
-    resent: u8,
-}
-
-/// A client message on its way to the host of a replica: held by the test-only delay,
-/// queued for a replica this peer hosts ([`Behaviour::serve_local_inbox`]), or waiting
-/// to go again after a refusal for the request budget ([`Behaviour::resend_later`]).
-#[derive(Debug)]
-pub(super) struct Outgoing {
-    pub(super) key: ReplicaKey,
-    pub(super) n: u16,
-    pub(super) msg: ToReplica<PeerId>,
-    /// Redirects followed so far.
-    pub(super) hops: u8,
-    /// Times it has been sent again after a refusal for the request budget.
-    pub(super) resent: u8,
-}
-
-/// Times a refused message is sent again, the first after [`RESEND_FIRST`], each wait
-/// twice the last, at most [`RESEND_MAX_WAIT`] (about 12 s in all; a RELEASE never sent
-/// leaves its votes with the acquisition until their leases run out).
-const RESEND_ATTEMPTS: u8 = 10;
-const RESEND_FIRST: Duration = Duration::from_millis(10);
-const RESEND_MAX_WAIT: Duration = Duration::from_secs(2);
-/// Messages waiting to be sent again at most; past it the one due first is dropped (a
-/// RELEASE's votes lapse with their leases; the core retries the others).
-pub(super) const MAX_RESENDS: usize = 4096;
 
 /// How often waiters short of distinct voters are looked at ([`Behaviour::relax_diversity`]).
 const RELAX_INTERVAL: Duration = Duration::from_secs(1);
@@ -276,7 +229,7 @@ impl Behaviour {
         }
         Counters::bump(&mut self.counters.messages_out, out.msg.kind());
         if host == self.local {
-            self.local_inbox.push_back(out);
+            self.outbox.push_local(out);
             self.wake();
             return;
         }
@@ -291,7 +244,7 @@ impl Behaviour {
     /// peers have been handed to their connections: a replica created or a grant taken
     /// here (tens of microseconds each) no longer delays the first frame out.
     pub(super) fn serve_local_inbox(&mut self) {
-        while let Some(Outgoing { key, n, msg, hops, .. }) = self.local_inbox.pop_front() {
+        while let Some(Outgoing { key, n, msg, hops, .. }) = self.outbox.pop_local() {
             // A local refusal (a duplicate RELEASE, say) needs no answer: the core retries
             // on its timers like for a lost message.
             if !self.membership.serving() {
@@ -309,49 +262,11 @@ impl Behaviour {
     }
 
     /// Queues a message for `peer`: everything queued for one peer in one step goes as
-    /// one transport request ([`Behaviour::flush_outbox`]).
+    /// one transport request (`Outbox::flush`, on the next poll).
     pub(super) fn enqueue(&mut self, peer: PeerId, request: Request, pending: Option<Pending>) {
         self.used(peer);
-        match self.outbox.get_mut(&peer) {
-            Some(items) => items.push((request, pending)),
-            None => {
-                self.outbox.insert(peer, vec![(request, pending)]);
-                self.outbox_order.push(peer);
-            }
-        }
+        self.outbox.enqueue(peer, request, pending);
         self.wake();
-    }
-
-    /// Sends what the current step queued: per peer, a message alone or batches of up
-    /// to [`wire::MAX_BATCH`]. Answers whether anything was sent.
-    pub(super) fn flush_outbox(&mut self) -> bool {
-        if self.outbox_order.is_empty() {
-            return false;
-        }
-        for peer in std::mem::take(&mut self.outbox_order) {
-            let Some(mut items) = self.outbox.remove(&peer) else { continue };
-            while !items.is_empty() {
-                // The test-only delay draws each message's latency on its own: no batches.
-                let most = if self.delaying() { 1 } else { wire::MAX_BATCH };
-                let rest = items.split_off(items.len().min(most));
-                let chunk = std::mem::replace(&mut items, rest);
-                self.counters.requests_out += 1;
-                if chunk.len() == 1 {
-                    let Some((request, pending)) = chunk.into_iter().next() else { break };
-                    let id = self.inner.link.send_request(&peer, request);
-                    if let Some(p) = pending {
-                        self.pending.insert(id, Sent::One(p));
-                    }
-                } else {
-                    self.counters.batches_out += 1;
-                    let (requests, pendings): (Vec<Request>, Vec<Option<Pending>>) = chunk.into_iter().unzip();
-                    let id = self.inner.link.send_request(&peer, Request::Batch(requests));
-                    self.pending.insert(id, Sent::Batch(pendings));
-                }
-            }
-        }
-        shrink_if_sparse(&mut self.outbox);
-        true
     }
 
     /// Measures the round trip to the host of every replica of `resource` (`n`
@@ -404,7 +319,7 @@ impl Behaviour {
             self.counters.requests_out += 1;
             let out = self.inner.link.send_request(&peer, request);
             let pending = Pending { peer, key: None, n: 0, msg: None, probe: Some(id), hops: 0, resent: 0 };
-            self.pending.insert(out, Sent::One(pending));
+            self.outbox.sent(out, Sent::One(pending));
         }
         self.wake();
         id
@@ -613,7 +528,7 @@ impl Behaviour {
     }
 
     pub(super) fn on_reply(&mut self, peer: PeerId, id: RequestId, reply: Reply) {
-        match self.pending.remove(&id) {
+        match self.outbox.answered(id) {
             None => {}
             Some(Sent::One(p)) => self.on_item_reply(peer, p, reply),
             Some(Sent::Batch(items)) => {
@@ -642,7 +557,7 @@ impl Behaviour {
 
     /// The reply to one message sent alone or in a batch.
     fn on_item_reply(&mut self, peer: PeerId, p: Pending, reply: Reply) {
-        let index = p.key.as_ref().map_or(0, ReplicaKey::index);
+        let index = p.index();
         if let Some(probe) = p.probe {
             match (reply, p.key) {
                 (Reply::Redirect { peer: closer, addrs }, Some(key))
@@ -695,34 +610,17 @@ impl Behaviour {
         }
     }
 
-    /// Files a refused message to go again after a backoff, unless it has gone
-    /// [`RESEND_ATTEMPTS`] times already.
+    /// Files a refused message to go again after a backoff (see the outbox), if it is
+    /// worth it.
     fn resend_later(&mut self, r: Outgoing) {
-        if !self.worth_resending(&r.msg) {
-            return;
+        if self.worth_resending(&r.msg) && self.outbox.resend_later(self.clock.now(), r, &mut self.counters) {
+            self.wake();
         }
-        if r.resent >= RESEND_ATTEMPTS {
-            self.counters.resends_abandoned += 1;
-            return;
-        }
-        if self.resends.len() >= MAX_RESENDS {
-            self.resends.pop_first();
-            self.counters.resends_abandoned += 1;
-        }
-        let wait = RESEND_FIRST.saturating_mul(1 << r.resent.min(16)).min(RESEND_MAX_WAIT);
-        let seq = self.next_resend;
-        self.next_resend += 1;
-        self.resends.insert((self.clock.now() + wait, seq), r);
-        self.wake();
     }
 
     /// Sends the refused messages whose backoff is over.
     pub(super) fn resend_due(&mut self, now: Time) {
-        while let Some(entry) = self.resends.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let mut out = entry.remove();
+        while let Some(mut out) = self.outbox.resend_due(now) {
             if self.worth_resending(&out.msg) {
                 self.counters.resent += 1;
                 out.resent += 1;
@@ -738,14 +636,9 @@ impl Behaviour {
         matches!(msg, ToReplica::Release { .. }) || self.by_ts.contains_key(msg.ts())
     }
 
-    /// When the next refused message is due.
-    pub(super) fn next_resend_at(&self) -> Option<Time> {
-        self.resends.keys().next().map(|(t, _)| *t)
-    }
-
     pub(super) fn on_outbound_failure(&mut self, id: RequestId, error: &OutboundFailure) {
         Counters::bump(&mut self.counters.outbound_failures, error.as_str());
-        match self.pending.remove(&id) {
+        match self.outbox.answered(id) {
             None => {}
             Some(Sent::One(p)) => self.on_item_failure(p, error),
             Some(Sent::Batch(items)) => items.into_iter().flatten().for_each(|p| self.on_item_failure(p, error)),
@@ -756,7 +649,7 @@ impl Behaviour {
     fn on_item_failure(&mut self, p: Pending, error: &OutboundFailure) {
         use OutboundFailure as F;
         if let Some(probe) = p.probe {
-            self.probe_answered(probe, p.key.as_ref().map_or(0, ReplicaKey::index), p.peer, None);
+            self.probe_answered(probe, p.index(), p.peer, None);
         }
         // Timeout and ConnectionClosed mean "maybe delivered": the core's timers retry,
         // and every handler is idempotent. A host that cannot be reached is looked up

@@ -356,6 +356,12 @@ impl Config {
     pub fn protocol(&self) -> &proto::Config {
         &self.proto
     }
+    /// Test only: holds every protocol message this peer sends for a latency drawn
+    /// from `latency` (see `outbox.rs`); `None` (the default) sends at once.
+    pub fn with_message_delay(mut self, latency: Option<crate::latency::Latency>) -> Self {
+        self.message_delay = latency;
+        self
+    }
 }
 
 /// Time since boot, suspends included.

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
-use super::delay::Held;
 use super::key::ReplicaKey;
 use super::link::ResponseChannel;
-use super::placement::{Parked, ReplyTo};
+use super::outbox::{Held, ReplyTo};
+use super::placement::Parked;
 use super::{shrink_if_sparse, Behaviour, Counters, ReplicaInfo, ReplicaTotals};
 use crate::proto::{client::Phase, Replica, ReplicaError, Response, Time, Timestamp, ToReplica};
 use crate::wire::{self, Rejection, Reply, Request};
@@ -153,7 +153,7 @@ impl Behaviour {
     /// Sends the answer to a remote peer's message: alone, or into its batch's reply
     /// (which goes once every item is answered); after the test-only delay if it is on.
     pub(super) fn respond(&mut self, to: ReplyTo, reply: Reply) {
-        if self.delaying() && !matches!(to, ReplyTo::Local) {
+        if self.outbox.delaying() && !matches!(to, ReplyTo::Local) {
             return self.send_or_hold(Held::Reply { to, reply });
         }
         self.respond_now(to, reply);
@@ -313,7 +313,7 @@ impl Behaviour {
     /// Sends an unsolicited RESPONSE from a hosted replica to its client (after the
     /// test-only delay if it is on).
     pub(super) fn notify(&mut self, to: PeerId, key: &ReplicaKey, resp: Response<PeerId>) {
-        if self.delaying() {
+        if self.outbox.delaying() {
             return self.send_or_hold(Held::Response { to, key: key.clone(), resp });
         }
         self.notify_now(to, key, resp);

@@ -33,7 +33,7 @@
 //!   transport, ping and the gossip's request-response ([`Inner`]), the dispatch of their events, and the one
 //!   timer.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -55,15 +55,15 @@ use tokio::time::Sleep;
 
 use crate::membership::Membership;
 use crate::proto::{LamportClock, Time, Timestamp};
-use crate::wire::{self, Rejection, Request};
+use crate::wire::{self, Rejection};
 
 mod client;
 mod config;
-mod delay;
 mod host;
 mod key;
 pub mod link;
 mod members;
+mod outbox;
 mod placement;
 mod types;
 mod util;
@@ -78,12 +78,13 @@ pub use types::{
     StateSizes,
 };
 
-use client::{Acquisition, Pending, Probe, Sent};
+use client::{Acquisition, Probe};
 use config::MAX_TIMER;
 #[cfg(doc)]
 use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
 use host::InboundBatch;
 use key::ReplicaKey;
+use outbox::{Held, Outbox};
 #[cfg(doc)]
 use placement::MAX_OWNERSHIP_CHECKS;
 use placement::{Neighbourhood, Ownership};
@@ -220,21 +221,8 @@ pub struct Behaviour {
     entries_total: usize,
     /// Request budget per connected peer: (tokens, last refill).
     buckets: HashMap<PeerId, (f64, Time)>,
-    pending: HashMap<link::RequestId, Sent>,
-    /// Messages for other peers from the current step, sent (one transport request per
-    /// peer, batched) before the behaviour next waits: drained on every poll.
-    outbox: HashMap<PeerId, Vec<(Request, Option<Pending>)>>,
-    outbox_order: Vec<PeerId>,
-    /// This peer's client's messages to the replicas it hosts, served after the step's
-    /// messages for other peers have left (drained on every poll).
-    local_inbox: VecDeque<client::Outgoing>,
-    /// Client messages refused for the request budget, by when they go again (at most
-    /// [`client::MAX_RESENDS`]).
-    resends: BTreeMap<(Time, u64), client::Outgoing>,
-    next_resend: u64,
-    /// The outbox was flushed since the poll last yielded: local messages wait one
-    /// yield, so the connections write first.
-    flushed: bool,
+    /// What this peer sends, on its way out (with the test-only delay).
+    outbox: Outbox,
     /// Inbound batches waiting for some items' ownership lookups: bounded by the
     /// lookups and the requests each may park.
     inbound_batches: HashMap<u64, InboundBatch>,
@@ -273,8 +261,6 @@ pub struct Behaviour {
     next_gossip: Time,
     /// Picks gossip targets (seeded from the peer id and the start time).
     rng: rand_chacha::ChaCha8Rng,
-    /// Messages held by the test-only delay ([`Config::with_message_delay`]).
-    delayed: delay::DelayQueue,
     /// Acquisitions started while joining (their start is deferred) since last ready.
     deferred: usize,
     /// Frames the codec refused (shared with every connection's codec).
@@ -343,6 +329,7 @@ impl Behaviour {
         }
         membership.set_dialable(!config.external_address_required);
         let clock = Clock::new(config.boot_clock.clone());
+        let outbox = Outbox::new(config.message_delay);
         Behaviour {
             inner: Inner { kad, link, ping, gossip },
             local,
@@ -380,13 +367,7 @@ impl Behaviour {
             entries_by: HashMap::new(),
             entries_total: 0,
             buckets: HashMap::new(),
-            pending: HashMap::new(),
-            outbox: HashMap::new(),
-            outbox_order: Vec::new(),
-            local_inbox: VecDeque::new(),
-            resends: BTreeMap::new(),
-            next_resend: 0,
-            flushed: false,
+            outbox,
             inbound_batches: HashMap::new(),
             next_batch: 0,
             lookups: HashMap::new(),
@@ -415,7 +396,6 @@ impl Behaviour {
                 }
                 rand_chacha::ChaCha8Rng::from_seed(seed)
             },
-            delayed: delay::DelayQueue::default(),
             deferred: 0,
             codec_stats,
             next_id: 0,
@@ -456,7 +436,7 @@ impl Behaviour {
             acquisitions: self.acquisitions.len(),
             hosts: self.hosts.values().map(|slots| slots.iter().flatten().count()).sum(),
             finished: self.finished.len(),
-            pending: self.pending.len(),
+            pending: self.outbox.pending_len(),
             lookups: self.lookups.len(),
             entries: self.entries_total,
             ownership: self.ownership.len(),
@@ -671,14 +651,37 @@ impl Behaviour {
         }
     }
 
+    /// Holds `message` under the test-only delay, or sends it now when the delay is off.
+    fn send_or_hold(&mut self, message: Held) {
+        match self.outbox.hold(self.clock.now(), &mut self.rng, message) {
+            None => self.wake(),
+            Some(message) => self.dispatch(message),
+        }
+    }
+
+    /// Sends a message the delay held (or did not hold) to where it goes.
+    fn dispatch(&mut self, message: Held) {
+        match message {
+            Held::ToReplica(out) => self.send_to_replica_now(out),
+            Held::Response { to, key, resp } => self.notify_now(to, &key, resp),
+            Held::Reply { to, reply } => self.respond_now(to, reply),
+        }
+    }
+
+    /// Sends the held messages that are due.
+    fn release_held(&mut self, now: Time) {
+        while let Some(message) = self.outbox.held_due(now) {
+            self.dispatch(message);
+        }
+    }
+
     fn next_deadline(&self) -> Option<Time> {
         [
             self.replica_due.first(),
             self.acquisition_due.first(),
             self.ownership_due.first(),
             self.idle_hosts.first(),
-            self.delayed.first(),
-            self.next_resend_at(),
+            self.outbox.next_due(),
             Some(self.next_gossip),
         ]
         .into_iter()
@@ -836,21 +839,21 @@ impl NetworkBehaviour for Behaviour {
             }
             // What the events handled so far queued for other peers goes now, a
             // transport request per peer; the transport picks it up on the next pass.
-            if self.flush_outbox() {
-                self.flushed = true;
+            if self.outbox.flush(&mut self.inner.link, &mut self.counters) {
+                self.outbox.flushed = true;
                 continue;
             }
             // This peer's own replicas after the frames for the others: yield once (the
             // connection tasks woken by the flush run first), then serve them.
-            if !self.local_inbox.is_empty() {
-                if std::mem::take(&mut self.flushed) {
+            if self.outbox.has_local() {
+                if std::mem::take(&mut self.outbox.flushed) {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
                 self.serve_local_inbox();
                 continue;
             }
-            self.flushed = false;
+            self.outbox.flushed = false;
             // One timer, reset only when the core's next deadline comes before it; at
             // most MAX_TIMER away (see there; the membership housekeeping also needs a
             // wake-up at least that often). Waking early is harmless.

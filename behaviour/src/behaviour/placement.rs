@@ -9,6 +9,7 @@ use libp2p::{Multiaddr, PeerId};
 
 use super::config::MAX_IDLE_HOSTS;
 use super::key::ReplicaKey;
+use super::outbox::ReplyTo;
 use super::{kad_protocol, shrink_if_sparse, Behaviour, Counters, KAD_REFRESH};
 use crate::addr::Scope;
 use crate::proto::{Time, ToReplica};
@@ -80,16 +81,6 @@ pub(super) fn found_every_peer(found: usize, failures: u32, departed_unreached: 
     found >= kad::K_VALUE.get() || usize::try_from(failures).is_ok_and(|f| f <= departed_unreached)
 }
 
-/// Where the answer to a remote peer's message goes.
-#[derive(Debug)]
-pub(super) enum ReplyTo {
-    /// A local acquisition's message: no answer (the core retries on its timers).
-    Local,
-    /// A request that came alone.
-    Channel(super::link::ResponseChannel),
-    /// Item `slot` of inbound batch `batch` ([`Behaviour::inbound_batches`]).
-    Slot { batch: u64, slot: usize },
-}
 impl Behaviour {
     /// Adds a known address of a peer (bootstrap, identify, a connected Kademlia peer).
     /// A peer new to a full k-bucket is left out: the bucket keeps its old peers.

@@ -4,12 +4,10 @@
 //! trimming past the watermarks (the least recently used first, never one used within
 //! [`TRIM_GRACE`]).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use libp2p::PeerId;
 
-use super::key::ReplicaKey;
 use super::{AcquisitionId, Behaviour, Counters, TRIM_GRACE};
 use crate::membership::{Readiness, Record};
 use crate::proto::{client::Phase, Client, Time};
@@ -106,18 +104,12 @@ impl Behaviour {
                 self.counters.departed_forgotten += 1;
             }
         }
-        if restarted && !self.replicas.is_empty() {
-            self.counters.replicas_dropped_not_serving += self.replicas.len() as u64;
-            tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
-            let owned: Vec<ReplicaKey> = self.replicas.keys().cloned().collect();
-            for key in &owned {
-                self.forget_ownership(key);
+        if restarted && !self.hosting.is_empty() {
+            self.counters.replicas_dropped_not_serving += self.hosting.len() as u64;
+            tracing::info!(dropped = self.hosting.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
+            for key in self.hosting.clear() {
+                self.forget_ownership(&key);
             }
-            self.replicas = HashMap::new();
-            self.replica_due.clear();
-            self.created_by = HashMap::new();
-            self.entries_by = HashMap::new();
-            self.entries_total = 0;
         }
         if self.membership.ready() && self.deferred > 0 {
             self.deferred = 0;

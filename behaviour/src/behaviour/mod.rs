@@ -60,6 +60,7 @@ use crate::wire::{self, Rejection};
 mod client;
 mod config;
 mod host;
+mod hosting;
 mod key;
 pub mod link;
 mod members;
@@ -82,7 +83,7 @@ use client::{Acquisition, Probe};
 use config::MAX_TIMER;
 #[cfg(doc)]
 use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
-use host::InboundBatch;
+use hosting::{Filed, Hosting};
 use key::ReplicaKey;
 use outbox::{Held, Outbox};
 #[cfg(doc)]
@@ -188,11 +189,8 @@ pub struct Behaviour {
     /// self-lookup ([`Behaviour::cut_bootstrap`]).
     buckets_refreshed: Option<Time>,
     cut_bootstraps: HashSet<kad::QueryId>,
-    /// The hosted replicas, each with its creator and entry counts.
-    replicas: HashMap<ReplicaKey, host::Hosted>,
-    /// When each hosted replica next has work (a timer, or becoming disposable): an
-    /// event costs O(log n), not a walk over every replica.
-    replica_due: DeadlineIndex<ReplicaKey>,
+    /// The hosted replicas and what remote peers may cost.
+    hosting: Hosting,
     acquisitions: HashMap<AcquisitionId, Acquisition>,
     /// The same for the acquisitions' timers.
     acquisition_due: DeadlineIndex<AcquisitionId>,
@@ -212,21 +210,8 @@ pub struct Behaviour {
     idle_slots: usize,
     /// Live local acquisitions per lock name.
     live_locks: HashMap<String, usize>,
-    /// How many hosted replicas each remote peer's request created (each replica
-    /// names its creator).
-    created_by: HashMap<PeerId, usize>,
-    /// The remote peers' entries (owner or waiter) in all hosted replicas, as each
-    /// replica last counted them: the queue-entry quotas.
-    entries_by: HashMap<PeerId, usize>,
-    entries_total: usize,
-    /// Request budget per connected peer: (tokens, last refill).
-    buckets: HashMap<PeerId, (f64, Time)>,
     /// What this peer sends, on its way out (with the test-only delay).
     outbox: Outbox,
-    /// Inbound batches waiting for some items' ownership lookups: bounded by the
-    /// lookups and the requests each may park.
-    inbound_batches: HashMap<u64, InboundBatch>,
-    next_batch: u64,
     lookups: HashMap<kad::QueryId, ReplicaKey>,
     /// Keys this peer would host, checked (or being checked) with a Kademlia lookup;
     /// bounded by the hosted replicas plus [`MAX_OWNERSHIP_CHECKS`].
@@ -329,6 +314,14 @@ impl Behaviour {
         }
         membership.set_dialable(!config.external_address_required);
         let clock = Clock::new(config.boot_clock.clone());
+        let hosting_limits = hosting::Limits {
+            proto: config.proto.clone(),
+            max_replicas: config.max_replicas,
+            max_replicas_per_peer: config.max_replicas_per_peer,
+            max_entries: config.max_entries,
+            max_entries_per_peer: config.max_entries_per_peer,
+            peer_rate: config.peer_rate,
+        };
         let outbox = Outbox::new(config.message_delay);
         Behaviour {
             inner: Inner { kad, link, ping, gossip },
@@ -352,8 +345,7 @@ impl Behaviour {
             cut_bootstraps: HashSet::new(),
             extra_addrs: HashMap::new(),
             extra_order: VecDeque::new(),
-            replicas: HashMap::new(),
-            replica_due: DeadlineIndex::default(),
+            hosting: Hosting::new(local, hosting_limits),
             acquisitions: HashMap::new(),
             acquisition_due: DeadlineIndex::default(),
             by_ts: HashMap::new(),
@@ -363,13 +355,7 @@ impl Behaviour {
             idle_hosts: DeadlineIndex::default(),
             idle_slots: 0,
             live_locks: HashMap::new(),
-            created_by: HashMap::new(),
-            entries_by: HashMap::new(),
-            entries_total: 0,
-            buckets: HashMap::new(),
             outbox,
-            inbound_batches: HashMap::new(),
-            next_batch: 0,
             lookups: HashMap::new(),
             ownership: HashMap::new(),
             ownership_due: DeadlineIndex::default(),
@@ -432,13 +418,13 @@ impl Behaviour {
     /// Sizes of the per-lock and per-peer state.
     pub fn state_sizes(&self) -> StateSizes {
         StateSizes {
-            replicas: self.replicas.len(),
+            replicas: self.hosting.len(),
             acquisitions: self.acquisitions.len(),
             hosts: self.hosts.values().map(|slots| slots.iter().flatten().count()).sum(),
             finished: self.finished.len(),
             pending: self.outbox.pending_len(),
             lookups: self.lookups.len(),
-            entries: self.entries_total,
+            entries: self.hosting.entries(),
             ownership: self.ownership.len(),
         }
     }
@@ -620,15 +606,11 @@ impl Behaviour {
         self.release_held(now);
         self.resend_due(now);
         // Collected first: a replica re-filed at `now` waits for the next pass.
-        for key in self.replica_due.due(now) {
-            let mut outputs = Vec::new();
-            if let Some(r) = self.replicas.get_mut(&key).map(|h| &mut h.replica) {
-                r.handle_timeout(now);
-                while let Some(out) = r.poll_transmit() {
-                    outputs.push(out);
-                }
+        for key in self.hosting.due(now) {
+            let (outputs, filed) = self.hosting.timeout(&key, now, &mut self.counters);
+            if filed == Filed::Evicted {
+                self.forget_ownership(&key);
             }
-            self.reindex_replica(&key, now);
             for (to, resp) in outputs {
                 self.notify(to, &key, resp);
             }
@@ -677,7 +659,7 @@ impl Behaviour {
 
     fn next_deadline(&self) -> Option<Time> {
         [
-            self.replica_due.first(),
+            self.hosting.next_due(),
             self.acquisition_due.first(),
             self.ownership_due.first(),
             self.idle_hosts.first(),
@@ -786,7 +768,7 @@ impl NetworkBehaviour for Behaviour {
                         self.ping_rtt.remove(&e.peer_id);
                         self.last_used.remove(&e.peer_id);
                         self.trimming.remove(&e.peer_id);
-                        self.buckets.remove(&e.peer_id);
+                        self.hosting.disconnected(&e.peer_id);
                         let now = self.clock.now();
                         self.membership.disconnected(e.peer_id, now);
                         self.housekeeping(now);

@@ -379,12 +379,7 @@ impl Behaviour {
     pub(super) fn hand_over_to(&mut self, peer: PeerId) {
         let theirs = KBucketKey::from(peer);
         let local_key = &self.local_key;
-        let gone: Vec<ReplicaKey> = self
-            .replicas
-            .keys()
-            .filter(|key| local_key.distance(key.kad()) >= theirs.distance(key.kad()))
-            .cloned()
-            .collect();
+        let gone = self.hosting.closer_to(&theirs, local_key);
         for key in &gone {
             self.drop_replica(key);
         }
@@ -582,15 +577,7 @@ impl Behaviour {
             _ if self.checks.len() >= MAX_OWNERSHIP_CHECKS => return Err(Rejection::RateLimited),
             _ => {}
         }
-        if from != self.local && !self.replicas.contains_key(key) {
-            if self.replicas.len() >= self.config.max_replicas {
-                return Err(Rejection::TooManyReplicas);
-            }
-            if self.created_by.get(&from).is_some_and(|c| *c >= self.config.max_replicas_per_peer) {
-                return Err(Rejection::PeerQuota);
-            }
-        }
-        Ok(())
+        self.hosting.room_for(from, key)
     }
 
     /// Holds a client message until the key's ownership lookup answers (starting one).
@@ -643,7 +630,7 @@ impl Behaviour {
                 self.counters.ownership_lost += 1;
                 self.ownership_due.set(&key, None);
                 shrink_if_sparse(&mut self.ownership);
-                if self.replicas.contains_key(&key) {
+                if self.hosting.contains(&key) {
                     self.drop_replica(&key);
                     self.counters.replicas_handed_over += 1;
                 }
@@ -714,7 +701,7 @@ impl Behaviour {
                     self.ownership_checked(key, &[]);
                 }
             }
-        } else if self.replicas.contains_key(&key) && !self.routable.is_empty() {
+        } else if self.hosting.contains(&key) && !self.routable.is_empty() {
             if let Some(until) = self.provably_mine(&key) {
                 self.counters.ownership_by_neighbourhood += 1;
                 self.ownership_due.set(&key, Some(until));
@@ -722,7 +709,7 @@ impl Behaviour {
             }
             let query = self.check_ownership(&key);
             self.ownership.insert(key, Ownership::Owned { recheck: Some(query) });
-        } else if self.replicas.contains_key(&key) {
+        } else if self.hosting.contains(&key) {
             self.ownership_due.set(&key, Some(now + self.config.ownership_ttl));
         } else {
             self.ownership.remove(&key);

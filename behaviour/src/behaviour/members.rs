@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use libp2p::PeerId;
+use libp2p::{request_response, PeerId};
 
 use super::{AcquisitionId, Behaviour, Counters, TRIM_GRACE};
 use crate::membership::{Readiness, Record};
 use crate::proto::{client::Phase, Client, Time};
-use crate::wire;
+use crate::wire::{self, Rejection};
 
 #[cfg(doc)]
 use crate::membership::Membership;
@@ -359,5 +359,44 @@ impl Behaviour {
             }
         }
         self.housekeeping(now);
+    }
+
+    /// An event of the gossip's request-response: a table to merge and answer, the
+    /// answer to ours, a failure.
+    pub(super) fn on_gossip(&mut self, event: request_response::Event<wire::Gossip, wire::Gossip>) {
+        match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request { request, channel, .. } => {
+                    if !self.take_token(peer) {
+                        Counters::bump(&mut self.counters.rejected, Rejection::RateLimited.as_str());
+                        return;
+                    }
+                    let exchange = self.membership.next_exchange();
+                    // Its transit is not known here: the connection's last ping round
+                    // trip stands for it (the liveness ping timeout if none yet).
+                    let transit = self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout);
+                    self.merge_gossip(peer, request, Some(exchange), transit);
+                    let now = self.clock.now();
+                    let table = self.gossip_table(now, Some(exchange));
+                    let _ = self.inner.gossip.send_response(channel, table);
+                }
+                request_response::Message::Response { request_id, response } => {
+                    // The round trip bounds the reply's transit and the wait before it.
+                    let transit = match self.gossip_sent.remove(&request_id) {
+                        Some(sent) => self.clock.now().saturating_sub(sent),
+                        None => self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout),
+                    };
+                    self.merge_gossip(peer, response, None, transit);
+                }
+            },
+            request_response::Event::InboundFailure { .. } => {
+                Counters::bump(&mut self.counters.inbound_failures, "gossip");
+            }
+            request_response::Event::OutboundFailure { request_id, .. } => {
+                self.gossip_sent.remove(&request_id);
+                Counters::bump(&mut self.counters.outbound_failures, "gossip");
+            }
+            request_response::Event::ResponseSent { .. } => {}
+        }
     }
 }

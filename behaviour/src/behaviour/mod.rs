@@ -55,17 +55,19 @@ use tokio::time::Sleep;
 
 use crate::membership::Membership;
 use crate::proto::{LamportClock, Time, Timestamp};
-use crate::wire::{self, Rejection};
+use crate::wire;
 
 mod client;
 mod config;
 mod host;
 mod hosting;
+mod inner;
 mod key;
 pub mod link;
 mod members;
 mod outbox;
 mod placement;
+mod probe;
 mod types;
 mod util;
 
@@ -74,12 +76,13 @@ pub use config::{
     DEFAULT_IDLE_HOSTS_TTL, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_ENTRIES_PER_PEER,
     DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_REFRESH, TRIM_GRACE,
 };
+pub use inner::{kad_protocol, Inner, InnerEvent, KAD_PROTOCOL};
 pub use types::{
     AcquireError, AcquisitionId, AcquisitionInfo, Counters, Event, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals,
     StateSizes,
 };
 
-use client::{Acquisition, Probe};
+use client::Acquisition;
 use config::MAX_TIMER;
 #[cfg(doc)]
 use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
@@ -89,61 +92,11 @@ use outbox::{Held, Outbox};
 #[cfg(doc)]
 use placement::MAX_OWNERSHIP_CHECKS;
 use placement::{Neighbourhood, Ownership};
+use probe::Probe;
 use util::{shrink_if_sparse, Clock, DeadlineIndex};
 
 /// Confirmed external addresses tracked at most.
 const MAX_EXTERNALS: usize = 32;
-
-/// The inner behaviours, composed by the derive macro.
-#[derive(NetworkBehaviour)]
-#[behaviour(to_swarm = "InnerEvent")]
-pub struct Inner {
-    /// Replica placement.
-    pub kad: kad::Behaviour<MemoryStore>,
-    /// The sigma wire.
-    pub link: link::Behaviour,
-    /// Liveness: a connection whose ping fails is closed.
-    pub ping: ping::Behaviour,
-    /// Membership gossip: heartbeats.
-    pub gossip: request_response::Behaviour<request_response::cbor::codec::Codec<wire::Gossip, wire::Gossip>>,
-}
-
-/// Events of [`Inner`].
-#[derive(Debug)]
-pub enum InnerEvent {
-    /// From Kademlia.
-    Kad(kad::Event),
-    /// From the sigma wire.
-    Link(link::Event),
-    /// From ping.
-    Ping(ping::Event),
-    /// From the membership gossip.
-    Gossip(request_response::Event<wire::Gossip, wire::Gossip>),
-}
-
-impl From<request_response::Event<wire::Gossip, wire::Gossip>> for InnerEvent {
-    fn from(e: request_response::Event<wire::Gossip, wire::Gossip>) -> Self {
-        InnerEvent::Gossip(e)
-    }
-}
-
-impl From<ping::Event> for InnerEvent {
-    fn from(e: ping::Event) -> Self {
-        InnerEvent::Ping(e)
-    }
-}
-
-impl From<kad::Event> for InnerEvent {
-    fn from(e: kad::Event) -> Self {
-        InnerEvent::Kad(e)
-    }
-}
-
-impl From<link::Event> for InnerEvent {
-    fn from(e: link::Event) -> Self {
-        InnerEvent::Link(e)
-    }
-}
 
 /// The Sigma network behaviour.
 pub struct Behaviour {
@@ -469,123 +422,15 @@ impl Behaviour {
                 result: kad::QueryResult::GetClosestPeers(result),
                 step,
                 stats,
-            }) => {
-                let purpose = if let Some((_, purpose)) = self.neighbourhood_query.filter(|(q, _)| *q == id) {
-                    purpose
-                } else if self.checks.contains_key(&id) {
-                    "ownership"
-                } else if self.lookups.contains_key(&id) {
-                    "host"
-                } else {
-                    "other"
-                };
-                *self.counters.kad_requests.entry(purpose).or_default() += u64::from(stats.num_requests());
-                if !step.last {
-                    return;
-                }
-                let complete = result.is_ok();
-                let peers = match result {
-                    Ok(ok) => ok.peers,
-                    Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
-                };
-                if self.neighbourhood_query.is_some_and(|(q, _)| q == id) {
-                    self.neighbourhood_query = None;
-                    // Only a lookup that finished counts (a timed-out one may have
-                    // missed closer peers), and one that found fewer than k peers only
-                    // if every peer it asked answered but departed ones
-                    // (`found_every_peer`).
-                    let found: Vec<KBucketKey<PeerId>> =
-                        peers.iter().filter(|i| i.peer_id != self.local).map(|i| KBucketKey::from(i.peer_id)).collect();
-                    let unreached = std::mem::take(&mut self.neighbourhood_unreached);
-                    let departed = unreached.iter().filter(|p| !self.membership.is_alive(p)).count();
-                    if complete && placement::found_every_peer(found.len(), stats.num_failures(), departed) {
-                        let radius = (found.len() >= kad::K_VALUE.get())
-                            .then(|| found.iter().map(|p| p.distance(&self.local_key)).max())
-                            .flatten();
-                        self.neighbourhood = Some(Neighbourhood { peers: found, radius, at: self.clock.now() });
-                    } else {
-                        self.counters.self_lookups_incomplete += 1;
-                    }
-                }
-                for info in &peers {
-                    for a in &info.addrs {
-                        self.add_address(&info.peer_id, a.clone());
-                    }
-                }
-                if let Some(key) = self.checks.remove(&id) {
-                    shrink_if_sparse(&mut self.checks);
-                    self.ownership_checked(key, &peers);
-                    return;
-                }
-                let Some(key) = self.lookups.remove(&id) else { return };
-                let best = peers
-                    .iter()
-                    .map(|i| i.peer_id)
-                    .chain(self.dialable().then_some(self.local))
-                    .map(|p| (KBucketKey::from(p).distance(key.kad()), p))
-                    .min()
-                    .map_or(self.local, |(_, p)| p);
-                self.cache_host(&key, best);
-            }
-            // The first step of a bootstrap to succeed (its self-lookup, usually) joins:
-            // this peer's neighbourhood knows it and it knows its neighbourhood. The
-            // refresh of farther buckets that follows is not waited for (it may take
-            // long in a busy swarm, and a step that times out fails the whole bootstrap).
+            }) => self.on_closest_peers(id, result, step, stats),
             InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
                 id,
                 result: kad::QueryResult::Bootstrap(result),
                 step,
                 stats,
-            }) => {
-                *self.counters.kad_requests.entry("bootstrap").or_default() += u64::from(stats.num_requests());
-                let was_ready = self.membership.ready();
-                if result.is_ok() {
-                    self.membership.bootstrapped();
-                    let now = self.clock.now();
-                    if !was_ready && self.membership.ready() {
-                        tracing::info!("joined the swarm: ready");
-                        self.housekeeping(now);
-                    } else if self.membership.needs_voucher() {
-                        // Joined through a serving peer only: ask the peers just met now
-                        // (their answers say whether they serve) rather than a round later.
-                        self.gossip_round(now);
-                    }
-                }
-                self.cut_bootstrap(id, step, was_ready);
-            }
+            }) => self.on_bootstrap(id, result.is_ok(), step, stats),
             InnerEvent::Kad(_) => {}
-            InnerEvent::Gossip(request_response::Event::Message { peer, message, .. }) => match message {
-                request_response::Message::Request { request, channel, .. } => {
-                    if !self.take_token(peer) {
-                        Counters::bump(&mut self.counters.rejected, Rejection::RateLimited.as_str());
-                        return;
-                    }
-                    let exchange = self.membership.next_exchange();
-                    // Its transit is not known here: the connection's last ping round
-                    // trip stands for it (the liveness ping timeout if none yet).
-                    let transit = self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout);
-                    self.merge_gossip(peer, request, Some(exchange), transit);
-                    let now = self.clock.now();
-                    let table = self.gossip_table(now, Some(exchange));
-                    let _ = self.inner.gossip.send_response(channel, table);
-                }
-                request_response::Message::Response { request_id, response } => {
-                    // The round trip bounds the reply's transit and the wait before it.
-                    let transit = match self.gossip_sent.remove(&request_id) {
-                        Some(sent) => self.clock.now().saturating_sub(sent),
-                        None => self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout),
-                    };
-                    self.merge_gossip(peer, response, None, transit);
-                }
-            },
-            InnerEvent::Gossip(request_response::Event::InboundFailure { .. }) => {
-                Counters::bump(&mut self.counters.inbound_failures, "gossip");
-            }
-            InnerEvent::Gossip(request_response::Event::OutboundFailure { request_id, .. }) => {
-                self.gossip_sent.remove(&request_id);
-                Counters::bump(&mut self.counters.outbound_failures, "gossip");
-            }
-            InnerEvent::Gossip(request_response::Event::ResponseSent { .. }) => {}
+            InnerEvent::Gossip(event) => self.on_gossip(event),
             // A peer that does not speak ping (a light client, a probe) is not judged.
             InnerEvent::Ping(ping::Event { result: Err(ping::Failure::Unsupported), .. }) => {}
             InnerEvent::Ping(ping::Event { peer, connection, result: Err(error) }) => {
@@ -670,19 +515,6 @@ impl Behaviour {
         .flatten()
         .min()
     }
-}
-
-/// The Kademlia protocol of sigma's DHT for the default n = 32.
-pub const KAD_PROTOCOL: libp2p::StreamProtocol = libp2p::StreamProtocol::new("/sigma/kad/1.0.0");
-
-/// The Kademlia protocol of a swarm whose locks have `n` replicas. Peers configured
-/// with another n speak another protocol, so they never join the swarm's DHT nor host
-/// its replicas: two clients of one lock always share one replica set.
-pub fn kad_protocol(n: usize) -> libp2p::StreamProtocol {
-    if n == 32 {
-        return KAD_PROTOCOL;
-    }
-    libp2p::StreamProtocol::try_from_owned(format!("/sigma/kad/1.0.0/n{n}")).unwrap_or(KAD_PROTOCOL)
 }
 
 impl NetworkBehaviour for Behaviour {

@@ -745,4 +745,96 @@ impl Behaviour {
             shrink_if_sparse(&mut self.ownership);
         }
     }
+
+    /// A `get_closest_peers` query progressed: its requests are counted by purpose; when
+    /// it ends, its answer is this peer's neighbourhood (a self-lookup), an ownership
+    /// verdict (a check) or the host of a key (a client's lookup). The peers it found
+    /// are candidates for the routing table.
+    pub(super) fn on_closest_peers(
+        &mut self,
+        id: kad::QueryId,
+        result: kad::GetClosestPeersResult,
+        step: kad::ProgressStep,
+        stats: kad::QueryStats,
+    ) {
+        let purpose = if let Some((_, purpose)) = self.neighbourhood_query.filter(|(q, _)| *q == id) {
+            purpose
+        } else if self.checks.contains_key(&id) {
+            "ownership"
+        } else if self.lookups.contains_key(&id) {
+            "host"
+        } else {
+            "other"
+        };
+        *self.counters.kad_requests.entry(purpose).or_default() += u64::from(stats.num_requests());
+        if !step.last {
+            return;
+        }
+        let complete = result.is_ok();
+        let peers = match result {
+            Ok(ok) => ok.peers,
+            Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
+        };
+        if self.neighbourhood_query.is_some_and(|(q, _)| q == id) {
+            self.neighbourhood_query = None;
+            // Only a lookup that finished counts (a timed-out one may have
+            // missed closer peers), and one that found fewer than k peers only
+            // if every peer it asked answered but departed ones
+            // (`found_every_peer`).
+            let found: Vec<KBucketKey<PeerId>> =
+                peers.iter().filter(|i| i.peer_id != self.local).map(|i| KBucketKey::from(i.peer_id)).collect();
+            let unreached = std::mem::take(&mut self.neighbourhood_unreached);
+            let departed = unreached.iter().filter(|p| !self.membership.is_alive(p)).count();
+            if complete && found_every_peer(found.len(), stats.num_failures(), departed) {
+                let radius = (found.len() >= kad::K_VALUE.get())
+                    .then(|| found.iter().map(|p| p.distance(&self.local_key)).max())
+                    .flatten();
+                self.neighbourhood = Some(Neighbourhood { peers: found, radius, at: self.clock.now() });
+            } else {
+                self.counters.self_lookups_incomplete += 1;
+            }
+        }
+        for info in &peers {
+            for a in &info.addrs {
+                self.add_address(&info.peer_id, a.clone());
+            }
+        }
+        if let Some(key) = self.checks.remove(&id) {
+            shrink_if_sparse(&mut self.checks);
+            self.ownership_checked(key, &peers);
+            return;
+        }
+        let Some(key) = self.lookups.remove(&id) else { return };
+        let best = peers
+            .iter()
+            .map(|i| i.peer_id)
+            .chain(self.dialable().then_some(self.local))
+            .map(|p| (KBucketKey::from(p).distance(key.kad()), p))
+            .min()
+            .map_or(self.local, |(_, p)| p);
+        self.cache_host(&key, best);
+    }
+
+    /// A bootstrap step ended (`ok`: it succeeded). The first step of a bootstrap to
+    /// succeed (its self-lookup, usually) joins: this peer's neighbourhood knows it and it
+    /// knows its neighbourhood. The refresh of farther buckets that follows is not waited
+    /// for (it may take long in a busy swarm, and a step that times out fails the whole
+    /// bootstrap).
+    pub(super) fn on_bootstrap(&mut self, id: kad::QueryId, ok: bool, step: kad::ProgressStep, stats: kad::QueryStats) {
+        *self.counters.kad_requests.entry("bootstrap").or_default() += u64::from(stats.num_requests());
+        let was_ready = self.membership.ready();
+        if ok {
+            self.membership.bootstrapped();
+            let now = self.clock.now();
+            if !was_ready && self.membership.ready() {
+                tracing::info!("joined the swarm: ready");
+                self.housekeeping(now);
+            } else if self.membership.needs_voucher() {
+                // Joined through a serving peer only: ask the peers just met now
+                // (their answers say whether they serve) rather than a round later.
+                self.gossip_round(now);
+            }
+        }
+        self.cut_bootstrap(id, step, was_ready);
+    }
 }

@@ -3,10 +3,14 @@
 //! request-response, and [`InnerEvent`], what they report; and the Kademlia protocol
 //! name of a swarm's n ([`kad_protocol`]).
 
-use libp2p::kad::{self, store::MemoryStore};
-use libp2p::swarm::NetworkBehaviour;
-use libp2p::{ping, request_response};
+use std::sync::Arc;
 
+use libp2p::kad::{self, store::MemoryStore};
+use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::swarm::NetworkBehaviour;
+use libp2p::{ping, PeerId};
+
+use super::config::{Config, KAD_REFRESH};
 use super::link;
 use crate::wire;
 
@@ -72,4 +76,52 @@ pub fn kad_protocol(n: usize) -> libp2p::StreamProtocol {
         return KAD_PROTOCOL;
     }
     libp2p::StreamProtocol::try_from_owned(format!("/sigma/kad/1.0.0/n{n}")).unwrap_or(KAD_PROTOCOL)
+}
+
+impl Inner {
+    /// The inner behaviours of the peer `local` as `config` sets them; the transport's
+    /// codecs count refused frames into `codec_stats`.
+    pub(super) fn new(local: PeerId, config: &Config, codec_stats: Arc<wire::CodecStats>) -> Self {
+        // Our own Kademlia protocol: sigma peers form their own DHT and never join another
+        // network's by accident.
+        let mut kad_config = kad::Config::new(kad_protocol(config.proto.n()));
+        // Peers enter the routing table through `add_address` only, and not when their
+        // bucket is full: Kademlia's own insertion then dials the bucket's least recently
+        // seen disconnected peer to test it, and with bounded connections most entries
+        // are disconnected, so every new connection set off another dial (a chain
+        // reaction of ~20 dials per peer per second in a 100-peer swarm at 64
+        // connections). A full bucket keeps its old peers, as in Kademlia, except a
+        // departed one, which yields its place to a connected newcomer (`make_room_for`).
+        kad_config.set_kbucket_inserts(kad::BucketInserts::Manual);
+        // Kademlia's own bucket refresh (a bootstrap: one lookup per bucket, ~370
+        // requests in a 300-peer swarm) every 30 minutes instead of 5: the drivers' own
+        // self-lookups (every 5 minutes once joined) keep the neighbourhood fresh, and the
+        // lookups of placement fill the far buckets. Every 5 minutes it was most of a
+        // large swarm's traffic (ARCHITECTURE.md, "Bounded connections").
+        kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH));
+        let mut kad = kad::Behaviour::with_config(local, MemoryStore::new(local), kad_config);
+        // With an external address required, Kademlia's own rule: server mode while the
+        // swarm has a confirmed external address, client mode (not in other peers'
+        // routing tables) without.
+        kad.set_mode((!config.external_address_required).then_some(kad::Mode::Server));
+        let link = link::Behaviour::new(
+            link::Config {
+                request_timeout: config.request_timeout,
+                max_inbound: config.max_concurrent_streams,
+                ..link::Config::default()
+            },
+            codec_stats,
+        );
+        let ping = ping::Behaviour::new(
+            ping::Config::new().with_interval(config.ping_interval).with_timeout(config.ping_timeout),
+        );
+        let gossip = request_response::Behaviour::with_codec(
+            request_response::cbor::codec::Codec::default()
+                .set_request_size_maximum(wire::MAX_GOSSIP_BYTES)
+                .set_response_size_maximum(wire::MAX_GOSSIP_BYTES),
+            [(wire::GOSSIP_PROTOCOL, ProtocolSupport::Full)],
+            request_response::Config::default().with_request_timeout(config.gossip_liveness),
+        );
+        Inner { kad, link, ping, gossip }
+    }
 }

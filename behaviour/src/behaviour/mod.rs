@@ -45,7 +45,7 @@ use libp2p::core::transport::PortUse;
 use libp2p::core::Endpoint;
 use libp2p::kad::{self, store::MemoryStore, KBucketKey};
 use libp2p::ping;
-use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::request_response;
 use libp2p::swarm::{
     CloseConnection, ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, THandler, THandlerInEvent,
     THandlerOutEvent, ToSwarm,
@@ -68,6 +68,7 @@ mod members;
 mod outbox;
 mod placement;
 mod probe;
+mod routing;
 mod types;
 mod util;
 
@@ -89,10 +90,11 @@ use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
 use hosting::{Filed, Hosting};
 use key::ReplicaKey;
 use outbox::{Held, Outbox};
+use placement::Ownership;
 #[cfg(doc)]
 use placement::MAX_OWNERSHIP_CHECKS;
-use placement::{Neighbourhood, Ownership};
 use probe::Probe;
+use routing::Neighbourhood;
 use util::{shrink_if_sparse, Clock, DeadlineIndex};
 
 /// Confirmed external addresses tracked at most.
@@ -213,47 +215,8 @@ impl Behaviour {
     /// swarm stay empty).
     pub fn new(key: &libp2p::identity::Keypair, config: Config) -> Self {
         let local = key.public().to_peer_id();
-        // Our own Kademlia protocol: sigma peers form their own DHT and never join another
-        // network's by accident.
-        let mut kad_config = kad::Config::new(kad_protocol(config.proto.n()));
-        // Peers enter the routing table through `add_address` only, and not when their
-        // bucket is full: Kademlia's own insertion then dials the bucket's least recently
-        // seen disconnected peer to test it, and with bounded connections most entries
-        // are disconnected, so every new connection set off another dial (a chain
-        // reaction of ~20 dials per peer per second in a 100-peer swarm at 64
-        // connections). A full bucket keeps its old peers, as in Kademlia, except a
-        // departed one, which yields its place to a connected newcomer (`make_room_for`).
-        kad_config.set_kbucket_inserts(kad::BucketInserts::Manual);
-        // Kademlia's own bucket refresh (a bootstrap: one lookup per bucket, ~370
-        // requests in a 300-peer swarm) every 30 minutes instead of 5: the drivers' own
-        // self-lookups (every 5 minutes once joined) keep the neighbourhood fresh, and the
-        // lookups of placement fill the far buckets. Every 5 minutes it was most of a
-        // large swarm's traffic (ARCHITECTURE.md, "Bounded connections").
-        kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH));
-        let mut kad = kad::Behaviour::with_config(local, MemoryStore::new(local), kad_config);
-        // With an external address required, Kademlia's own rule: server mode while the
-        // swarm has a confirmed external address, client mode (not in other peers'
-        // routing tables) without.
-        kad.set_mode((!config.external_address_required).then_some(kad::Mode::Server));
         let codec_stats = Arc::new(wire::CodecStats::default());
-        let link = link::Behaviour::new(
-            link::Config {
-                request_timeout: config.request_timeout,
-                max_inbound: config.max_concurrent_streams,
-                ..link::Config::default()
-            },
-            codec_stats.clone(),
-        );
-        let ping = ping::Behaviour::new(
-            ping::Config::new().with_interval(config.ping_interval).with_timeout(config.ping_timeout),
-        );
-        let gossip = request_response::Behaviour::with_codec(
-            request_response::cbor::codec::Codec::default()
-                .set_request_size_maximum(wire::MAX_GOSSIP_BYTES)
-                .set_response_size_maximum(wire::MAX_GOSSIP_BYTES),
-            [(wire::GOSSIP_PROTOCOL, ProtocolSupport::Full)],
-            request_response::Config::default().with_request_timeout(config.gossip_liveness),
-        );
+        let inner = Inner::new(local, &config, codec_stats.clone());
         // A stall is what other peers may take for death: the shorter of the two ways.
         let stall = (config.ping_interval + config.ping_timeout).min(config.gossip_liveness);
         // The incarnation: a restarted peer's heartbeats must rank above its old ones.
@@ -277,7 +240,7 @@ impl Behaviour {
         };
         let outbox = Outbox::new(config.message_delay);
         Behaviour {
-            inner: Inner { kad, link, ping, gossip },
+            inner,
             local,
             local_key: KBucketKey::from(local),
             config,

@@ -12,29 +12,16 @@ use super::link::{OutboundFailure, RequestId};
 use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
+use super::acquiring::Acquisition;
 use super::key::ReplicaKey;
 use super::outbox::{Held, Outgoing, Pending, ReplyTo, Sent};
 use super::placement::Parked;
-use super::{shrink_if_sparse, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Counters, Event};
+use super::{AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Counters, Event};
 use crate::proto::{self, client::Phase, Client, Response, Time, ToReplica};
 use crate::wire::{self, Rejection, Reply, Request};
 
 #[cfg(doc)]
 use super::Config;
-
-pub(super) struct Acquisition {
-    resource: String,
-    n: u16,
-    /// Its replicas' keys, by index (hashed once, at the start).
-    keys: Vec<ReplicaKey>,
-    pub(super) client: Client<PeerId>,
-    /// Started while this peer was joining: nothing sent yet; started afresh (same
-    /// timestamp) once it is ready.
-    pub(super) deferred: Option<proto::Config>,
-    /// D was the default (not named by the caller): lowered to 1 if the lock's keys come
-    /// to fall on one alive peer (see [`Behaviour::relax_diversity`]).
-    default_d: bool,
-}
 
 /// How often waiters short of distinct voters are looked at ([`Behaviour::relax_diversity`]).
 const RELAX_INTERVAL: Duration = Duration::from_secs(1);
@@ -83,19 +70,13 @@ impl Behaviour {
         self.next_id += 1;
         self.counters.acquisitions += 1;
         let deferred = (!self.membership.ready()).then(|| config.clone());
-        self.deferred += usize::from(deferred.is_some());
         let mut client = Client::new(config, ts, now);
         if deferred.is_some() {
             while client.poll_transmit().is_some() {}
         }
-        self.by_ts.insert(ts, id);
-        if !self.live_locks.contains_key(resource) {
-            self.hosts_in_use(resource);
-        }
-        *self.live_locks.entry(resource.to_owned()).or_default() += 1;
         let acquisition =
             Acquisition { resource: resource.to_owned(), n, keys, client, deferred, default_d: explicit.is_none() };
-        self.acquisitions.insert(id, acquisition);
+        self.acquiring.start(id, acquisition);
         self.drain_acquisition(id);
         self.wake();
         Ok(id)
@@ -143,17 +124,17 @@ impl Behaviour {
         }
         self.next_relax = now + RELAX_INTERVAL;
         let short: Vec<AcquisitionId> = self
-            .acquisitions
+            .acquiring
             .iter()
             .filter(|(_, a)| a.default_d && a.deferred.is_none() && a.client.short_of_voters(now))
             .map(|(id, _)| *id)
             .collect();
         for id in short {
-            let Some(a) = self.acquisitions.get(&id) else { continue };
+            let Some(a) = self.acquiring.get(&id) else { continue };
             let alive = self.membership.alive_keys().chain(self.self_as_host_key());
             if Self::one_host(&a.keys, alive) {
                 tracing::info!(resource = %a.resource, "every key on one alive peer: quorum diversity lowered to 1");
-                if let Some(a) = self.acquisitions.get_mut(&id) {
+                if let Some(a) = self.acquiring.get_mut(&id) {
                     a.client.lower_min_voters(now, 1);
                 }
                 self.drain_acquisition(id);
@@ -164,7 +145,7 @@ impl Behaviour {
     /// Releases (or abandons) an acquisition. Unknown ids are ignored.
     pub fn release(&mut self, id: AcquisitionId) {
         let now = self.clock.now();
-        if let Some(a) = self.acquisitions.get_mut(&id) {
+        if let Some(a) = self.acquiring.get_mut(&id) {
             a.client.release(now);
             self.drain_acquisition(id);
             self.wake();
@@ -173,7 +154,7 @@ impl Behaviour {
 
     /// The state of an acquisition, while it exists.
     pub fn acquisition(&self, id: AcquisitionId) -> Option<AcquisitionInfo> {
-        let a = self.acquisitions.get(&id)?;
+        let a = self.acquiring.get(&id)?;
         let holding = a.client.phase() == Phase::Holding;
         Some(AcquisitionInfo {
             resource: a.resource.clone(),
@@ -187,8 +168,7 @@ impl Behaviour {
 
     /// Acquisitions in progress or held: (id, lock name, phase).
     pub fn acquisitions(&self) -> Vec<(AcquisitionId, String, Phase)> {
-        let mut v: Vec<_> =
-            self.acquisitions.iter().map(|(id, a)| (*id, a.resource.clone(), a.client.phase())).collect();
+        let mut v: Vec<_> = self.acquiring.iter().map(|(id, a)| (*id, a.resource.clone(), a.client.phase())).collect();
         v.sort_by_key(|(id, _, _)| *id);
         v
     }
@@ -205,7 +185,7 @@ impl Behaviour {
         if host == self.local {
             // The local estimate may predate a closer peer's connection.
             if let Some(closer) = self.closer_live_peer(&out.key) {
-                self.cache_host(&out.key, closer);
+                self.acquiring.cache_host(&out.key, closer);
                 host = closer;
             }
         }
@@ -256,7 +236,7 @@ impl Behaviour {
     /// and the lock is released. Returns whether such an acquisition was held here.
     pub fn revoke(&mut self, resource: &str, token: u64, by: PeerId) -> bool {
         let found = self
-            .acquisitions
+            .acquiring
             .iter()
             .find(|(_, a)| a.resource == resource && a.client.phase() == Phase::Holding && a.client.token() == token);
         let Some((&id, _)) = found else { return false };
@@ -278,20 +258,19 @@ impl Behaviour {
         if resp.owner.counter <= bound {
             self.lamport.observe(resp.owner.counter);
         }
-        let Some(id) = self.by_ts.get(&resp.ts).copied() else {
+        let Some(id) = self.acquiring.id_of(&resp.ts) else {
             if resp.owner == resp.ts {
-                if let Some((_, n)) = self.finished.get(&resp.ts) {
+                if let Some(n) = self.acquiring.finished_n(&resp.ts) {
                     // With the acquisition's own n: a host refuses any other replica
                     // count (`Rejection::QuorumMismatch`), and a refused hand-back would
                     // leave the vote with nobody until its lease ran out.
-                    let n = *n;
                     let msg = ToReplica::Release { ts: resp.ts, token: 0, next: Vec::new() };
                     self.send_to_replica(ReplicaKey::new(resource, index), n, msg, 0);
                 }
             }
             return;
         };
-        if let Some(a) = self.acquisitions.get_mut(&id) {
+        if let Some(a) = self.acquiring.get_mut(&id) {
             if a.resource == resource {
                 if let Err(e) = a.client.handle_response_from(now, usize::from(index), voter, resp) {
                     let reason = match e {
@@ -315,7 +294,7 @@ impl Behaviour {
 
     fn drain_acquisition_outputs(&mut self, id: AcquisitionId) {
         loop {
-            let Some(a) = self.acquisitions.get_mut(&id) else { return };
+            let Some(a) = self.acquiring.get_mut(&id) else { return };
             if let Some(event) = a.client.poll_event() {
                 let event = match event {
                     proto::Event::Acquired { token, votes, valid_until } => {
@@ -361,34 +340,8 @@ impl Behaviour {
                     self.counters.completed += 1;
                     self.counters.completed_messages += st.requests + st.yields + st.releases + st.responses + st.stale;
                 }
-                let ts = *a.client.ts();
-                let (resource, n) = (a.resource.clone(), a.n);
-                self.acquisitions.remove(&id);
-                // The lock's host cache expires a while after its last local
-                // acquisition: the next one of a busy lock needs no redirects.
-                let last = match self.live_locks.get_mut(&resource) {
-                    Some(c) if *c > 1 => {
-                        *c -= 1;
-                        false
-                    }
-                    _ => true,
-                };
-                if last {
-                    self.live_locks.remove(&resource);
-                    self.hosts_idle(&resource);
-                }
-                self.by_ts.remove(&ts);
-                shrink_if_sparse(&mut self.acquisitions);
-                shrink_if_sparse(&mut self.by_ts);
-                shrink_if_sparse(&mut self.live_locks);
-                shrink_if_sparse(&mut self.hosts);
-                self.finished.insert(ts, (resource, n));
-                self.finished_order.push_back(ts);
-                while self.finished_order.len() > self.config.finished_memory {
-                    if let Some(old) = self.finished_order.pop_front() {
-                        self.finished.remove(&old);
-                    }
-                }
+                let now = self.clock.now();
+                self.acquiring.finish(id, now);
             }
             return;
         }
@@ -433,7 +386,7 @@ impl Behaviour {
                     for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
                         self.add_address(&closer, a);
                     }
-                    self.cache_host(&key, closer);
+                    self.acquiring.cache_host(&key, closer);
                     self.send_survey(key, p.n, probe, p.hops + 1);
                 }
                 (Reply::Redirect { .. }, _) => self.probe_answered(probe, index, peer, None),
@@ -455,7 +408,7 @@ impl Behaviour {
                 for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
                     self.add_address(&closer, a);
                 }
-                self.cache_host(&key, closer);
+                self.acquiring.cache_host(&key, closer);
                 if p.hops < self.config.max_redirects && closer != peer {
                     Counters::bump(&mut self.counters.messages_out, "redirected");
                     self.send_to_replica(key, p.n, msg, p.hops + 1);
@@ -500,7 +453,7 @@ impl Behaviour {
     /// REQUEST reaching a replica that has forgotten the acquisition would queue it
     /// again, with nobody left to release it).
     fn worth_resending(&self, msg: &ToReplica<PeerId>) -> bool {
-        matches!(msg, ToReplica::Release { .. }) || self.by_ts.contains_key(msg.ts())
+        matches!(msg, ToReplica::Release { .. }) || self.acquiring.id_of(msg.ts()).is_some()
     }
 
     pub(super) fn on_outbound_failure(&mut self, id: RequestId, error: &OutboundFailure) {
@@ -524,7 +477,7 @@ impl Behaviour {
         // connection limit refused (DialDenied) says nothing of the host: the core's
         // timers retry it, by when trimming has made room.
         if let Some(key) = p.key.filter(|_| matches!(error, F::DialFailure | F::UnsupportedProtocols)) {
-            self.forget_host(&key);
+            self.acquiring.forget_host(&key);
             self.routable.remove(&p.peer);
             self.lookup(&key);
         }
@@ -532,7 +485,6 @@ impl Behaviour {
 
     /// Files an acquisition under its next deadline (none while deferred or gone).
     fn reindex_acquisition(&mut self, id: AcquisitionId) {
-        let at = self.acquisitions.get(&id).filter(|a| a.deferred.is_none()).and_then(|a| a.client.poll_timeout());
-        self.acquisition_due.set(&id, at);
+        self.acquiring.reindex(id);
     }
 }

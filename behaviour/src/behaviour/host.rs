@@ -94,7 +94,8 @@ impl Behaviour {
         match request {
             Request::Holding { resource, counter } => {
                 let ts = Timestamp::new(counter, self.local);
-                let info = self.by_ts.get(&ts).and_then(|id| self.acquisition(*id)).filter(|a| a.resource == resource);
+                let info =
+                    self.acquiring.id_of(&ts).and_then(|id| self.acquisition(id)).filter(|a| a.resource == resource);
                 Reply::Holding(info.map(|a| wire::HoldingState {
                     held: a.phase == Phase::Holding,
                     token: a.token,
@@ -255,7 +256,8 @@ impl Behaviour {
                 Request::Notify { resource, index, resp } => {
                     if resp.ts.client != self.local {
                         Reply::Rejected(Rejection::NotForMe)
-                    } else if !self.finished.contains_key(&resp.ts) && self.cached_host(&resource, index) != Some(peer)
+                    } else if self.acquiring.finished_n(&resp.ts).is_none()
+                        && self.acquiring.cached_host(&resource, index) != Some(peer)
                     {
                         // Only the peer this node sends that replica's messages to may
                         // speak for it: any other could forge m promotions. (A notice for

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use libp2p::{request_response, PeerId};
 
-use super::{AcquisitionId, Behaviour, Counters, TRIM_GRACE};
+use super::{Behaviour, Counters, TRIM_GRACE};
 use crate::membership::{Readiness, Record};
 use crate::proto::{client::Phase, Client, Time};
 use crate::wire::{self, Rejection};
@@ -111,12 +111,9 @@ impl Behaviour {
                 self.forget_ownership(&key);
             }
         }
-        if self.membership.ready() && self.deferred > 0 {
-            self.deferred = 0;
-            let deferred: Vec<AcquisitionId> =
-                self.acquisitions.iter().filter(|(_, a)| a.deferred.is_some()).map(|(id, _)| *id).collect();
-            for id in deferred {
-                if let Some(a) = self.acquisitions.get_mut(&id) {
+        if self.membership.ready() {
+            for id in self.acquiring.take_deferred() {
+                if let Some(a) = self.acquiring.get_mut(&id) {
                     if let Some(config) = a.deferred.take() {
                         if a.client.phase() == Phase::Waiting {
                             a.client = Client::new(config, *a.client.ts(), now);

@@ -54,9 +54,10 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::time::Sleep;
 
 use crate::membership::Membership;
-use crate::proto::{LamportClock, Time, Timestamp};
+use crate::proto::{LamportClock, Time};
 use crate::wire;
 
+mod acquiring;
 mod client;
 mod config;
 mod host;
@@ -83,10 +84,10 @@ pub use types::{
     StateSizes,
 };
 
-use client::Acquisition;
+use acquiring::Acquiring;
 use config::MAX_TIMER;
 #[cfg(doc)]
-use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
+use config::DEFAULT_OWNERSHIP_TTL;
 use hosting::{Filed, Hosting};
 use key::ReplicaKey;
 use outbox::{Held, Outbox};
@@ -146,25 +147,8 @@ pub struct Behaviour {
     cut_bootstraps: HashSet<kad::QueryId>,
     /// The hosted replicas and what remote peers may cost.
     hosting: Hosting,
-    acquisitions: HashMap<AcquisitionId, Acquisition>,
-    /// The same for the acquisitions' timers.
-    acquisition_due: DeadlineIndex<AcquisitionId>,
-    by_ts: HashMap<Timestamp<PeerId>, AcquisitionId>,
-    /// Recently finished acquisitions, their lock name and replica count: a late grant
-    /// to one of them is handed back with a RELEASE.
-    finished: HashMap<Timestamp<PeerId>, (String, u16)>,
-    finished_order: VecDeque<Timestamp<PeerId>>,
-    /// Host of each replica as last known (slot `index` of the lock's entry), for locks
-    /// with a live local acquisition, and for a while after
-    /// ([`Config::with_idle_hosts_ttl`], at most [`MAX_IDLE_HOSTS`] idle slots). Per lock:
-    /// an acquisition that starts or ends files or takes out one entry, not n.
-    hosts: HashMap<String, Vec<Option<PeerId>>>,
-    /// Expiry of the cached hosts of locks without a live local acquisition.
-    idle_hosts: DeadlineIndex<String>,
-    /// Slots of the locks filed in `idle_hosts`.
-    idle_slots: usize,
-    /// Live local acquisitions per lock name.
-    live_locks: HashMap<String, usize>,
+    /// This peer's acquisitions, the finished ones and the cached hosts of their locks.
+    acquiring: Acquiring,
     /// What this peer sends, on its way out (with the test-only delay).
     outbox: Outbox,
     lookups: HashMap<kad::QueryId, ReplicaKey>,
@@ -201,8 +185,6 @@ pub struct Behaviour {
     next_gossip: Time,
     /// Picks gossip targets (seeded from the peer id and the start time).
     rng: rand_chacha::ChaCha8Rng,
-    /// Acquisitions started while joining (their start is deferred) since last ready.
-    deferred: usize,
     /// Frames the codec refused (shared with every connection's codec).
     codec_stats: Arc<wire::CodecStats>,
     next_id: u64,
@@ -239,6 +221,7 @@ impl Behaviour {
             peer_rate: config.peer_rate,
         };
         let outbox = Outbox::new(config.message_delay);
+        let acquiring = Acquiring::new(config.finished_memory, config.idle_hosts_ttl);
         Behaviour {
             inner,
             local,
@@ -262,15 +245,7 @@ impl Behaviour {
             extra_addrs: HashMap::new(),
             extra_order: VecDeque::new(),
             hosting: Hosting::new(local, hosting_limits),
-            acquisitions: HashMap::new(),
-            acquisition_due: DeadlineIndex::default(),
-            by_ts: HashMap::new(),
-            finished: HashMap::new(),
-            finished_order: VecDeque::new(),
-            hosts: HashMap::new(),
-            idle_hosts: DeadlineIndex::default(),
-            idle_slots: 0,
-            live_locks: HashMap::new(),
+            acquiring,
             outbox,
             lookups: HashMap::new(),
             ownership: HashMap::new(),
@@ -298,7 +273,6 @@ impl Behaviour {
                 }
                 rand_chacha::ChaCha8Rng::from_seed(seed)
             },
-            deferred: 0,
             codec_stats,
             next_id: 0,
             neighbourhood_unreached: Vec::new(),
@@ -335,9 +309,9 @@ impl Behaviour {
     pub fn state_sizes(&self) -> StateSizes {
         StateSizes {
             replicas: self.hosting.len(),
-            acquisitions: self.acquisitions.len(),
-            hosts: self.hosts.values().map(|slots| slots.iter().flatten().count()).sum(),
-            finished: self.finished.len(),
+            acquisitions: self.acquiring.len(),
+            hosts: self.acquiring.hosts_len(),
+            finished: self.acquiring.finished_len(),
             pending: self.outbox.pending_len(),
             lookups: self.lookups.len(),
             entries: self.hosting.entries(),
@@ -423,8 +397,8 @@ impl Behaviour {
                 self.notify(to, &key, resp);
             }
         }
-        for id in self.acquisition_due.due(now) {
-            if let Some(a) = self.acquisitions.get_mut(&id) {
+        for id in self.acquiring.due(now) {
+            if let Some(a) = self.acquiring.get_mut(&id) {
                 a.client.handle_timeout(now);
             }
             self.drain_acquisition(id);
@@ -432,9 +406,7 @@ impl Behaviour {
         for key in self.ownership_due.due(now) {
             self.ownership_due(key, now);
         }
-        for lock in self.idle_hosts.due(now) {
-            self.forget_idle_hosts(lock);
-        }
+        self.acquiring.expire_idle_hosts(now);
         if now >= self.next_gossip {
             self.next_gossip = now + self.config.gossip_interval;
             self.gossip_round(now);
@@ -468,9 +440,8 @@ impl Behaviour {
     fn next_deadline(&self) -> Option<Time> {
         [
             self.hosting.next_due(),
-            self.acquisition_due.first(),
+            self.acquiring.next_due(),
             self.ownership_due.first(),
-            self.idle_hosts.first(),
             self.outbox.next_due(),
             Some(self.next_gossip),
         ]

@@ -8,7 +8,6 @@
 use libp2p::kad::{self, KBucketKey};
 use libp2p::{Multiaddr, PeerId};
 
-use super::config::MAX_IDLE_HOSTS;
 use super::key::ReplicaKey;
 use super::outbox::ReplyTo;
 use super::routing::{found_every_peer, Neighbourhood};
@@ -88,7 +87,7 @@ impl Behaviour {
 
     /// The host of a replica: cached, else the closest of this peer and its routing table.
     pub(super) fn host(&mut self, key: &ReplicaKey) -> PeerId {
-        if let Some(p) = self.cached_host(key.resource(), key.index()) {
+        if let Some(p) = self.acquiring.cached_host(key.resource(), key.index()) {
             return p;
         }
         let best = self
@@ -98,72 +97,8 @@ impl Behaviour {
             .map(|p| (p.distance(key.kad()), *p.preimage()))
             .min()
             .map_or(self.local, |(_, p)| p);
-        self.cache_host(key, best);
+        self.acquiring.cache_host(key, best);
         best
-    }
-
-    /// Caches the host of a replica of a lock with a live local acquisition (a slot per
-    /// replica index this peer sent to: at most n per such lock); other locks' hosts are
-    /// computed per message.
-    pub(super) fn cache_host(&mut self, key: &ReplicaKey, peer: PeerId) {
-        let (resource, index) = (key.resource(), key.index());
-        if !self.live_locks.contains_key(resource) {
-            return;
-        }
-        if !self.hosts.contains_key(resource) {
-            self.hosts.insert(resource.to_owned(), Vec::new());
-        }
-        if let Some(slots) = self.hosts.get_mut(resource) {
-            let i = usize::from(index);
-            if slots.len() <= i {
-                slots.resize(i + 1, None);
-            }
-            slots[i] = Some(peer);
-        }
-    }
-
-    /// The cached host of a replica.
-    pub(super) fn cached_host(&self, resource: &str, index: u16) -> Option<PeerId> {
-        self.hosts.get(resource)?.get(usize::from(index)).copied().flatten()
-    }
-
-    /// Forgets the cached host of one replica (it could not be reached).
-    pub(super) fn forget_host(&mut self, key: &ReplicaKey) {
-        let slots = self.hosts.get_mut(key.resource());
-        if let Some(slot) = slots.and_then(|slots| slots.get_mut(usize::from(key.index()))) {
-            *slot = None;
-        }
-    }
-
-    /// A lock's last local acquisition ended: its cached hosts stay for the idle TTL,
-    /// the oldest idle lock's dropped while the idle slots are over [`MAX_IDLE_HOSTS`].
-    pub(super) fn hosts_idle(&mut self, resource: &str) {
-        if let Some(slots) = self.hosts.get(resource) {
-            self.idle_slots += slots.len();
-            let until = self.clock.now() + self.config.idle_hosts_ttl;
-            self.idle_hosts.set(&resource.to_owned(), Some(until));
-        }
-        while self.idle_slots > MAX_IDLE_HOSTS {
-            let Some(lock) = self.idle_hosts.first_key() else { break };
-            self.forget_idle_hosts(lock);
-        }
-    }
-
-    /// A lock without a live local acquisition gets one: its cached hosts, if idle, are
-    /// in use again.
-    pub(super) fn hosts_in_use(&mut self, resource: &str) {
-        if self.idle_hosts.is_filed(resource) {
-            self.idle_hosts.set(&resource.to_owned(), None);
-            self.idle_slots = self.idle_slots.saturating_sub(self.hosts.get(resource).map_or(0, Vec::len));
-        }
-    }
-
-    /// Drops an idle lock's cached hosts.
-    pub(super) fn forget_idle_hosts(&mut self, lock: String) {
-        self.idle_hosts.set(&lock, None);
-        let slots = self.hosts.remove(&lock).map_or(0, |slots| slots.len());
-        self.idle_slots = self.idle_slots.saturating_sub(slots);
-        shrink_if_sparse(&mut self.hosts);
     }
 
     pub(super) fn lookup(&mut self, key: &ReplicaKey) {
@@ -326,7 +261,7 @@ impl Behaviour {
                             self.respond(to, reply);
                         }
                         ReplyTo::Local => {
-                            self.cache_host(&key, peer);
+                            self.acquiring.cache_host(&key, peer);
                             if p.hops < self.config.max_redirects {
                                 Counters::bump(&mut self.counters.messages_out, "redirected");
                                 self.send_to_replica(key.clone(), p.n, p.msg, p.hops + 1);
@@ -496,6 +431,6 @@ impl Behaviour {
             .map(|p| (KBucketKey::from(p).distance(key.kad()), p))
             .min()
             .map_or(self.local, |(_, p)| p);
-        self.cache_host(&key, best);
+        self.acquiring.cache_host(&key, best);
     }
 }

@@ -93,7 +93,7 @@ impl Behaviour {
         let mut host = self.host(&key);
         if host == self.local {
             if let Some(closer) = self.closer_live_peer(&key) {
-                self.cache_host(&key, closer);
+                self.acquiring.cache_host(&key, closer);
                 host = closer;
             }
         }

@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use libp2p::{request_response, PeerId};
 
-use super::{Behaviour, Counters, TRIM_GRACE};
+use super::{Behaviour, Counters};
 use crate::membership::{Readiness, Record};
 use crate::proto::{client::Phase, Client, Time};
 use crate::wire::{self, Rejection};
 
+#[cfg(doc)]
+use super::config::TRIM_GRACE;
 #[cfg(doc)]
 use crate::membership::Membership;
 
@@ -99,7 +101,7 @@ impl Behaviour {
         // itself never takes a peer out (a failed dial keeps its last address), and
         // lookups would go on trying it.
         for peer in self.membership.take_forgotten() {
-            if !self.connected.contains_key(&peer) {
+            if !self.connections.is_connected(&peer) {
                 self.leave_routing_table(peer);
                 self.counters.departed_forgotten += 1;
             }
@@ -145,13 +147,13 @@ impl Behaviour {
         self.membership.beat();
         self.gossip_rounds += 1;
         let fanout = self.config.gossip_fanout;
-        let (connected, routable) = (&self.connected, &self.routable);
+        let (connections, routable) = (&self.connections, &self.routable);
         let (mut near, far): (Vec<PeerId>, Vec<PeerId>) = self
             .membership
             .alive()
-            .filter(|p| connected.contains_key(*p) || routable.contains_key(*p))
+            .filter(|p| connections.is_connected(p) || routable.contains_key(*p))
             .copied()
-            .partition(|p| connected.contains_key(p));
+            .partition(|p| connections.is_connected(p));
         let mix = usize::from(self.gossip_rounds.is_multiple_of(GOSSIP_MIXING) || near.len() < fanout);
         let mut targets = far.into_iter().choose_multiple(&mut self.rng, mix.max(fanout.saturating_sub(near.len())));
         targets.truncate(fanout);
@@ -184,8 +186,8 @@ impl Behaviour {
         let Some(leave) = self.chain.leave() else { return 0 };
         let table = wire::Gossip { beats: Vec::new(), serving: false, delay_ms: None, leaves: vec![leave] };
         let targets: Vec<PeerId> = self
-            .connected
-            .keys()
+            .connections
+            .peers()
             .filter(|p| self.membership.is_alive(p) || self.routable.contains_key(*p))
             .copied()
             .collect();
@@ -232,9 +234,8 @@ impl Behaviour {
 
     /// `peer`'s connection was just used (not trimmed for a while).
     pub(super) fn used(&mut self, peer: PeerId) {
-        if let Some(t) = self.last_used.get_mut(&peer) {
-            *t = self.clock.now();
-        }
+        let now = self.clock.now();
+        self.connections.used(peer, now);
     }
 
     /// Past the high watermark, the least recently used peers not used within
@@ -242,27 +243,11 @@ impl Behaviour {
     /// few dozen connections cost little to sort, and a dial refused at the limit costs
     /// a retry).
     fn trim_connections(&mut self, now: Time) {
-        let Some((high, low)) = self.config.connection_watermarks else { return };
-        let open = self.connected.len().saturating_sub(self.trimming.len());
-        self.trim_active = (self.trim_active || open > high) && open > low;
-        if !self.trim_active {
-            return;
-        }
-        let mut idle: Vec<(Time, PeerId)> = self
-            .last_used
-            .iter()
-            .filter(|(p, t)| now.saturating_sub(**t) >= TRIM_GRACE && !self.trimming.contains(*p))
-            .map(|(p, t)| (*t, *p))
-            .collect();
-        idle.sort_unstable();
-        let excess = self.connected.len().saturating_sub(low + self.trimming.len());
-        for (_, peer) in idle.into_iter().take(excess) {
-            self.counters.connections_trimmed += 1;
-            self.trimming.insert(peer);
-            self.to_trim.push_back(peer);
-        }
-        if !self.to_trim.is_empty() {
-            self.wake();
+        if let Some(queued) = self.connections.trim(now, self.config.connection_watermarks) {
+            self.counters.connections_trimmed += queued as u64;
+            if self.connections.trims_waiting() {
+                self.wake();
+            }
         }
     }
 
@@ -371,7 +356,7 @@ impl Behaviour {
                     let exchange = self.membership.next_exchange();
                     // Its transit is not known here: the connection's last ping round
                     // trip stands for it (the liveness ping timeout if none yet).
-                    let transit = self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout);
+                    let transit = self.connections.rtt(&peer).unwrap_or(self.config.ping_timeout);
                     self.merge_gossip(peer, request, Some(exchange), transit);
                     let now = self.clock.now();
                     let table = self.gossip_table(now, Some(exchange));
@@ -381,7 +366,7 @@ impl Behaviour {
                     // The round trip bounds the reply's transit and the wait before it.
                     let transit = match self.gossip_sent.remove(&request_id) {
                         Some(sent) => self.clock.now().saturating_sub(sent),
-                        None => self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout),
+                        None => self.connections.rtt(&peer).unwrap_or(self.config.ping_timeout),
                     };
                     self.merge_gossip(peer, response, None, transit);
                 }

@@ -60,6 +60,7 @@ use crate::wire;
 mod acquiring;
 mod client;
 mod config;
+mod connections;
 mod host;
 mod hosting;
 mod inner;
@@ -76,7 +77,7 @@ mod util;
 pub use config::{
     Admin, BootClock, Config, DEFAULT_GOSSIP_FANOUT, DEFAULT_GOSSIP_INTERVAL, DEFAULT_GOSSIP_LIVENESS,
     DEFAULT_IDLE_HOSTS_TTL, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_ENTRIES_PER_PEER,
-    DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_REFRESH, TRIM_GRACE,
+    DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_REFRESH,
 };
 pub use inner::{kad_protocol, Inner, InnerEvent, KAD_PROTOCOL};
 pub use types::{
@@ -85,9 +86,10 @@ pub use types::{
 };
 
 use acquiring::Acquiring;
-use config::MAX_TIMER;
 #[cfg(doc)]
 use config::DEFAULT_OWNERSHIP_TTL;
+use config::MAX_TIMER;
+use connections::Connections;
 use hosting::{Filed, Hosting};
 use key::ReplicaKey;
 use outbox::{Held, Outbox};
@@ -109,11 +111,8 @@ pub struct Behaviour {
     config: Config,
     clock: Clock,
     lamport: LamportClock,
-    /// Peers with at least one open connection: the "live" peers of ownership checks.
-    connected: HashMap<PeerId, usize>,
-    /// The last liveness-ping round trip to each connected peer: the transit time added
-    /// to the ages of the heartbeats its gossip requests carry.
-    ping_rtt: HashMap<PeerId, Duration>,
+    /// Open connections, and the ones to close.
+    connections: Connections,
     /// When each gossip request in flight was sent: the round trip added to the ages
     /// in its reply (at most `members::MAX_GOSSIP_IN_FLIGHT`; removed on its reply or
     /// failure).
@@ -123,15 +122,6 @@ pub struct Behaviour {
     routable: HashMap<PeerId, KBucketKey<PeerId>>,
     /// The swarm's confirmed external addresses (at most [`MAX_EXTERNALS`]).
     externals: Vec<Multiaddr>,
-    /// When each connected peer was last used by sigma (connection trimming).
-    last_used: HashMap<PeerId, Time>,
-    /// Peers whose connections are to be closed (trimmed), and those asked to close
-    /// and not yet disconnected (a subset of the connected peers).
-    to_trim: VecDeque<PeerId>,
-    trimming: HashSet<PeerId>,
-    /// Past the high watermark: trimming goes on until the low one is reached, even
-    /// when a pass found fewer idle peers than it needed.
-    trim_active: bool,
     /// Gossip rounds so far (every few, one target is a member not connected).
     gossip_rounds: u64,
     /// Addresses of peers left out of a full k-bucket, oldest first
@@ -175,8 +165,6 @@ pub struct Behaviour {
     membership: Membership,
     /// This peer's own heartbeat proofs ([`crate::liveness`]).
     chain: crate::liveness::Chain,
-    /// Connections whose liveness ping failed, to close.
-    to_close: VecDeque<(PeerId, ConnectionId)>,
     /// Departed members to dial again (a healed partition reconnects by itself).
     to_dial: VecDeque<PeerId>,
     next_redial: Time,
@@ -229,15 +217,10 @@ impl Behaviour {
             config,
             clock,
             lamport: LamportClock::new(),
-            connected: HashMap::new(),
-            ping_rtt: HashMap::new(),
+            connections: Connections::default(),
             gossip_sent: HashMap::new(),
             routable: HashMap::new(),
             externals: Vec::new(),
-            last_used: HashMap::new(),
-            to_trim: VecDeque::new(),
-            trimming: HashSet::new(),
-            trim_active: false,
             gossip_rounds: 0,
             bootstrap_query: None,
             buckets_refreshed: None,
@@ -260,7 +243,6 @@ impl Behaviour {
             counters: Counters::default(),
             membership,
             chain,
-            to_close: VecDeque::new(),
             to_dial: VecDeque::new(),
             next_redial: Duration::ZERO,
             next_relax: Duration::ZERO,
@@ -373,12 +355,10 @@ impl Behaviour {
             InnerEvent::Ping(ping::Event { peer, connection, result: Err(error) }) => {
                 tracing::debug!(%peer, %error, "liveness ping failed: closing the connection");
                 self.counters.ping_failures += 1;
-                self.to_close.push_back((peer, connection));
+                self.connections.ping_failed(peer, connection);
             }
             InnerEvent::Ping(ping::Event { peer, result: Ok(rtt), .. }) => {
-                if self.connected.contains_key(&peer) {
-                    self.ping_rtt.insert(peer, rtt);
-                }
+                self.connections.ping_rtt(peer, rtt);
             }
         }
     }
@@ -505,8 +485,7 @@ impl NetworkBehaviour for Behaviour {
     fn on_swarm_event(&mut self, event: FromSwarm) {
         match &event {
             FromSwarm::ConnectionEstablished(e) => {
-                *self.connected.entry(e.peer_id).or_default() += 1;
-                self.last_used.insert(e.peer_id, self.clock.now());
+                self.connections.established(e.peer_id, self.clock.now());
                 self.hand_over(e.peer_id);
             }
             FromSwarm::ExternalAddrConfirmed(e) => {
@@ -527,18 +506,11 @@ impl NetworkBehaviour for Behaviour {
                 }
             }
             FromSwarm::ConnectionClosed(e) => {
-                if let Some(c) = self.connected.get_mut(&e.peer_id) {
-                    *c = c.saturating_sub(1);
-                    if *c == 0 {
-                        self.connected.remove(&e.peer_id);
-                        self.ping_rtt.remove(&e.peer_id);
-                        self.last_used.remove(&e.peer_id);
-                        self.trimming.remove(&e.peer_id);
-                        self.hosting.disconnected(&e.peer_id);
-                        let now = self.clock.now();
-                        self.membership.disconnected(e.peer_id, now);
-                        self.housekeeping(now);
-                    }
+                if self.connections.closed(&e.peer_id) {
+                    self.hosting.disconnected(&e.peer_id);
+                    let now = self.clock.now();
+                    self.membership.disconnected(e.peer_id, now);
+                    self.housekeeping(now);
                 }
             }
             _ => {}
@@ -563,10 +535,10 @@ impl NetworkBehaviour for Behaviour {
             if let Some(e) = self.events.pop_front() {
                 return Poll::Ready(ToSwarm::GenerateEvent(e));
             }
-            if let Some((peer_id, id)) = self.to_close.pop_front() {
+            if let Some((peer_id, id)) = self.connections.pop_close() {
                 return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::One(id) });
             }
-            if let Some(peer_id) = self.to_trim.pop_front() {
+            if let Some(peer_id) = self.connections.pop_trim() {
                 return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::All });
             }
             if let Some(peer) = self.to_dial.pop_front() {

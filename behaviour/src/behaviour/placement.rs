@@ -62,7 +62,7 @@ impl Behaviour {
     /// granting those votes a second time; if `peer` leaves, this peer starts them again
     /// with empty memory (a reset).
     pub(super) fn hand_over(&mut self, peer: PeerId) {
-        if !self.connected.contains_key(&peer) || !self.routable.contains_key(&peer) {
+        if !self.connections.is_connected(&peer) || !self.routable.contains_key(&peer) {
             return;
         }
         let now = self.clock.now();

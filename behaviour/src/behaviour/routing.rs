@@ -83,12 +83,12 @@ impl Behaviour {
     /// to a connected `peer`. A peer only heard of stays: in a forming swarm most entries
     /// are not yet alive here, and are not dead. Answers whether there is room now.
     fn make_room_for(&mut self, peer: PeerId) -> bool {
-        if !self.connected.contains_key(&peer) {
+        if !self.connections.is_connected(&peer) {
             return false;
         }
-        let (connected, membership) = (&self.connected, &self.membership);
+        let (connections, membership) = (&self.connections, &self.membership);
         let departed = self.inner.kad.kbucket(peer).and_then(|b| {
-            b.iter().map(|e| *e.node.key.preimage()).find(|p| !connected.contains_key(p) && membership.is_departed(p))
+            b.iter().map(|e| *e.node.key.preimage()).find(|p| !connections.is_connected(p) && membership.is_departed(p))
         });
         let Some(gone) = departed else { return false };
         self.leave_routing_table(gone);
@@ -320,7 +320,7 @@ impl Behaviour {
 
     /// Peers with an open connection.
     pub fn connected_peers(&self) -> impl Iterator<Item = &PeerId> {
-        self.connected.keys()
+        self.connections.peers()
     }
 
     /// Files `peer` among the routing table's peers with its Kademlia key (hashed once,

@@ -15,7 +15,7 @@ use libp2p::PeerId;
 use super::acquiring::Acquisition;
 use super::key::ReplicaKey;
 use super::outbox::{Held, Outgoing, Pending, ReplyTo, Sent};
-use super::placement::Parked;
+use super::ownership::Parked;
 use super::{AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Counters, Event};
 use crate::proto::{self, client::Phase, Client, Response, Time, ToReplica};
 use crate::wire::{self, Rejection, Reply, Request};

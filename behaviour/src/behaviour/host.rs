@@ -17,7 +17,7 @@ use super::hosting::Hosting;
 use super::key::ReplicaKey;
 use super::link::ResponseChannel;
 use super::outbox::{Held, ReplyTo};
-use super::placement::Parked;
+use super::ownership::Parked;
 use super::{Behaviour, Counters, ReplicaInfo, ReplicaTotals};
 use crate::proto::{client::Phase, Response, Time, Timestamp, ToReplica};
 use crate::wire::{self, Rejection, Reply, Request};

@@ -68,6 +68,7 @@ mod key;
 pub mod link;
 mod members;
 mod outbox;
+mod ownership;
 mod placement;
 mod probe;
 mod routing;
@@ -93,12 +94,10 @@ use connections::Connections;
 use hosting::{Filed, Hosting};
 use key::ReplicaKey;
 use outbox::{Held, Outbox};
-use placement::Ownership;
-#[cfg(doc)]
-use placement::MAX_OWNERSHIP_CHECKS;
+use ownership::Ownerships;
 use probe::Probe;
 use routing::Neighbourhood;
-use util::{shrink_if_sparse, Clock, DeadlineIndex};
+use util::Clock;
 
 /// Confirmed external addresses tracked at most.
 const MAX_EXTERNALS: usize = 32;
@@ -142,11 +141,8 @@ pub struct Behaviour {
     /// What this peer sends, on its way out (with the test-only delay).
     outbox: Outbox,
     lookups: HashMap<kad::QueryId, ReplicaKey>,
-    /// Keys this peer would host, checked (or being checked) with a Kademlia lookup;
-    /// bounded by the hosted replicas plus [`MAX_OWNERSHIP_CHECKS`].
-    ownership: HashMap<ReplicaKey, Ownership>,
-    /// When each entry next needs work: a running lookup's deadline, a recheck.
-    ownership_due: DeadlineIndex<ReplicaKey>,
+    /// Whether this peer may serve each key it would host, and the lookups deciding it.
+    ownerships: Ownerships,
     /// The peers closest to this one as the last self-lookup found them: a key much
     /// closer to this peer than they are needs no lookup of its own.
     neighbourhood: Option<Neighbourhood>,
@@ -155,8 +151,6 @@ pub struct Behaviour {
     /// Peers whose dial failed while the self-lookup ran (at most
     /// `MAX_UNREACHED`): its failures that a departed peer explains.
     neighbourhood_unreached: Vec<PeerId>,
-    /// The ownership lookups in flight.
-    checks: HashMap<kad::QueryId, ReplicaKey>,
     probes: HashMap<ProbeId, Probe>,
     events: VecDeque<Event>,
     timer: Option<(Time, Pin<Box<Sleep>>)>,
@@ -231,11 +225,9 @@ impl Behaviour {
             acquiring,
             outbox,
             lookups: HashMap::new(),
-            ownership: HashMap::new(),
-            ownership_due: DeadlineIndex::default(),
+            ownerships: Ownerships::default(),
             neighbourhood: None,
             neighbourhood_query: None,
-            checks: HashMap::new(),
             probes: HashMap::new(),
             events: VecDeque::new(),
             timer: None,
@@ -297,7 +289,7 @@ impl Behaviour {
             pending: self.outbox.pending_len(),
             lookups: self.lookups.len(),
             entries: self.hosting.entries(),
-            ownership: self.ownership.len(),
+            ownership: self.ownerships.len(),
         }
     }
 
@@ -383,7 +375,7 @@ impl Behaviour {
             }
             self.drain_acquisition(id);
         }
-        for key in self.ownership_due.due(now) {
+        for key in self.ownerships.due(now) {
             self.ownership_due(key, now);
         }
         self.acquiring.expire_idle_hosts(now);
@@ -421,7 +413,7 @@ impl Behaviour {
         [
             self.hosting.next_due(),
             self.acquiring.next_due(),
-            self.ownership_due.first(),
+            self.ownerships.next_due(),
             self.outbox.next_due(),
             Some(self.next_gossip),
         ]

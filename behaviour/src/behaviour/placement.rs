@@ -1,51 +1,27 @@
 //! Where each replica lives. The host of a replica key as a client sees it (cached,
 //! found by a Kademlia lookup, corrected by redirects); hand-over to a closer peer that
-//! became live; and ownership on the host side: a key is served only while
-//! [`Ownership::Owned`] (a lookup, or the last self-lookup's neighbourhood, found no
-//! closer peer), and requests for a key being checked are parked, boundedly, until then.
-//! The routing table and the neighbourhood these decide by are `routing.rs`'s.
+//! became live; and ownership on the host side, as the behaviour drives it: the lookups
+//! that decide it, the requests served or redirected on a verdict, the replica handed
+//! over when a closer peer is found. The verdicts are [`Ownerships`]' (`ownership.rs`);
+//! the routing table and the neighbourhood they decide by are `routing.rs`'s.
+
+#[cfg(doc)]
+use super::ownership::Ownerships;
 
 use libp2p::kad::{self, KBucketKey};
 use libp2p::{Multiaddr, PeerId};
 
 use super::key::ReplicaKey;
 use super::outbox::ReplyTo;
+use super::ownership::{Ownership, Parked};
 use super::routing::{found_every_peer, Neighbourhood};
-use super::{shrink_if_sparse, Behaviour, Counters};
-use crate::proto::{Time, ToReplica};
+use super::{Behaviour, Counters};
+use crate::proto::Time;
 use crate::wire::{self, Rejection, Reply};
 
-#[cfg(doc)]
-use super::Config;
-
-/// Ownership lookups running at once; past it a request for a key not yet checked is
-/// refused (`RateLimited`: retry later).
-pub const MAX_OWNERSHIP_CHECKS: usize = 1024;
-/// Requests that may wait for one key's ownership lookup.
-pub const MAX_PARKED_PER_KEY: usize = 64;
 /// Peers an ownership lookup looks for: enough that one unreachable neighbour of the
 /// key does not decide it.
 const OWNERSHIP_LOOKUP_PEERS: std::num::NonZeroUsize = std::num::NonZeroUsize::new(3).expect("non-zero");
-
-/// Whether this peer may serve a key it would host (see [`Config::with_ownership`]).
-pub(super) enum Ownership {
-    /// A lookup runs; the key's requests wait for its answer.
-    Checking { query: kad::QueryId, parked: Vec<Parked> },
-    /// The last lookup found no closer peer; `recheck` runs while the replica is served.
-    Owned { recheck: Option<kad::QueryId> },
-}
-
-/// A client message waiting for its key's ownership lookup: a remote peer's (answered
-/// on `channel`) or a local acquisition's (`channel` none).
-pub(super) struct Parked {
-    pub(super) from: PeerId,
-    /// When the message reached this peer: the replica's grant delay counts from then.
-    pub(super) heard: Time,
-    pub(super) n: u16,
-    pub(super) msg: ToReplica<PeerId>,
-    pub(super) hops: u8,
-    pub(super) reply_to: ReplyTo,
-}
 
 impl Behaviour {
     /// The live sigma peer closest to the replica's key, if closer than this peer. Live:
@@ -118,20 +94,18 @@ impl Behaviour {
     /// closer peer. A peer that knows no other sigma peer (a one-node swarm) owns every
     /// key without asking.
     pub(super) fn owns(&mut self, key: &ReplicaKey) -> bool {
-        match self.ownership.get(key) {
+        match self.ownerships.get(key) {
             Some(Ownership::Owned { .. }) => true,
             Some(Ownership::Checking { .. }) => false,
             None if self.routable.is_empty() => {
                 let at = self.clock.now() + self.config.ownership_ttl;
-                self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
-                self.ownership_due.set(key, Some(at));
+                self.ownerships.owned(key, at);
                 true
             }
             None => match self.provably_mine(key) {
                 Some(until) => {
                     self.counters.ownership_by_neighbourhood += 1;
-                    self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
-                    self.ownership_due.set(key, Some(until));
+                    self.ownerships.owned(key, until);
                     true
                 }
                 None => false,
@@ -188,25 +162,16 @@ impl Behaviour {
     /// lookups and the requests waiting are bounded, and a remote peer's request that
     /// would create a replica past the caps is refused before any lookup.
     pub(super) fn room_to_check(&self, from: PeerId, key: &ReplicaKey) -> Result<(), Rejection> {
-        match self.ownership.get(key) {
-            Some(Ownership::Checking { parked, .. }) if parked.len() >= MAX_PARKED_PER_KEY => {
-                return Err(Rejection::RateLimited)
-            }
-            Some(Ownership::Checking { .. }) => {}
-            _ if self.checks.len() >= MAX_OWNERSHIP_CHECKS => return Err(Rejection::RateLimited),
-            _ => {}
-        }
+        self.ownerships.room(key)?;
         self.hosting.room_for(from, key)
     }
 
     /// Holds a client message until the key's ownership lookup answers (starting one).
     pub(super) fn park(&mut self, key: &ReplicaKey, parked: Parked) {
-        if let Some(Ownership::Checking { parked: waiting, .. }) = self.ownership.get_mut(key) {
-            waiting.push(parked);
-            return;
+        if let Some(parked) = self.ownerships.park(key, parked) {
+            let query = self.check_ownership(key);
+            self.ownerships.checking(key, query, parked);
         }
-        let query = self.check_ownership(key);
-        self.ownership.insert(key.clone(), Ownership::Checking { query, parked: vec![parked] });
     }
 
     /// Starts an ownership lookup for `key`: the few peers closest to it.
@@ -214,9 +179,8 @@ impl Behaviour {
         let query = self.inner.kad.get_n_closest_peers(key.name(), OWNERSHIP_LOOKUP_PEERS);
         self.counters.ownership_checks += 1;
         self.refresh_neighbourhood();
-        self.checks.insert(query, key.clone());
         let at = self.clock.now() + self.config.ownership_timeout;
-        self.ownership_due.set(key, Some(at));
+        self.ownerships.check_started(key, query, at);
         query
     }
 
@@ -233,22 +197,17 @@ impl Behaviour {
             .map(|(_, p)| p)
             .or_else(|| self.closer_live_peer(&key));
         let now = self.clock.now();
-        let parked = match self.ownership.remove(&key) {
-            Some(Ownership::Checking { parked, .. }) => parked,
-            _ => Vec::new(),
-        };
+        let parked = self.ownerships.take_parked(&key);
         match closer {
             None => {
-                self.ownership.insert(key.clone(), Ownership::Owned { recheck: None });
-                self.ownership_due.set(&key, Some(now + self.config.ownership_ttl));
+                self.ownerships.owned(&key, now + self.config.ownership_ttl);
                 for p in parked {
                     self.serve_parked(&key, p);
                 }
             }
             Some(peer) => {
                 self.counters.ownership_lost += 1;
-                self.ownership_due.set(&key, None);
-                shrink_if_sparse(&mut self.ownership);
+                self.ownerships.lost(&key);
                 if self.hosting.contains(&key) {
                     self.drop_replica(&key);
                     self.counters.replicas_handed_over += 1;
@@ -300,40 +259,34 @@ impl Behaviour {
     /// heard (finished now, its answer comes as an event); a hosted key is looked up
     /// again; an entry whose replica has gone is forgotten.
     pub(super) fn ownership_due(&mut self, key: ReplicaKey, now: Time) {
-        let running = match self.ownership.get(&key) {
-            Some(Ownership::Checking { query, .. }) | Some(Ownership::Owned { recheck: Some(query) }) => Some(*query),
-            Some(Ownership::Owned { recheck: None }) => None,
-            None => {
-                self.ownership_due.set(&key, None);
-                return;
-            }
+        let Some(running) = self.ownerships.running(&key) else {
+            self.ownerships.set_due(&key, None);
+            return;
         };
         if let Some(query) = running {
             match self.inner.kad.query_mut(&query) {
                 Some(mut q) => {
                     q.finish();
-                    self.ownership_due.set(&key, Some(now + self.config.ownership_timeout));
+                    self.ownerships.set_due(&key, Some(now + self.config.ownership_timeout));
                 }
                 None => {
                     // Already finished; its answer was lost: decide on nothing heard.
-                    self.checks.remove(&query);
+                    self.ownerships.cancel_check(&query);
                     self.ownership_checked(key, &[]);
                 }
             }
         } else if self.hosting.contains(&key) && !self.routable.is_empty() {
             if let Some(until) = self.provably_mine(&key) {
                 self.counters.ownership_by_neighbourhood += 1;
-                self.ownership_due.set(&key, Some(until));
+                self.ownerships.set_due(&key, Some(until));
                 return;
             }
             let query = self.check_ownership(&key);
-            self.ownership.insert(key, Ownership::Owned { recheck: Some(query) });
+            self.ownerships.rechecking(key, query);
         } else if self.hosting.contains(&key) {
-            self.ownership_due.set(&key, Some(now + self.config.ownership_ttl));
+            self.ownerships.set_due(&key, Some(now + self.config.ownership_ttl));
         } else {
-            self.ownership.remove(&key);
-            self.ownership_due.set(&key, None);
-            shrink_if_sparse(&mut self.ownership);
+            self.ownerships.remove(&key);
         }
     }
 
@@ -355,14 +308,7 @@ impl Behaviour {
     /// Forgets a key's ownership verdict (its replica has gone); a running check stays:
     /// requests wait for it.
     pub(super) fn forget_ownership(&mut self, key: &ReplicaKey) {
-        if let Some(Ownership::Owned { recheck }) = self.ownership.get(key) {
-            if let Some(q) = recheck {
-                self.checks.remove(q);
-            }
-            self.ownership.remove(key);
-            self.ownership_due.set(key, None);
-            shrink_if_sparse(&mut self.ownership);
-        }
+        self.ownerships.forget(key);
     }
 
     /// A `get_closest_peers` query progressed: its requests are counted by purpose; when
@@ -378,7 +324,7 @@ impl Behaviour {
     ) {
         let purpose = if let Some((_, purpose)) = self.neighbourhood_query.filter(|(q, _)| *q == id) {
             purpose
-        } else if self.checks.contains_key(&id) {
+        } else if self.ownerships.is_check(&id) {
             "ownership"
         } else if self.lookups.contains_key(&id) {
             "host"
@@ -418,8 +364,7 @@ impl Behaviour {
                 self.add_address(&info.peer_id, a.clone());
             }
         }
-        if let Some(key) = self.checks.remove(&id) {
-            shrink_if_sparse(&mut self.checks);
+        if let Some(key) = self.ownerships.check_answered(&id) {
             self.ownership_checked(key, &peers);
             return;
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use libp2p::{request_response, PeerId};
 
+use super::gossip::REDIAL_BATCH;
 use super::{Behaviour, Counters};
 use crate::membership::{Readiness, Record};
 use crate::proto::{client::Phase, Client, Time};
@@ -17,20 +18,6 @@ use crate::wire::{self, Rejection};
 use super::config::TRIM_GRACE;
 #[cfg(doc)]
 use crate::membership::Membership;
-
-/// Most gossip requests whose send time is kept (past it, a reply's transit is taken
-/// from the ping round trip instead).
-pub(super) const MAX_GOSSIP_IN_FLIGHT: usize = 4096;
-
-/// Every this many gossip rounds, one target is a member that is not connected.
-const GOSSIP_MIXING: u64 = 4;
-
-/// How often a peer that does not serve dials departed members again, and how many at
-/// a time (picked at random): a healed partition reconnects without waiting for
-/// traffic (the side that does not serve dials the other), and a peer under churn, where
-/// most departed members are dead for good, spends at most two dials a second on them.
-const REDIAL_INTERVAL: Duration = Duration::from_secs(2);
-const REDIAL_BATCH: usize = 4;
 
 impl Behaviour {
     /// Whether this peer serves replicas, and why not.
@@ -90,11 +77,10 @@ impl Behaviour {
         // the gossip, and in a large swarm on a loaded machine, where members look
         // departed whenever the gossip runs late, every serving peer redialling them made
         // hundreds of dials a second, which made the gossip later still.
-        if now >= self.next_redial && !self.membership.serving() {
+        if !self.membership.serving() && self.gossip.redial_due(now) {
             use rand::seq::IteratorRandom;
-            self.next_redial = now + REDIAL_INTERVAL;
             let departed = self.membership.departed().copied().choose_multiple(&mut self.rng, REDIAL_BATCH);
-            self.to_dial.extend(departed);
+            self.gossip.dial(departed);
         }
         let restarted = self.membership.tick(now);
         // A member departed for the whole window leaves the routing table too: Kademlia
@@ -145,7 +131,7 @@ impl Behaviour {
             return;
         }
         self.membership.beat();
-        self.gossip_rounds += 1;
+        let mixing = self.gossip.start_round();
         let fanout = self.config.gossip_fanout;
         let (connections, routable) = (&self.connections, &self.routable);
         let (mut near, far): (Vec<PeerId>, Vec<PeerId>) = self
@@ -154,7 +140,7 @@ impl Behaviour {
             .filter(|p| connections.is_connected(p) || routable.contains_key(*p))
             .copied()
             .partition(|p| connections.is_connected(p));
-        let mix = usize::from(self.gossip_rounds.is_multiple_of(GOSSIP_MIXING) || near.len() < fanout);
+        let mix = usize::from(mixing || near.len() < fanout);
         let mut targets = far.into_iter().choose_multiple(&mut self.rng, mix.max(fanout.saturating_sub(near.len())));
         targets.truncate(fanout);
         let rest = fanout - targets.len();
@@ -167,9 +153,7 @@ impl Behaviour {
         for peer in targets {
             self.used(peer);
             let id = self.inner.gossip.send_request(&peer, table.clone());
-            if self.gossip_sent.len() < MAX_GOSSIP_IN_FLIGHT {
-                self.gossip_sent.insert(id, now);
-            }
+            self.gossip.sent(id, now);
         }
     }
 
@@ -183,7 +167,7 @@ impl Behaviour {
         self.membership.leave();
         let now = self.clock.now();
         self.housekeeping(now);
-        let Some(leave) = self.chain.leave() else { return 0 };
+        let Some(leave) = self.gossip.chain.leave() else { return 0 };
         let table = wire::Gossip { beats: Vec::new(), serving: false, delay_ms: None, leaves: vec![leave] };
         let targets: Vec<PeerId> = self
             .connections
@@ -257,7 +241,7 @@ impl Behaviour {
     pub(super) fn gossip_table(&mut self, now: Time, reply_to: Option<u64>) -> wire::Gossip {
         let own = self.membership.own_beat();
         let own_delay = self.membership.own_delay();
-        let own_proof = self.chain.proof(own.1);
+        let own_proof = self.gossip.chain.proof(own.1);
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let beats = std::iter::once((self.local, own, Duration::ZERO, Some(own_delay), own_proof.as_ref()))
             .chain(self.membership.beats(now, reply_to))
@@ -364,7 +348,7 @@ impl Behaviour {
                 }
                 request_response::Message::Response { request_id, response } => {
                     // The round trip bounds the reply's transit and the wait before it.
-                    let transit = match self.gossip_sent.remove(&request_id) {
+                    let transit = match self.gossip.answered(&request_id) {
                         Some(sent) => self.clock.now().saturating_sub(sent),
                         None => self.connections.rtt(&peer).unwrap_or(self.config.ping_timeout),
                     };
@@ -375,7 +359,7 @@ impl Behaviour {
                 Counters::bump(&mut self.counters.inbound_failures, "gossip");
             }
             request_response::Event::OutboundFailure { request_id, .. } => {
-                self.gossip_sent.remove(&request_id);
+                self.gossip.answered(&request_id);
                 Counters::bump(&mut self.counters.outbound_failures, "gossip");
             }
             request_response::Event::ResponseSent { .. } => {}

@@ -61,6 +61,7 @@ mod acquiring;
 mod client;
 mod config;
 mod connections;
+mod gossip;
 mod host;
 mod hosting;
 mod inner;
@@ -91,6 +92,7 @@ use acquiring::Acquiring;
 use config::DEFAULT_OWNERSHIP_TTL;
 use config::MAX_TIMER;
 use connections::Connections;
+use gossip::Gossip;
 use hosting::{Filed, Hosting};
 use key::ReplicaKey;
 use outbox::{Held, Outbox};
@@ -112,17 +114,11 @@ pub struct Behaviour {
     lamport: LamportClock,
     /// Open connections, and the ones to close.
     connections: Connections,
-    /// When each gossip request in flight was sent: the round trip added to the ages
-    /// in its reply (at most `members::MAX_GOSSIP_IN_FLIGHT`; removed on its reply or
-    /// failure).
-    gossip_sent: HashMap<request_response::OutboundRequestId, Time>,
     /// Peers Kademlia put in its routing table (client-side host estimates), with
     /// their Kademlia keys (the SHA-256 of the id, compared with every key placed).
     routable: HashMap<PeerId, KBucketKey<PeerId>>,
     /// The swarm's confirmed external addresses (at most [`MAX_EXTERNALS`]).
     externals: Vec<Multiaddr>,
-    /// Gossip rounds so far (every few, one target is a member not connected).
-    gossip_rounds: u64,
     /// Addresses of peers left out of a full k-bucket, oldest first
     /// ([`Behaviour::remember_address`]).
     extra_addrs: HashMap<PeerId, Vec<Multiaddr>>,
@@ -157,14 +153,9 @@ pub struct Behaviour {
     waker: Option<Waker>,
     counters: Counters,
     membership: Membership,
-    /// This peer's own heartbeat proofs ([`crate::liveness`]).
-    chain: crate::liveness::Chain,
-    /// Departed members to dial again (a healed partition reconnects by itself).
-    to_dial: VecDeque<PeerId>,
-    next_redial: Time,
+    /// The gossip's bookkeeping: heartbeat proofs, requests in flight, rounds, redials.
+    gossip: Gossip,
     next_relax: Time,
-    /// When the next gossip round is due.
-    next_gossip: Time,
     /// Picks gossip targets (seeded from the peer id and the start time).
     rng: rand_chacha::ChaCha8Rng,
     /// Frames the codec refused (shared with every connection's codec).
@@ -212,10 +203,8 @@ impl Behaviour {
             clock,
             lamport: LamportClock::new(),
             connections: Connections::default(),
-            gossip_sent: HashMap::new(),
             routable: HashMap::new(),
             externals: Vec::new(),
-            gossip_rounds: 0,
             bootstrap_query: None,
             buckets_refreshed: None,
             cut_bootstraps: HashSet::new(),
@@ -234,11 +223,8 @@ impl Behaviour {
             waker: None,
             counters: Counters::default(),
             membership,
-            chain,
-            to_dial: VecDeque::new(),
-            next_redial: Duration::ZERO,
+            gossip: Gossip::new(chain),
             next_relax: Duration::ZERO,
-            next_gossip: Duration::ZERO,
             rng: {
                 use rand::SeedableRng;
                 let mut seed = [0u8; 32];
@@ -379,8 +365,7 @@ impl Behaviour {
             self.ownership_due(key, now);
         }
         self.acquiring.expire_idle_hosts(now);
-        if now >= self.next_gossip {
-            self.next_gossip = now + self.config.gossip_interval;
+        if self.gossip.round_due(now, self.config.gossip_interval) {
             self.gossip_round(now);
         }
     }
@@ -415,7 +400,7 @@ impl Behaviour {
             self.acquiring.next_due(),
             self.ownerships.next_due(),
             self.outbox.next_due(),
-            Some(self.next_gossip),
+            Some(self.gossip.next_round()),
         ]
         .into_iter()
         .flatten()
@@ -533,7 +518,7 @@ impl NetworkBehaviour for Behaviour {
             if let Some(peer_id) = self.connections.pop_trim() {
                 return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::All });
             }
-            if let Some(peer) = self.to_dial.pop_front() {
+            if let Some(peer) = self.gossip.pop_dial() {
                 let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
                     .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
                     .build();

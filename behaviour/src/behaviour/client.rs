@@ -478,7 +478,7 @@ impl Behaviour {
         // timers retry it, by when trimming has made room.
         if let Some(key) = p.key.filter(|_| matches!(error, F::DialFailure | F::UnsupportedProtocols)) {
             self.acquiring.forget_host(&key);
-            self.routable.remove(&p.peer);
+            self.routing.unroute(&p.peer);
             self.lookup(&key);
         }
     }

@@ -133,11 +133,11 @@ impl Behaviour {
         self.membership.beat();
         let mixing = self.gossip.start_round();
         let fanout = self.config.gossip_fanout;
-        let (connections, routable) = (&self.connections, &self.routable);
+        let (connections, routing) = (&self.connections, &self.routing);
         let (mut near, far): (Vec<PeerId>, Vec<PeerId>) = self
             .membership
             .alive()
-            .filter(|p| connections.is_connected(p) || routable.contains_key(*p))
+            .filter(|p| connections.is_connected(p) || routing.is_routable(p))
             .copied()
             .partition(|p| connections.is_connected(p));
         let mix = usize::from(mixing || near.len() < fanout);
@@ -172,7 +172,7 @@ impl Behaviour {
         let targets: Vec<PeerId> = self
             .connections
             .peers()
-            .filter(|p| self.membership.is_alive(p) || self.routable.contains_key(*p))
+            .filter(|p| self.membership.is_alive(p) || self.routing.is_routable(p))
             .copied()
             .collect();
         for peer in &targets {
@@ -210,7 +210,7 @@ impl Behaviour {
     pub(super) fn reachability_changed(&mut self) {
         let dialable = self.dialable();
         self.membership.set_dialable(dialable);
-        tracing::info!(dialable, externals = ?self.externals, "external addresses changed");
+        tracing::info!(dialable, externals = ?self.routing.externals(), "external addresses changed");
         let now = self.clock.now();
         self.housekeeping(now);
         self.wake();
@@ -277,7 +277,7 @@ impl Behaviour {
             Counters::bump(&mut self.counters.inbound_failures, "gossip_oversized");
             return;
         }
-        if !self.routable.contains_key(&peer) && !self.membership.is_alive(&peer) {
+        if !self.routing.is_routable(&peer) && !self.membership.is_alive(&peer) {
             Counters::bump(&mut self.counters.inbound_failures, "gossip_not_member");
             return;
         }

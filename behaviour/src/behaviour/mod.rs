@@ -33,7 +33,7 @@
 //!   transport, ping and the gossip's request-response ([`Inner`]), the dispatch of their events, and the one
 //!   timer.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -98,11 +98,8 @@ use key::ReplicaKey;
 use outbox::{Held, Outbox};
 use ownership::Ownerships;
 use probe::Probe;
-use routing::Neighbourhood;
+use routing::Routing;
 use util::Clock;
-
-/// Confirmed external addresses tracked at most.
-const MAX_EXTERNALS: usize = 32;
 
 /// The Sigma network behaviour.
 pub struct Behaviour {
@@ -114,39 +111,18 @@ pub struct Behaviour {
     lamport: LamportClock,
     /// Open connections, and the ones to close.
     connections: Connections,
-    /// Peers Kademlia put in its routing table (client-side host estimates), with
-    /// their Kademlia keys (the SHA-256 of the id, compared with every key placed).
-    routable: HashMap<PeerId, KBucketKey<PeerId>>,
-    /// The swarm's confirmed external addresses (at most [`MAX_EXTERNALS`]).
-    externals: Vec<Multiaddr>,
-    /// Addresses of peers left out of a full k-bucket, oldest first
-    /// ([`Behaviour::remember_address`]).
-    extra_addrs: HashMap<PeerId, Vec<Multiaddr>>,
-    extra_order: VecDeque<PeerId>,
-    /// The last bootstrap started through [`Behaviour::bootstrap`].
-    bootstrap_query: Option<kad::QueryId>,
-    /// When Kademlia's buckets were last refreshed (a bootstrap let run past its
-    /// self-lookup), or this peer joined; and the bootstraps being cut to their
-    /// self-lookup ([`Behaviour::cut_bootstrap`]).
-    buckets_refreshed: Option<Time>,
-    cut_bootstraps: HashSet<kad::QueryId>,
+    /// The routing table as seen here, addresses, bootstraps, the neighbourhood.
+    routing: Routing,
     /// The hosted replicas and what remote peers may cost.
     hosting: Hosting,
     /// This peer's acquisitions, the finished ones and the cached hosts of their locks.
     acquiring: Acquiring,
     /// What this peer sends, on its way out (with the test-only delay).
     outbox: Outbox,
+    /// The Kademlia lookups of replica hosts in flight (a client's, after a failure).
     lookups: HashMap<kad::QueryId, ReplicaKey>,
     /// Whether this peer may serve each key it would host, and the lookups deciding it.
     ownerships: Ownerships,
-    /// The peers closest to this one as the last self-lookup found them: a key much
-    /// closer to this peer than they are needs no lookup of its own.
-    neighbourhood: Option<Neighbourhood>,
-    /// The self-lookup running for it, and what for (its requests are counted so).
-    neighbourhood_query: Option<(kad::QueryId, &'static str)>,
-    /// Peers whose dial failed while the self-lookup ran (at most
-    /// `MAX_UNREACHED`): its failures that a departed peer explains.
-    neighbourhood_unreached: Vec<PeerId>,
     probes: HashMap<ProbeId, Probe>,
     events: VecDeque<Event>,
     timer: Option<(Time, Pin<Box<Sleep>>)>,
@@ -203,20 +179,12 @@ impl Behaviour {
             clock,
             lamport: LamportClock::new(),
             connections: Connections::default(),
-            routable: HashMap::new(),
-            externals: Vec::new(),
-            bootstrap_query: None,
-            buckets_refreshed: None,
-            cut_bootstraps: HashSet::new(),
-            extra_addrs: HashMap::new(),
-            extra_order: VecDeque::new(),
+            routing: Routing::default(),
             hosting: Hosting::new(local, hosting_limits),
             acquiring,
             outbox,
             lookups: HashMap::new(),
             ownerships: Ownerships::default(),
-            neighbourhood: None,
-            neighbourhood_query: None,
             probes: HashMap::new(),
             events: VecDeque::new(),
             timer: None,
@@ -235,7 +203,6 @@ impl Behaviour {
             },
             codec_stats,
             next_id: 0,
-            neighbourhood_unreached: Vec::new(),
         }
     }
 
@@ -308,9 +275,9 @@ impl Behaviour {
                 // Kademlia evicts only for a connected peer it inserts itself, which
                 // `BucketInserts::Manual` never does; an eviction still leaves here.
                 if let Some(old) = old_peer {
-                    self.routable.remove(&old);
+                    self.routing.unroute(&old);
                 }
-                if self.route(peer) {
+                if self.routing.route(peer) {
                     self.hand_over(peer);
                 }
             }
@@ -440,7 +407,7 @@ impl NetworkBehaviour for Behaviour {
     ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
         let mut addrs =
             self.inner.handle_pending_outbound_connection(connection_id, maybe_peer, addresses, effective_role)?;
-        if let Some(extra) = maybe_peer.and_then(|p| self.extra_addrs.get(&p)) {
+        if let Some(extra) = maybe_peer.and_then(|p| self.routing.extra_addrs(&p)) {
             let new: Vec<Multiaddr> =
                 extra.iter().filter(|a| !addresses.contains(a) && !addrs.contains(a)).cloned().collect();
             addrs.extend(new);
@@ -466,14 +433,12 @@ impl NetworkBehaviour for Behaviour {
                 self.hand_over(e.peer_id);
             }
             FromSwarm::ExternalAddrConfirmed(e) => {
-                if !self.externals.contains(e.addr) && self.externals.len() < MAX_EXTERNALS {
-                    self.externals.push(e.addr.clone());
+                if self.routing.confirm_external(e.addr) {
                     self.reachability_changed();
                 }
             }
             FromSwarm::ExternalAddrExpired(e) => {
-                if let Some(i) = self.externals.iter().position(|a| a == e.addr) {
-                    self.externals.remove(i);
+                if self.routing.expire_external(e.addr) {
                     self.reachability_changed();
                 }
             }

@@ -38,7 +38,7 @@ impl Behaviour {
     /// granting those votes a second time; if `peer` leaves, this peer starts them again
     /// with empty memory (a reset).
     pub(super) fn hand_over(&mut self, peer: PeerId) {
-        if !self.connections.is_connected(&peer) || !self.routable.contains_key(&peer) {
+        if !self.connections.is_connected(&peer) || !self.routing.is_routable(&peer) {
             return;
         }
         let now = self.clock.now();
@@ -67,8 +67,8 @@ impl Behaviour {
             return p;
         }
         let best = self
-            .routable
-            .values()
+            .routing
+            .keys()
             .chain(self.dialable().then_some(&self.local_key))
             .map(|p| (p.distance(key.kad()), *p.preimage()))
             .min()
@@ -97,7 +97,7 @@ impl Behaviour {
         match self.ownerships.get(key) {
             Some(Ownership::Owned { .. }) => true,
             Some(Ownership::Checking { .. }) => false,
-            None if self.routable.is_empty() => {
+            None if self.routing.is_empty() => {
                 let at = self.clock.now() + self.config.ownership_ttl;
                 self.ownerships.owned(key, at);
                 true
@@ -124,12 +124,12 @@ impl Behaviour {
     /// this one serves no longer than with a lookup per key.
     fn provably_mine(&mut self, key: &ReplicaKey) -> Option<Time> {
         let now = self.clock.now();
-        let until = self.neighbourhood.as_ref()?.at + self.config.ownership_ttl;
+        let until = self.routing.neighbourhood()?.at + self.config.ownership_ttl;
         if now >= until {
             return None;
         }
         let key = key.kad();
-        let nb = self.neighbourhood.as_ref()?;
+        let nb = self.routing.neighbourhood()?;
         let mine = self.local_key.distance(key);
         let inside = match (mine.ilog2(), nb.radius.and_then(|r| r.ilog2())) {
             (None, _) => true, // the key is this peer's id
@@ -140,7 +140,7 @@ impl Behaviour {
         let closer = |p: &KBucketKey<PeerId>| p.distance(key) < mine;
         if !inside
             || nb.peers.iter().any(closer)
-            || self.routable.values().any(closer)
+            || self.routing.keys().any(closer)
             || self.membership.closest_alive(key, &self.local_key).is_some()
         {
             return None;
@@ -275,7 +275,7 @@ impl Behaviour {
                     self.ownership_checked(key, &[]);
                 }
             }
-        } else if self.hosting.contains(&key) && !self.routable.is_empty() {
+        } else if self.hosting.contains(&key) && !self.routing.is_empty() {
             if let Some(until) = self.provably_mine(&key) {
                 self.counters.ownership_by_neighbourhood += 1;
                 self.ownerships.set_due(&key, Some(until));
@@ -322,7 +322,7 @@ impl Behaviour {
         step: kad::ProgressStep,
         stats: kad::QueryStats,
     ) {
-        let purpose = if let Some((_, purpose)) = self.neighbourhood_query.filter(|(q, _)| *q == id) {
+        let purpose = if let Some(purpose) = self.routing.self_lookup_purpose(id) {
             purpose
         } else if self.ownerships.is_check(&id) {
             "ownership"
@@ -340,21 +340,19 @@ impl Behaviour {
             Ok(ok) => ok.peers,
             Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
         };
-        if self.neighbourhood_query.is_some_and(|(q, _)| q == id) {
-            self.neighbourhood_query = None;
+        if let Some(unreached) = self.routing.self_lookup_ended(id) {
             // Only a lookup that finished counts (a timed-out one may have
             // missed closer peers), and one that found fewer than k peers only
             // if every peer it asked answered but departed ones
             // (`found_every_peer`).
             let found: Vec<KBucketKey<PeerId>> =
                 peers.iter().filter(|i| i.peer_id != self.local).map(|i| KBucketKey::from(i.peer_id)).collect();
-            let unreached = std::mem::take(&mut self.neighbourhood_unreached);
             let departed = unreached.iter().filter(|p| !self.membership.is_alive(p)).count();
             if complete && found_every_peer(found.len(), stats.num_failures(), departed) {
                 let radius = (found.len() >= kad::K_VALUE.get())
                     .then(|| found.iter().map(|p| p.distance(&self.local_key)).max())
                     .flatten();
-                self.neighbourhood = Some(Neighbourhood { peers: found, radius, at: self.clock.now() });
+                self.routing.found_neighbourhood(Neighbourhood { peers: found, radius, at: self.clock.now() });
             } else {
                 self.counters.self_lookups_incomplete += 1;
             }

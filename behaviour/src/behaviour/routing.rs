@@ -4,6 +4,8 @@
 //! self-lookups whose answer is this peer's neighbourhood, which ownership decides by
 //! (`placement.rs`).
 
+use std::collections::{HashMap, HashSet, VecDeque};
+
 use libp2p::kad::{self, KBucketKey};
 use libp2p::{Multiaddr, PeerId};
 
@@ -51,6 +53,163 @@ pub(super) fn found_every_peer(found: usize, failures: u32, departed_unreached: 
     found >= kad::K_VALUE.get() || usize::try_from(failures).is_ok_and(|f| f <= departed_unreached)
 }
 
+/// Confirmed external addresses tracked at most.
+const MAX_EXTERNALS: usize = 32;
+
+/// The routing table as this behaviour sees it, the addresses kept beside it, the
+/// bootstraps, and the self-lookups with the neighbourhood they found. Plain state:
+/// Kademlia itself is driven by the behaviour (below).
+#[derive(Debug, Default)]
+pub(super) struct Routing {
+    /// Peers Kademlia put in its routing table (client-side host estimates), with
+    /// their Kademlia keys (the SHA-256 of the id, compared with every key placed).
+    routable: HashMap<PeerId, KBucketKey<PeerId>>,
+    /// The swarm's confirmed external addresses (at most [`MAX_EXTERNALS`]).
+    externals: Vec<Multiaddr>,
+    /// Addresses of peers left out of a full k-bucket, oldest first (at most
+    /// [`MAX_EXTRA_ADDRESSES`] peers).
+    extra_addrs: HashMap<PeerId, Vec<Multiaddr>>,
+    extra_order: VecDeque<PeerId>,
+    /// The last bootstrap started through [`Behaviour::bootstrap`].
+    bootstrap_query: Option<kad::QueryId>,
+    /// When Kademlia's buckets were last refreshed (a bootstrap let run past its
+    /// self-lookup), or this peer joined; and the bootstraps being cut to their
+    /// self-lookup ([`Behaviour::cut_bootstrap`]).
+    buckets_refreshed: Option<Time>,
+    cut_bootstraps: HashSet<kad::QueryId>,
+    /// The peers closest to this one as the last self-lookup found them: a key much
+    /// closer to this peer than they are needs no lookup of its own.
+    neighbourhood: Option<Neighbourhood>,
+    /// The self-lookup running for it, and what for (its requests are counted so).
+    self_lookup: Option<(kad::QueryId, &'static str)>,
+    /// Peers whose dial failed while the self-lookup ran (at most [`MAX_UNREACHED`]):
+    /// its failures that a departed peer explains.
+    unreached: Vec<PeerId>,
+}
+
+impl Routing {
+    /// Files `peer` among the routing table's peers with its Kademlia key (hashed once,
+    /// when it is new); answers whether it is new.
+    pub(super) fn route(&mut self, peer: PeerId) -> bool {
+        match self.routable.entry(peer) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(KBucketKey::from(peer));
+                true
+            }
+        }
+    }
+
+    /// Takes `peer` out of the routing table's peers; answers whether it was there.
+    pub(super) fn unroute(&mut self, peer: &PeerId) -> bool {
+        self.routable.remove(peer).is_some()
+    }
+
+    pub(super) fn is_routable(&self, peer: &PeerId) -> bool {
+        self.routable.contains_key(peer)
+    }
+
+    /// Peers in the routing table.
+    pub(super) fn len(&self) -> usize {
+        self.routable.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.routable.is_empty()
+    }
+
+    /// The routing table's peers' Kademlia keys.
+    pub(super) fn keys(&self) -> impl Iterator<Item = &KBucketKey<PeerId>> + Clone {
+        self.routable.values()
+    }
+
+    /// Keeps an address of a peer that the routing table has no room for (a host found
+    /// by a lookup or named by a redirect), so that a dial to it can still be made.
+    /// Bounded: past [`MAX_EXTRA_ADDRESSES`] peers the longest-known is forgotten.
+    pub(super) fn remember_address(&mut self, peer: PeerId, addr: Multiaddr) {
+        if let Some(addrs) = self.extra_addrs.get_mut(&peer) {
+            if !addrs.contains(&addr) {
+                if addrs.len() >= wire::MAX_REDIRECT_ADDRS {
+                    addrs.remove(0);
+                }
+                addrs.push(addr);
+            }
+            return;
+        }
+        if self.extra_addrs.len() >= MAX_EXTRA_ADDRESSES {
+            if let Some(old) = self.extra_order.pop_front() {
+                self.extra_addrs.remove(&old);
+            }
+        }
+        self.extra_addrs.insert(peer, vec![addr]);
+        self.extra_order.push_back(peer);
+    }
+
+    /// The addresses kept aside for `peer`.
+    pub(super) fn extra_addrs(&self, peer: &PeerId) -> Option<&Vec<Multiaddr>> {
+        self.extra_addrs.get(peer)
+    }
+
+    /// An external address was confirmed; answers whether it is new here.
+    pub(super) fn confirm_external(&mut self, addr: &Multiaddr) -> bool {
+        if self.externals.contains(addr) || self.externals.len() >= MAX_EXTERNALS {
+            return false;
+        }
+        self.externals.push(addr.clone());
+        true
+    }
+
+    /// An external address expired; answers whether it was kept here.
+    pub(super) fn expire_external(&mut self, addr: &Multiaddr) -> bool {
+        let Some(i) = self.externals.iter().position(|a| a == addr) else { return false };
+        self.externals.remove(i);
+        true
+    }
+
+    /// The swarm's confirmed external addresses.
+    pub(super) fn externals(&self) -> &[Multiaddr] {
+        &self.externals
+    }
+
+    /// Whether the buckets were refreshed (or this peer joined) less than half
+    /// [`KAD_REFRESH`] ago: a bootstrap now is cut to its self-lookup.
+    fn refreshed_lately(&self, now: Time) -> bool {
+        self.buckets_refreshed.is_some_and(|t| now.saturating_sub(t) < KAD_REFRESH / 2)
+    }
+
+    /// Files bootstraps being cut; those no longer `running` are dropped first (the
+    /// bound of `cut_bootstraps`).
+    fn remember_cut(&mut self, ids: impl IntoIterator<Item = kad::QueryId>, running: impl Fn(&kad::QueryId) -> bool) {
+        self.cut_bootstraps.retain(|q| running(q));
+        self.cut_bootstraps.extend(ids);
+    }
+
+    /// The neighbourhood the last complete self-lookup found.
+    pub(super) fn neighbourhood(&self) -> Option<&Neighbourhood> {
+        self.neighbourhood.as_ref()
+    }
+
+    /// What the running query `id` is for, if it is the self-lookup.
+    pub(super) fn self_lookup_purpose(&self, id: kad::QueryId) -> Option<&'static str> {
+        self.self_lookup.filter(|(q, _)| *q == id).map(|(_, purpose)| purpose)
+    }
+
+    /// Query `id` ended: if it was the self-lookup, the peers whose dial failed while
+    /// it ran.
+    pub(super) fn self_lookup_ended(&mut self, id: kad::QueryId) -> Option<Vec<PeerId>> {
+        if !self.self_lookup.is_some_and(|(q, _)| q == id) {
+            return None;
+        }
+        self.self_lookup = None;
+        Some(std::mem::take(&mut self.unreached))
+    }
+
+    /// The neighbourhood a self-lookup found.
+    pub(super) fn found_neighbourhood(&mut self, nb: Neighbourhood) {
+        self.neighbourhood = Some(nb);
+    }
+}
+
 impl Behaviour {
     /// Adds a known address of a peer (bootstrap, identify, a connected Kademlia peer).
     /// A peer new to a full k-bucket is left out: the bucket keeps its old peers.
@@ -70,10 +229,10 @@ impl Behaviour {
                 b.num_entries() >= kad::K_VALUE.get() && !b.iter().any(|e| e.node.key.preimage() == peer)
             });
         if full && !self.make_room_for(*peer) {
-            self.remember_address(*peer, addr);
+            self.routing.remember_address(*peer, addr);
             return;
         }
-        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) && self.route(*peer) {
+        if !matches!(self.inner.kad.add_address(peer, addr), kad::RoutingUpdate::Failed) && self.routing.route(*peer) {
             self.hand_over(*peer);
         }
     }
@@ -102,10 +261,10 @@ impl Behaviour {
     pub(super) fn leave_routing_table(&mut self, peer: PeerId) {
         if let Some(entry) = self.inner.kad.remove_peer(&peer) {
             for addr in entry.node.value.iter() {
-                self.remember_address(peer, addr.clone());
+                self.routing.remember_address(peer, addr.clone());
             }
         }
-        self.routable.remove(&peer);
+        self.routing.unroute(&peer);
     }
 
     /// What identify told of `peer`: the protocols it speaks and its addresses. A sigma
@@ -122,43 +281,21 @@ impl Behaviour {
             for addr in addrs {
                 self.add_address(peer, addr);
             }
-        } else if self.routable.remove(peer).is_some() {
+        } else if self.routing.unroute(peer) {
             self.inner.kad.remove_peer(peer);
             tracing::debug!(%peer, "a sigma peer without an external address: not a host");
         }
-    }
-
-    /// Keeps an address of a peer that the routing table has no room for (a host found
-    /// by a lookup or named by a redirect), so that a dial to it can still be made.
-    /// Bounded: past [`MAX_EXTRA_ADDRESSES`] peers the longest-known is forgotten.
-    fn remember_address(&mut self, peer: PeerId, addr: Multiaddr) {
-        if let Some(addrs) = self.extra_addrs.get_mut(&peer) {
-            if !addrs.contains(&addr) {
-                if addrs.len() >= wire::MAX_REDIRECT_ADDRS {
-                    addrs.remove(0);
-                }
-                addrs.push(addr);
-            }
-            return;
-        }
-        if self.extra_addrs.len() >= MAX_EXTRA_ADDRESSES {
-            if let Some(old) = self.extra_order.pop_front() {
-                self.extra_addrs.remove(&old);
-            }
-        }
-        self.extra_addrs.insert(peer, vec![addr]);
-        self.extra_order.push_back(peer);
     }
 
     /// A Kademlia bootstrap, unless the last one started here is still running (then
     /// its id): a peer that retries while joining does not pile bootstraps (each one a
     /// lookup per bucket) onto a busy swarm.
     pub fn bootstrap(&mut self) -> Result<kad::QueryId, kad::NoKnownPeers> {
-        if let Some(q) = self.bootstrap_query.filter(|q| self.inner.kad.query(q).is_some()) {
+        if let Some(q) = self.routing.bootstrap_query.filter(|q| self.inner.kad.query(q).is_some()) {
             return Ok(q);
         }
         let q = self.inner.kad.bootstrap()?;
-        self.bootstrap_query = Some(q);
+        self.routing.bootstrap_query = Some(q);
         Ok(q)
     }
 
@@ -174,17 +311,18 @@ impl Behaviour {
     pub(super) fn cut_bootstrap(&mut self, id: kad::QueryId, step: kad::ProgressStep, was_ready: bool) {
         if step.count.get() == 1 && !step.last {
             let now = self.clock.now();
-            if !was_ready || self.buckets_refreshed_lately(now) {
-                self.buckets_refreshed.get_or_insert(now);
-                self.remember_cut([id]);
+            if !was_ready || self.routing.refreshed_lately(now) {
+                self.routing.buckets_refreshed.get_or_insert(now);
+                let kad = &self.inner.kad;
+                self.routing.remember_cut([id], |q| kad.query(q).is_some());
                 self.counters.bootstraps_cut += 1;
             } else {
-                self.buckets_refreshed = Some(now);
+                self.routing.buckets_refreshed = Some(now);
             }
         }
         if step.last {
-            self.cut_bootstraps.remove(&id);
-        } else if self.cut_bootstraps.contains(&id) {
+            self.routing.cut_bootstraps.remove(&id);
+        } else if self.routing.cut_bootstraps.contains(&id) {
             if let Some(mut query) = self.inner.kad.query_mut(&id) {
                 query.finish();
             }
@@ -200,38 +338,25 @@ impl Behaviour {
     /// [`Behaviour::cut_bootstrap`]'s. Looked at on every poll: a peer runs a handful of
     /// queries at a time.
     pub(super) fn cut_kads_bootstrap(&mut self) {
-        if !self.buckets_refreshed_lately(self.clock.now()) || !self.membership.ready() {
+        if !self.routing.refreshed_lately(self.clock.now()) || !self.membership.ready() {
             return;
         }
-        let ours = self.bootstrap_query;
+        let ours = self.routing.bootstrap_query;
         let mut cut = Vec::new();
         for mut q in self.inner.kad.iter_queries_mut() {
             let id = q.id();
             if matches!(q.info(), kad::QueryInfo::Bootstrap { .. })
                 && Some(id) != ours
-                && !self.cut_bootstraps.contains(&id)
+                && !self.routing.cut_bootstraps.contains(&id)
             {
                 q.finish();
                 cut.push(id);
             }
         }
         if !cut.is_empty() {
-            self.remember_cut(cut);
+            let kad = &self.inner.kad;
+            self.routing.remember_cut(cut, |q| kad.query(q).is_some());
         }
-    }
-
-    /// Whether the buckets were refreshed (or this peer joined) less than half
-    /// [`KAD_REFRESH`] ago: a bootstrap now is cut to its self-lookup.
-    fn buckets_refreshed_lately(&self, now: Time) -> bool {
-        self.buckets_refreshed.is_some_and(|t| now.saturating_sub(t) < KAD_REFRESH / 2)
-    }
-
-    /// Files bootstraps being cut; the ids of queries kad no longer knows are dropped
-    /// first (the bound of `cut_bootstraps`).
-    fn remember_cut(&mut self, ids: impl IntoIterator<Item = kad::QueryId>) {
-        let kad = &self.inner.kad;
-        self.cut_bootstraps.retain(|q| kad.query(q).is_some());
-        self.cut_bootstraps.extend(ids);
     }
 
     /// A Kademlia lookup of this peer's own id: cheaper than a bootstrap (one query, not
@@ -251,26 +376,26 @@ impl Behaviour {
         if self.inner.kad.kbuckets().all(|b| b.num_entries() == 0) {
             return Err(kad::NoKnownPeers());
         }
-        if let Some((q, _)) = self.neighbourhood_query.filter(|(q, _)| self.inner.kad.query(q).is_some()) {
+        if let Some((q, _)) = self.routing.self_lookup.filter(|(q, _)| self.inner.kad.query(q).is_some()) {
             return Ok(Some(q));
         }
         let now = self.clock.now();
-        if self.neighbourhood.as_ref().is_some_and(|nb| {
+        if self.routing.neighbourhood.as_ref().is_some_and(|nb| {
             now.saturating_sub(nb.at) < self.config.ownership_ttl / 2 && !self.neighbourhood_misses_members(nb)
         }) {
             return Ok(None);
         }
         let q = self.inner.kad.get_closest_peers(self.local);
-        self.neighbourhood_query = Some((q, purpose));
-        self.neighbourhood_unreached.clear();
+        self.routing.self_lookup = Some((q, purpose));
+        self.routing.unreached.clear();
         Ok(Some(q))
     }
 
     /// Notes a peer whose dial failed while a self-lookup runs: if it is not alive
     /// here, the lookup's failed request to it is no peer missed (below).
     pub(super) fn unreached_while_looking(&mut self, peer: PeerId) {
-        let unreached = &mut self.neighbourhood_unreached;
-        if self.neighbourhood_query.is_some() && unreached.len() < MAX_UNREACHED && !unreached.contains(&peer) {
+        let unreached = &mut self.routing.unreached;
+        if self.routing.self_lookup.is_some() && unreached.len() < MAX_UNREACHED && !unreached.contains(&peer) {
             unreached.push(peer);
         }
     }
@@ -287,24 +412,24 @@ impl Behaviour {
     /// ownership TTL (keys near this peer are then decided without lookups).
     pub fn has_neighbourhood(&self) -> bool {
         let now = self.clock.now();
-        self.neighbourhood.as_ref().is_some_and(|nb| now < nb.at + self.config.ownership_ttl)
+        self.routing.neighbourhood.as_ref().is_some_and(|nb| now < nb.at + self.config.ownership_ttl)
     }
 
     /// The widest scope of this peer's confirmed external addresses (`None`: none yet).
     pub fn reach(&self) -> Option<Scope> {
-        Scope::widest(&self.externals)
+        Scope::widest(&self.routing.externals)
     }
 
     /// The swarm's confirmed external addresses, as this behaviour was told of them.
     pub fn external_addresses(&self) -> &[Multiaddr] {
-        &self.externals
+        &self.routing.externals
     }
 
     /// Whether other peers can dial this one: an external address is confirmed, or none
     /// is required ([`Config::with_external_address_required`]). A peer that cannot
     /// hosts nothing and never counts itself as a host.
     pub(super) fn dialable(&self) -> bool {
-        !self.config.external_address_required || !self.externals.is_empty()
+        !self.config.external_address_required || !self.routing.externals.is_empty()
     }
 
     /// This peer's Kademlia key among the candidate hosts of a key, when others can
@@ -315,24 +440,12 @@ impl Behaviour {
 
     /// Peers in the routing table as seen by this behaviour.
     pub fn routable_peers(&self) -> usize {
-        self.routable.len()
+        self.routing.len()
     }
 
     /// Peers with an open connection.
     pub fn connected_peers(&self) -> impl Iterator<Item = &PeerId> {
         self.connections.peers()
-    }
-
-    /// Files `peer` among the routing table's peers with its Kademlia key (hashed once,
-    /// when it is new); answers whether it is new. Its addresses are updated often.
-    pub(super) fn route(&mut self, peer: PeerId) -> bool {
-        match self.routable.entry(peer) {
-            std::collections::hash_map::Entry::Occupied(_) => false,
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(KBucketKey::from(peer));
-                true
-            }
-        }
     }
 
     /// A bootstrap step ended (`ok`: it succeeded). The first step of a bootstrap to

@@ -16,12 +16,15 @@ use super::acquiring::Acquisition;
 use super::key::ReplicaKey;
 use super::outbox::{Held, Outgoing, Pending, ReplyTo, Sent};
 use super::ownership::Parked;
-use super::{AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Counters, Event};
+use super::types::{AcquireError, AcquisitionId, AcquisitionInfo, Counters, Event};
+// Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
+// methods of one role, which coordinate that role's state with the others').
+use super::Behaviour;
 use crate::proto::{self, client::Phase, Client, Response, Time, ToReplica};
 use crate::wire::{self, Rejection, Reply, Request};
 
 #[cfg(doc)]
-use super::Config;
+use super::config::Config;
 
 /// How often waiters short of distinct voters are looked at ([`Behaviour::relax_diversity`]).
 const RELAX_INTERVAL: Duration = Duration::from_secs(1);

@@ -12,6 +12,7 @@ use libp2p::PeerId;
 
 use crate::proto;
 
+// Up to the parent for documentation links only.
 #[cfg(doc)]
 use super::Behaviour;
 #[cfg(doc)]

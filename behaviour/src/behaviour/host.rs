@@ -18,7 +18,10 @@ use super::key::ReplicaKey;
 use super::link::ResponseChannel;
 use super::outbox::{Held, ReplyTo};
 use super::ownership::Parked;
-use super::{Behaviour, Counters, ReplicaInfo, ReplicaTotals};
+use super::types::{Counters, ReplicaInfo, ReplicaTotals};
+// Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
+// methods of one role, which coordinate that role's state with the others').
+use super::Behaviour;
 use crate::proto::{client::Phase, Response, Time, Timestamp, ToReplica};
 use crate::wire::{self, Rejection, Reply, Request};
 

@@ -9,7 +9,10 @@ use std::time::Duration;
 use libp2p::{request_response, PeerId};
 
 use super::gossip::REDIAL_BATCH;
-use super::{Behaviour, Counters};
+use super::types::Counters;
+// Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
+// methods of one role, which coordinate that role's state with the others').
+use super::Behaviour;
 use crate::membership::{Readiness, Record};
 use crate::proto::{client::Phase, Client, Time};
 use crate::wire::{self, Rejection};

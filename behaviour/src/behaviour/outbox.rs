@@ -29,7 +29,7 @@ use crate::proto::{Response, Time, ToReplica};
 use crate::wire::{self, Reply, Request};
 
 #[cfg(doc)]
-use super::Config;
+use super::config::Config;
 
 /// Times a refused message is sent again, the first after [`RESEND_FIRST`], each wait
 /// twice the last, at most [`RESEND_MAX_WAIT`] (about 12 s in all; a RELEASE never sent

@@ -18,7 +18,7 @@ use crate::proto::{Time, ToReplica};
 use crate::wire::Rejection;
 
 #[cfg(doc)]
-use super::Config;
+use super::config::Config;
 
 /// Ownership lookups running at once; past it a request for a key not yet checked is
 /// refused (`RateLimited`: retry later).

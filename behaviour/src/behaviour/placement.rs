@@ -15,7 +15,10 @@ use super::key::ReplicaKey;
 use super::outbox::ReplyTo;
 use super::ownership::{Ownership, Parked};
 use super::routing::{found_every_peer, Neighbourhood};
-use super::{Behaviour, Counters};
+use super::types::Counters;
+// Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
+// methods of one role, which coordinate that role's state with the others').
+use super::Behaviour;
 use crate::proto::Time;
 use crate::wire::{self, Rejection, Reply};
 

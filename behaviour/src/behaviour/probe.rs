@@ -10,9 +10,10 @@ use libp2p::PeerId;
 
 use super::key::ReplicaKey;
 use super::outbox::{Pending, Sent};
-// The probes' part of the behaviour: `impl Behaviour` blocks are split by role, and the
-// public methods here are the behaviour's own.
-use super::{AcquireError, Behaviour, Event, ProbeId, ReplicaAnswer};
+use super::types::{AcquireError, Event, ProbeId, ReplicaAnswer};
+// Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
+// methods of one role, which coordinate that role's state with the others').
+use super::Behaviour;
 use crate::proto;
 use crate::wire::{self, Reply, Request};
 

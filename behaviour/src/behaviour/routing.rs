@@ -9,15 +9,17 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use libp2p::kad::{self, KBucketKey};
 use libp2p::{Multiaddr, PeerId};
 
-// The routing part of the behaviour: `impl Behaviour` blocks are split by role, and
-// the public methods here are the behaviour's own.
-use super::{kad_protocol, Behaviour, KAD_REFRESH};
+use super::config::KAD_REFRESH;
+use super::inner::kad_protocol;
+// Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
+// methods of one role, which coordinate that role's state with the others').
+use super::Behaviour;
 use crate::addr::Scope;
 use crate::proto::Time;
 use crate::wire;
 
 #[cfg(doc)]
-use super::Config;
+use super::config::Config;
 
 /// Peers outside the routing table whose addresses are kept for dialling.
 pub const MAX_EXTRA_ADDRESSES: usize = 4096;

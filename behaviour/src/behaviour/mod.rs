@@ -433,12 +433,14 @@ impl NetworkBehaviour for Behaviour {
                 self.hand_over(e.peer_id);
             }
             FromSwarm::ExternalAddrConfirmed(e) => {
-                if self.routing.confirm_external(e.addr) {
+                let new = self.routing.confirm_external(e.addr);
+                if new {
                     self.reachability_changed();
                 }
             }
             FromSwarm::ExternalAddrExpired(e) => {
-                if self.routing.expire_external(e.addr) {
+                let kept = self.routing.expire_external(e.addr);
+                if kept {
                     self.reachability_changed();
                 }
             }
@@ -448,7 +450,8 @@ impl NetworkBehaviour for Behaviour {
                 }
             }
             FromSwarm::ConnectionClosed(e) => {
-                if self.connections.closed(&e.peer_id) {
+                let last = self.connections.closed(&e.peer_id);
+                if last {
                     self.hosting.disconnected(&e.peer_id);
                     let now = self.clock.now();
                     self.membership.disconnected(e.peer_id, now);

@@ -118,7 +118,7 @@ impl Behaviour {
 
     /// One gossip round: this peer's heartbeat advances and its table goes to a few
     /// random alive members, connected ones first (gossip opens no connection while
-    /// enough are open, and keeps busy those it uses); every [`GOSSIP_MIXING`] rounds
+    /// enough are open, and keeps busy those it uses); every few rounds (`Gossip::start_round`)
     /// one target is an alive member in the routing table that is not connected, so
     /// that the gossip graph is Kademlia's (connected) one and not only the set of
     /// connections of the moment. (A member known only by gossip may have no address

@@ -2,11 +2,11 @@
 //!
 //! Thin glue around the sans-IO core ([`crate::proto`]): it composes
 //! `kad::Behaviour` (replica placement) with [`link::Behaviour`] (the wire,
-//! [`crate::wire`], on one long-lived stream per connection and direction), maps libp2p ids and events to core inputs, drives one
-//! timer from the core's next deadline, and turns core outputs into requests and
-//! replies.
+//! [`crate::wire`], on one long-lived stream per connection and direction), maps libp2p
+//! ids and events to core inputs, drives one timer from the core's next deadline, and
+//! turns core outputs into requests and replies.
 //!
-//! Replica `i` of resource `R` is named `"R:i"` and hosted by the peer XOR-closest to
+//! Replica `i` of resource `R` is named `"R:{i+1}"` and hosted by the peer XOR-closest to
 //! the SHA-256 of that name (`kad::KBucketKey`). A peer serves a replica only while no
 //! *connected* peer is closer to its key (otherwise it answers with a redirect), and
 //! only after a Kademlia lookup of the key found no closer peer either, looked up again
@@ -19,19 +19,27 @@
 //! it, and correct it on a redirect or, after a failed dial, with a Kademlia
 //! `get_closest_peers` lookup. Replicas hosted by the local peer take no network hop.
 //!
-//! The code is split by role, each file with its own `impl Behaviour` block:
-//! - `config.rs`: [`Config`], [`Admin`], [`BootClock`] and the defaults;
-//! - `types.rs`: the public ids, events, errors and metrics;
-//! - `placement.rs`: the routing table, the host of a key, lookups, ownership checks;
-//! - `host.rs`: serving the hosted replicas (inbound requests and batches, quotas);
-//! - `client.rs`: this peer's acquisitions and probes (the outbox, replies, failures);
-//! - `members.rs`: membership housekeeping, the gossip, connection trimming;
-//! - `util.rs`: the clock, the deadline index, shrinking maps;
-//! - `link.rs`: the transport (framed, pipelined requests and replies on long-lived
-//!   streams);
-//! - here: [`Behaviour`] and its constructor, the composition with Kademlia, the
-//!   transport, ping and the gossip's request-response ([`Inner`]), the dispatch of their events, and the one
-//!   timer.
+//! Each role owns its state in a struct of its own, whose methods take `now` and give
+//! back what is due (rust-libp2p's kad and quinn-proto's `Connection` have this shape):
+//! - `hosting.rs`: `Hosting`, the hosted replicas, their quotas and request budgets;
+//! - `acquiring.rs`: `Acquiring`, this peer's acquisitions and their locks' hosts;
+//! - `outbox.rs`: `Outbox`, what goes out (batches, replies awaited, resends, the
+//!   test-only delay);
+//! - `ownership.rs`: `Ownerships`, ownership verdicts, their lookups, parked requests;
+//! - `routing.rs`: `Routing`, the routing table, addresses, bootstraps, the neighbourhood;
+//! - `connections.rs`: `Connections`, open connections, ping round trips, trimming;
+//! - `gossip.rs`: `Gossip`, the gossip's bookkeeping and the redials;
+//! - `key.rs`: `ReplicaKey`, a replica's name, index and Kademlia key, built once.
+//!
+//! The roles meet in `impl Behaviour` blocks, one file per side: `host.rs` (inbound
+//! requests), `client.rs` (acquire, release, replies), `probe.rs` (probe, inspect, ask),
+//! `placement.rs` (the host of a key, hand-over, ownership decisions), `routing.rs`
+//! (driving Kademlia), `members.rs` (housekeeping, the gossip rounds). Beside them:
+//! `config.rs` ([`Config`], [`Admin`], [`BootClock`], the defaults), `types.rs` (the
+//! public ids, events, errors and metrics), `inner.rs` (the composed [`Inner`]),
+//! `util.rs` (the clock, the deadline index), [`link`] (the transport). Here:
+//! [`Behaviour`] and its constructor, the `NetworkBehaviour` impl that dispatches each
+//! inner event to its role, the poll, and the one timer.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

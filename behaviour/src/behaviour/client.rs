@@ -1,103 +1,30 @@
 //! The client side: this peer's acquisitions (a sans-IO [`Client`] each) and its probes.
 //! Client messages go to each replica's host, queued per peer and sent once per step
-//! ([`Behaviour::flush_outbox`]); replies, redirects and failures come back here. Every
+//! (the outbox, `outbox.rs`); replies, redirects and failures come back here. Every
 //! change to an acquisition ends in [`Behaviour::drain_acquisition`], which hands its
 //! outputs on and files its next deadline; a finished one is remembered a while, so
 //! that a late grant to it is handed back.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::link::{OutboundFailure, RequestId};
 use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
-use super::delay::Held;
-use super::placement::{Parked, ReplyTo};
-use super::{
-    shrink_if_sparse, AcquireError, AcquisitionId, AcquisitionInfo, Behaviour, Counters, Event, ProbeId, ReplicaAnswer,
-};
+use super::acquiring::Acquisition;
+use super::key::ReplicaKey;
+use super::outbox::{Held, Outgoing, Pending, ReplyTo, Sent};
+use super::ownership::Parked;
+use super::types::{AcquireError, AcquisitionId, AcquisitionInfo, Counters, Event};
+// Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
+// methods of one role, which coordinate that role's state with the others').
+use super::Behaviour;
 use crate::proto::{self, client::Phase, Client, Response, Time, ToReplica};
 use crate::wire::{self, Rejection, Reply, Request};
 
 #[cfg(doc)]
-use super::Config;
-
-/// A fan-out to the hosts of a lock's replicas, or one question to one peer.
-pub(super) struct Probe {
-    started: Instant,
-    kind: ProbeKind,
-    outstanding: usize,
-}
-
-enum ProbeKind {
-    /// Round trips, by replica index.
-    Ping(Vec<Option<Duration>>),
-    /// Replica states, by replica index.
-    Inspect(Vec<ReplicaAnswer>),
-    /// One request to one peer.
-    Ask,
-}
-
-pub(super) struct Acquisition {
-    resource: String,
-    n: u16,
-    pub(super) client: Client<PeerId>,
-    /// Started while this peer was joining: nothing sent yet; started afresh (same
-    /// timestamp) once it is ready.
-    pub(super) deferred: Option<proto::Config>,
-    /// D was the default (not named by the caller): lowered to 1 if the lock's keys come
-    /// to fall on one alive peer (see [`Behaviour::relax_diversity`]).
-    default_d: bool,
-}
-
-/// An outbound request, kept for redirects and failures.
-/// What a transport request carried: one message, or a batch (an entry per item;
-/// `None` for a notice, which expects nothing but an acknowledgement).
-#[derive(Debug)]
-pub(super) enum Sent {
-    One(Pending),
-    Batch(Vec<Option<Pending>>),
-}
-
-#[derive(Debug)]
-pub(super) struct Pending {
-    peer: PeerId,
-    resource: String,
-    index: u16,
-    n: u16,
-    /// The client message, or `None` for a probe.
-    msg: Option<ToReplica<PeerId>>,
-    probe: Option<ProbeId>,
-    hops: u8,
-    /// Times this message was sent again after a refusal for the request budget.
-    resent: u8,
-}
-
-/// A client message on its way to the host of a replica: held by the test-only delay,
-/// queued for a replica this peer hosts ([`Behaviour::serve_local_inbox`]), or waiting
-/// to go again after a refusal for the request budget ([`Behaviour::resend_later`]).
-#[derive(Debug)]
-pub(super) struct Outgoing {
-    pub(super) resource: String,
-    pub(super) n: u16,
-    pub(super) index: u16,
-    pub(super) msg: ToReplica<PeerId>,
-    /// Redirects followed so far.
-    pub(super) hops: u8,
-    /// Times it has been sent again after a refusal for the request budget.
-    pub(super) resent: u8,
-}
-
-/// Times a refused message is sent again, the first after [`RESEND_FIRST`], each wait
-/// twice the last, at most [`RESEND_MAX_WAIT`] (about 12 s in all; a RELEASE never sent
-/// leaves its votes with the acquisition until their leases run out).
-const RESEND_ATTEMPTS: u8 = 10;
-const RESEND_FIRST: Duration = Duration::from_millis(10);
-const RESEND_MAX_WAIT: Duration = Duration::from_secs(2);
-/// Messages waiting to be sent again at most; past it the one due first is dropped (a
-/// RELEASE's votes lapse with their leases; the core retries the others).
-pub(super) const MAX_RESENDS: usize = 4096;
+use super::config::Config;
 
 /// How often waiters short of distinct voters are looked at ([`Behaviour::relax_diversity`]).
 const RELAX_INTERVAL: Duration = Duration::from_secs(1);
@@ -130,11 +57,12 @@ impl Behaviour {
             config = config.with_quorum(n, m);
         }
         let m = config.m();
+        let keys = ReplicaKey::all(resource, u16::try_from(config.n()).unwrap_or(u16::MAX));
         let explicit = min_peers.or(self.config.min_voters);
         let d = match explicit {
             Some(d) if d == 0 || d > m => return Err(AcquireError::MinPeers { d, m }),
             Some(d) => d,
-            None => self.default_min_voters(resource, config.n()).min(m),
+            None => self.default_min_voters(&keys).min(m),
         };
         let config = config.with_min_voters(d);
         config.validate()?;
@@ -145,19 +73,13 @@ impl Behaviour {
         self.next_id += 1;
         self.counters.acquisitions += 1;
         let deferred = (!self.membership.ready()).then(|| config.clone());
-        self.deferred += usize::from(deferred.is_some());
         let mut client = Client::new(config, ts, now);
         if deferred.is_some() {
             while client.poll_transmit().is_some() {}
         }
-        self.by_ts.insert(ts, id);
-        if !self.live_locks.contains_key(resource) {
-            self.hosts_in_use(resource);
-        }
-        *self.live_locks.entry(resource.to_owned()).or_default() += 1;
         let acquisition =
-            Acquisition { resource: resource.to_owned(), n, client, deferred, default_d: explicit.is_none() };
-        self.acquisitions.insert(id, acquisition);
+            Acquisition { resource: resource.to_owned(), n, keys, client, deferred, default_d: explicit.is_none() };
+        self.acquiring.start(id, acquisition);
         self.drain_acquisition(id);
         self.wake();
         Ok(id)
@@ -169,20 +91,19 @@ impl Behaviour {
     /// where 2 could never be met. An island still needs 2: its departed members host
     /// some of the keys. This peer counts as a possible host only when others can dial
     /// it: an unreachable one hosts nothing.
-    fn default_min_voters(&self, resource: &str, n: usize) -> usize {
-        if Self::one_host(resource, n, self.membership.peer_keys().chain(self.self_as_host_key())) {
+    fn default_min_voters(&self, keys: &[ReplicaKey]) -> usize {
+        if Self::one_host(keys, self.membership.peer_keys().chain(self.self_as_host_key())) {
             1
         } else {
             2
         }
     }
 
-    /// Whether all `n` keys of `resource` fall on one of `peers` (the closest to each).
-    fn one_host<'a>(resource: &str, n: usize, peers: impl Iterator<Item = &'a KBucketKey<PeerId>> + Clone) -> bool {
+    /// Whether all of a lock's `keys` fall on one of `peers` (the closest to each).
+    fn one_host<'a>(keys: &[ReplicaKey], peers: impl Iterator<Item = &'a KBucketKey<PeerId>> + Clone) -> bool {
         let mut first: Option<PeerId> = None;
-        for index in 0..n {
-            let key = Self::key(resource, u16::try_from(index).unwrap_or(u16::MAX));
-            let host = peers.clone().map(|p| (p.distance(&key), *p.preimage())).min().map(|(_, p)| p);
+        for key in keys {
+            let host = peers.clone().map(|p| (p.distance(key.kad()), *p.preimage())).min().map(|(_, p)| p);
             match (first, host) {
                 (None, h) => first = h,
                 (Some(a), Some(b)) if a != b => return false,
@@ -206,17 +127,17 @@ impl Behaviour {
         }
         self.next_relax = now + RELAX_INTERVAL;
         let short: Vec<AcquisitionId> = self
-            .acquisitions
+            .acquiring
             .iter()
             .filter(|(_, a)| a.default_d && a.deferred.is_none() && a.client.short_of_voters(now))
             .map(|(id, _)| *id)
             .collect();
         for id in short {
-            let Some(a) = self.acquisitions.get(&id) else { continue };
+            let Some(a) = self.acquiring.get(&id) else { continue };
             let alive = self.membership.alive_keys().chain(self.self_as_host_key());
-            if Self::one_host(&a.resource, usize::from(a.n), alive) {
+            if Self::one_host(&a.keys, alive) {
                 tracing::info!(resource = %a.resource, "every key on one alive peer: quorum diversity lowered to 1");
-                if let Some(a) = self.acquisitions.get_mut(&id) {
+                if let Some(a) = self.acquiring.get_mut(&id) {
                     a.client.lower_min_voters(now, 1);
                 }
                 self.drain_acquisition(id);
@@ -227,7 +148,7 @@ impl Behaviour {
     /// Releases (or abandons) an acquisition. Unknown ids are ignored.
     pub fn release(&mut self, id: AcquisitionId) {
         let now = self.clock.now();
-        if let Some(a) = self.acquisitions.get_mut(&id) {
+        if let Some(a) = self.acquiring.get_mut(&id) {
             a.client.release(now);
             self.drain_acquisition(id);
             self.wake();
@@ -236,7 +157,7 @@ impl Behaviour {
 
     /// The state of an acquisition, while it exists.
     pub fn acquisition(&self, id: AcquisitionId) -> Option<AcquisitionInfo> {
-        let a = self.acquisitions.get(&id)?;
+        let a = self.acquiring.get(&id)?;
         let holding = a.client.phase() == Phase::Holding;
         Some(AcquisitionInfo {
             resource: a.resource.clone(),
@@ -250,37 +171,36 @@ impl Behaviour {
 
     /// Acquisitions in progress or held: (id, lock name, phase).
     pub fn acquisitions(&self) -> Vec<(AcquisitionId, String, Phase)> {
-        let mut v: Vec<_> =
-            self.acquisitions.iter().map(|(id, a)| (*id, a.resource.clone(), a.client.phase())).collect();
+        let mut v: Vec<_> = self.acquiring.iter().map(|(id, a)| (*id, a.resource.clone(), a.client.phase())).collect();
         v.sort_by_key(|(id, _, _)| *id);
         v
     }
 
     /// Sends a client message to the host of replica `index` (locally if that is us),
     /// after the test-only delay if it is on.
-    pub(super) fn send_to_replica(&mut self, resource: String, n: u16, index: u16, msg: ToReplica<PeerId>, hops: u8) {
-        self.send_or_hold(Held::ToReplica(Outgoing { resource, n, index, msg, hops, resent: 0 }));
+    pub(super) fn send_to_replica(&mut self, key: ReplicaKey, n: u16, msg: ToReplica<PeerId>, hops: u8) {
+        self.send_or_hold(Held::ToReplica(Outgoing { key, n, msg, hops, resent: 0 }));
     }
 
     /// [`Behaviour::send_to_replica`] at once.
     pub(super) fn send_to_replica_now(&mut self, out: Outgoing) {
-        let mut host = self.host(&out.resource, out.index);
+        let mut host = self.host(&out.key);
         if host == self.local {
             // The local estimate may predate a closer peer's connection.
-            if let Some(closer) = self.closer_live_peer(&out.resource, out.index) {
-                self.cache_host(&out.resource, out.index, closer);
+            if let Some(closer) = self.closer_live_peer(&out.key) {
+                self.acquiring.cache_host(&out.key, closer);
                 host = closer;
             }
         }
         Counters::bump(&mut self.counters.messages_out, out.msg.kind());
         if host == self.local {
-            self.local_inbox.push_back(out);
+            self.outbox.push_local(out);
             self.wake();
             return;
         }
-        let Outgoing { resource, n, index, msg, hops, resent } = out;
-        let request = Request::Replica { resource: resource.clone(), index, n, msg: msg.clone() };
-        let pending = Pending { peer: host, resource, index, n, msg: Some(msg), probe: None, hops, resent };
+        let Outgoing { key, n, msg, hops, resent } = out;
+        let request = Request::Replica { resource: key.resource().to_owned(), index: key.index(), n, msg: msg.clone() };
+        let pending = Pending { peer: host, key: Some(key), n, msg: Some(msg), probe: None, hops, resent };
         self.enqueue(host, request, Some(pending));
     }
 
@@ -289,132 +209,29 @@ impl Behaviour {
     /// peers have been handed to their connections: a replica created or a grant taken
     /// here (tens of microseconds each) no longer delays the first frame out.
     pub(super) fn serve_local_inbox(&mut self) {
-        while let Some(Outgoing { resource, index, n, msg, hops, .. }) = self.local_inbox.pop_front() {
+        while let Some(Outgoing { key, n, msg, hops, .. }) = self.outbox.pop_local() {
             // A local refusal (a duplicate RELEASE, say) needs no answer: the core retries
             // on its timers like for a lost message.
             if !self.membership.serving() {
                 continue; // not serving: as if lost; the core retries
             }
-            if self.owns(&resource, index) {
+            if self.owns(&key) {
                 let now = self.clock.now();
-                self.serve_local(&resource, index, msg, now);
-            } else if self.room_to_check(self.local, &resource, index).is_ok() {
+                self.serve_local(&key, msg, now);
+            } else if self.room_to_check(self.local, &key).is_ok() {
                 let parked =
                     Parked { from: self.local, heard: self.clock.now(), n, msg, hops, reply_to: ReplyTo::Local };
-                self.park(&resource, index, parked);
+                self.park(&key, parked);
             }
         }
     }
 
     /// Queues a message for `peer`: everything queued for one peer in one step goes as
-    /// one transport request ([`Behaviour::flush_outbox`]).
+    /// one transport request (`Outbox::flush`, on the next poll).
     pub(super) fn enqueue(&mut self, peer: PeerId, request: Request, pending: Option<Pending>) {
         self.used(peer);
-        match self.outbox.get_mut(&peer) {
-            Some(items) => items.push((request, pending)),
-            None => {
-                self.outbox.insert(peer, vec![(request, pending)]);
-                self.outbox_order.push(peer);
-            }
-        }
+        self.outbox.enqueue(peer, request, pending);
         self.wake();
-    }
-
-    /// Sends what the current step queued: per peer, a message alone or batches of up
-    /// to [`wire::MAX_BATCH`]. Answers whether anything was sent.
-    pub(super) fn flush_outbox(&mut self) -> bool {
-        if self.outbox_order.is_empty() {
-            return false;
-        }
-        for peer in std::mem::take(&mut self.outbox_order) {
-            let Some(mut items) = self.outbox.remove(&peer) else { continue };
-            while !items.is_empty() {
-                // The test-only delay draws each message's latency on its own: no batches.
-                let most = if self.delaying() { 1 } else { wire::MAX_BATCH };
-                let rest = items.split_off(items.len().min(most));
-                let chunk = std::mem::replace(&mut items, rest);
-                self.counters.requests_out += 1;
-                if chunk.len() == 1 {
-                    let Some((request, pending)) = chunk.into_iter().next() else { break };
-                    let id = self.inner.link.send_request(&peer, request);
-                    if let Some(p) = pending {
-                        self.pending.insert(id, Sent::One(p));
-                    }
-                } else {
-                    self.counters.batches_out += 1;
-                    let (requests, pendings): (Vec<Request>, Vec<Option<Pending>>) = chunk.into_iter().unzip();
-                    let id = self.inner.link.send_request(&peer, Request::Batch(requests));
-                    self.pending.insert(id, Sent::Batch(pendings));
-                }
-            }
-        }
-        shrink_if_sparse(&mut self.outbox);
-        true
-    }
-
-    /// Measures the round trip to the host of every replica of `resource` (`n`
-    /// replicas, default the configured n) along the path a REQUEST takes, redirects
-    /// included, without protocol work. The result comes as [`Event::Probed`].
-    pub fn probe(&mut self, resource: &str, n: Option<usize>) -> Result<ProbeId, AcquireError> {
-        self.survey(resource, n, |n| ProbeKind::Ping(vec![None; n]))
-    }
-
-    /// Asks the host of every replica of `resource` (`n` replicas, default the
-    /// configured n) for the replica's state: owner, lease, queue. Changes nothing. The
-    /// result comes as [`Event::Inspected`].
-    pub fn inspect(&mut self, resource: &str, n: Option<usize>) -> Result<ProbeId, AcquireError> {
-        let local = self.local;
-        self.survey(resource, n, |n| ProbeKind::Inspect(vec![ReplicaAnswer::NoAnswer { host: local }; n]))
-    }
-
-    fn survey(
-        &mut self,
-        resource: &str,
-        n: Option<usize>,
-        kind: impl FnOnce(usize) -> ProbeKind,
-    ) -> Result<ProbeId, AcquireError> {
-        wire::validate_resource(resource).map_err(|_| AcquireError::BadName)?;
-        let n = n.unwrap_or(self.config.proto.n());
-        let n16 = u16::try_from(n).ok().filter(|x| (1..=proto::MAX_REPLICAS).contains(&usize::from(*x)));
-        let n16 = n16.ok_or(proto::ConfigError::TooManyReplicas(n))?;
-        let id = ProbeId(self.next_id);
-        self.next_id += 1;
-        self.probes.insert(id, Probe { started: Instant::now(), kind: kind(n), outstanding: n });
-        for index in 0..n16 {
-            self.send_survey(resource.to_owned(), n16, index, id, 0);
-        }
-        self.wake();
-        Ok(id)
-    }
-
-    /// Sends one question to `peer`: a [`Request::Holding`] or [`Request::Revoke`] (an
-    /// operator's tools). Asked of this peer, it is answered here at once. The answer
-    /// comes as [`Event::Answered`].
-    pub fn ask(&mut self, peer: PeerId, request: Request) -> ProbeId {
-        let id = ProbeId(self.next_id);
-        self.next_id += 1;
-        if peer == self.local {
-            let reply = self.answer_operator(self.local, request);
-            self.events.push_back(Event::Answered { id, reply: Some(reply) });
-        } else {
-            self.probes.insert(id, Probe { started: Instant::now(), kind: ProbeKind::Ask, outstanding: 1 });
-            self.used(peer);
-            self.counters.requests_out += 1;
-            let out = self.inner.link.send_request(&peer, request);
-            let pending = Pending {
-                peer,
-                resource: String::new(),
-                index: 0,
-                n: 0,
-                msg: None,
-                probe: Some(id),
-                hops: 0,
-                resent: 0,
-            };
-            self.pending.insert(out, Sent::One(pending));
-        }
-        self.wake();
-        id
     }
 
     /// Revokes the local acquisition that holds `resource` under `token`, as ordered
@@ -422,7 +239,7 @@ impl Behaviour {
     /// and the lock is released. Returns whether such an acquisition was held here.
     pub fn revoke(&mut self, resource: &str, token: u64, by: PeerId) -> bool {
         let found = self
-            .acquisitions
+            .acquiring
             .iter()
             .find(|(_, a)| a.resource == resource && a.client.phase() == Phase::Holding && a.client.token() == token);
         let Some((&id, _)) = found else { return false };
@@ -431,67 +248,6 @@ impl Behaviour {
         self.events.push_back(Event::Revoked { id, resource: resource.to_owned(), token, by });
         self.release(id);
         true
-    }
-
-    fn send_survey(&mut self, resource: String, n: u16, index: u16, probe: ProbeId, hops: u8) {
-        let mut host = self.host(&resource, index);
-        if host == self.local {
-            if let Some(closer) = self.closer_live_peer(&resource, index) {
-                self.cache_host(&resource, index, closer);
-                host = closer;
-            }
-        }
-        let inspect = matches!(self.probes.get(&probe).map(|p| &p.kind), Some(ProbeKind::Inspect(_)));
-        if host == self.local {
-            let reply = if inspect { Reply::Replica(self.replica_state(&resource, index)) } else { Reply::Ack };
-            self.probe_answered(probe, index, host, Some(reply));
-            return;
-        }
-        let request = if inspect {
-            Request::Inspect { resource: resource.clone(), index, n }
-        } else {
-            Request::Ping { resource: resource.clone(), index, n }
-        };
-        let pending = Pending { peer: host, resource, index, n, msg: None, probe: Some(probe), hops, resent: 0 };
-        self.enqueue(host, request, Some(pending));
-    }
-
-    /// Records the answer of `host` (`None`: no answer) for replica `index`.
-    fn probe_answered(&mut self, id: ProbeId, index: u16, host: PeerId, reply: Option<Reply>) {
-        let Some(p) = self.probes.get_mut(&id) else { return };
-        let i = usize::from(index);
-        match &mut p.kind {
-            ProbeKind::Ping(rtts) => {
-                if let (Some(slot), Some(Reply::Ack)) = (rtts.get_mut(i), &reply) {
-                    *slot = Some(p.started.elapsed());
-                }
-            }
-            ProbeKind::Inspect(answers) => {
-                if let Some(slot) = answers.get_mut(i) {
-                    *slot = match reply {
-                        Some(Reply::Replica(state)) => ReplicaAnswer::State { host, state },
-                        Some(Reply::Rejected(reason)) => ReplicaAnswer::Refused { host, reason },
-                        _ => ReplicaAnswer::NoAnswer { host },
-                    };
-                }
-            }
-            ProbeKind::Ask => {
-                self.probes.remove(&id);
-                self.events.push_back(Event::Answered { id, reply });
-                return;
-            }
-        }
-        p.outstanding = p.outstanding.saturating_sub(1);
-        if p.outstanding == 0 {
-            if let Some(p) = self.probes.remove(&id) {
-                self.events.push_back(match p.kind {
-                    ProbeKind::Ping(rtts) => Event::Probed { id, rtts },
-                    ProbeKind::Inspect(replicas) => Event::Inspected { id, replicas },
-                    // Answered above, when its one reply came.
-                    ProbeKind::Ask => Event::Answered { id, reply: None },
-                });
-            }
-        }
     }
 
     /// Hands a RESPONSE to the local acquisition it is for. A grant to an acquisition
@@ -505,20 +261,19 @@ impl Behaviour {
         if resp.owner.counter <= bound {
             self.lamport.observe(resp.owner.counter);
         }
-        let Some(id) = self.by_ts.get(&resp.ts).copied() else {
+        let Some(id) = self.acquiring.id_of(&resp.ts) else {
             if resp.owner == resp.ts {
-                if let Some((_, n)) = self.finished.get(&resp.ts) {
+                if let Some(n) = self.acquiring.finished_n(&resp.ts) {
                     // With the acquisition's own n: a host refuses any other replica
                     // count (`Rejection::QuorumMismatch`), and a refused hand-back would
                     // leave the vote with nobody until its lease ran out.
-                    let n = *n;
                     let msg = ToReplica::Release { ts: resp.ts, token: 0, next: Vec::new() };
-                    self.send_to_replica(resource.to_owned(), n, index, msg, 0);
+                    self.send_to_replica(ReplicaKey::new(resource, index), n, msg, 0);
                 }
             }
             return;
         };
-        if let Some(a) = self.acquisitions.get_mut(&id) {
+        if let Some(a) = self.acquiring.get_mut(&id) {
             if a.resource == resource {
                 if let Err(e) = a.client.handle_response_from(now, usize::from(index), voter, resp) {
                     let reason = match e {
@@ -542,7 +297,7 @@ impl Behaviour {
 
     fn drain_acquisition_outputs(&mut self, id: AcquisitionId) {
         loop {
-            let Some(a) = self.acquisitions.get_mut(&id) else { return };
+            let Some(a) = self.acquiring.get_mut(&id) else { return };
             if let Some(event) = a.client.poll_event() {
                 let event = match event {
                     proto::Event::Acquired { token, votes, valid_until } => {
@@ -576,9 +331,10 @@ impl Behaviour {
                 if a.deferred.is_some() {
                     continue; // nothing was sent: nothing to send now
                 }
-                let (resource, n) = (a.resource.clone(), a.n);
-                let index = u16::try_from(index).unwrap_or(u16::MAX);
-                self.send_to_replica(resource, n, index, msg, 0);
+                let key = a.keys.get(index).cloned();
+                let key = key.unwrap_or_else(|| ReplicaKey::new(&a.resource, u16::try_from(index).unwrap_or(u16::MAX)));
+                let n = a.n;
+                self.send_to_replica(key, n, msg, 0);
                 continue;
             }
             if a.client.phase() == Phase::Released {
@@ -587,41 +343,15 @@ impl Behaviour {
                     self.counters.completed += 1;
                     self.counters.completed_messages += st.requests + st.yields + st.releases + st.responses + st.stale;
                 }
-                let ts = *a.client.ts();
-                let (resource, n) = (a.resource.clone(), a.n);
-                self.acquisitions.remove(&id);
-                // The lock's host cache expires a while after its last local
-                // acquisition: the next one of a busy lock needs no redirects.
-                let last = match self.live_locks.get_mut(&resource) {
-                    Some(c) if *c > 1 => {
-                        *c -= 1;
-                        false
-                    }
-                    _ => true,
-                };
-                if last {
-                    self.live_locks.remove(&resource);
-                    self.hosts_idle(&resource);
-                }
-                self.by_ts.remove(&ts);
-                shrink_if_sparse(&mut self.acquisitions);
-                shrink_if_sparse(&mut self.by_ts);
-                shrink_if_sparse(&mut self.live_locks);
-                shrink_if_sparse(&mut self.hosts);
-                self.finished.insert(ts, (resource, n));
-                self.finished_order.push_back(ts);
-                while self.finished_order.len() > self.config.finished_memory {
-                    if let Some(old) = self.finished_order.pop_front() {
-                        self.finished.remove(&old);
-                    }
-                }
+                let now = self.clock.now();
+                self.acquiring.finish(id, now);
             }
             return;
         }
     }
 
     pub(super) fn on_reply(&mut self, peer: PeerId, id: RequestId, reply: Reply) {
-        match self.pending.remove(&id) {
+        match self.outbox.answered(id) {
             None => {}
             Some(Sent::One(p)) => self.on_item_reply(peer, p, reply),
             Some(Sent::Batch(items)) => {
@@ -650,26 +380,29 @@ impl Behaviour {
 
     /// The reply to one message sent alone or in a batch.
     fn on_item_reply(&mut self, peer: PeerId, p: Pending, reply: Reply) {
+        let index = p.index();
         if let Some(probe) = p.probe {
-            match reply {
-                Reply::Redirect { peer: closer, addrs } if p.hops < self.config.max_redirects && closer != peer => {
+            match (reply, p.key) {
+                (Reply::Redirect { peer: closer, addrs }, Some(key))
+                    if p.hops < self.config.max_redirects && closer != peer =>
+                {
                     for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
                         self.add_address(&closer, a);
                     }
-                    self.cache_host(&p.resource, p.index, closer);
-                    self.send_survey(p.resource, p.n, p.index, probe, p.hops + 1);
+                    self.acquiring.cache_host(&key, closer);
+                    self.send_survey(key, p.n, probe, p.hops + 1);
                 }
-                Reply::Redirect { .. } => self.probe_answered(probe, p.index, peer, None),
-                reply => self.probe_answered(probe, p.index, peer, Some(reply)),
+                (Reply::Redirect { .. }, _) => self.probe_answered(probe, index, peer, None),
+                (reply, _) => self.probe_answered(probe, index, peer, Some(reply)),
             }
             return;
         }
-        let Some(msg) = p.msg else { return };
+        let (Some(msg), Some(key)) = (p.msg, p.key) else { return };
         match reply {
             Reply::Responses(responses) => {
                 for r in responses {
                     if r.ts.client == self.local {
-                        self.deliver(peer, &p.resource, p.index, r);
+                        self.deliver(peer, key.resource(), key.index(), r);
                     }
                 }
             }
@@ -678,12 +411,12 @@ impl Behaviour {
                 for a in addrs.into_iter().take(wire::MAX_REDIRECT_ADDRS) {
                     self.add_address(&closer, a);
                 }
-                self.cache_host(&p.resource, p.index, closer);
+                self.acquiring.cache_host(&key, closer);
                 if p.hops < self.config.max_redirects && closer != peer {
                     Counters::bump(&mut self.counters.messages_out, "redirected");
-                    self.send_to_replica(p.resource, p.n, p.index, msg, p.hops + 1);
+                    self.send_to_replica(key, p.n, msg, p.hops + 1);
                 } else {
-                    self.lookup(&p.resource, p.index);
+                    self.lookup(&key);
                 }
             }
             // A message refused for the budget goes again once it has refilled: nothing
@@ -691,8 +424,7 @@ impl Behaviour {
             // others only on its timers (about a second, with every waiter standing
             // still). Other refusals are left to the core.
             Reply::Rejected(Rejection::RateLimited) => {
-                let (resource, n, index, resent) = (p.resource, p.n, p.index, p.resent);
-                self.resend_later(Outgoing { resource, n, index, msg, hops: 0, resent });
+                self.resend_later(Outgoing { key, n: p.n, msg, hops: 0, resent: p.resent });
             }
             Reply::Rejected(r) => {
                 tracing::debug!(%peer, reason = r.as_str(), "sigma request rejected by peer");
@@ -701,34 +433,17 @@ impl Behaviour {
         }
     }
 
-    /// Files a refused message to go again after a backoff, unless it has gone
-    /// [`RESEND_ATTEMPTS`] times already.
+    /// Files a refused message to go again after a backoff (see the outbox), if it is
+    /// worth it.
     fn resend_later(&mut self, r: Outgoing) {
-        if !self.worth_resending(&r.msg) {
-            return;
+        if self.worth_resending(&r.msg) && self.outbox.resend_later(self.clock.now(), r, &mut self.counters) {
+            self.wake();
         }
-        if r.resent >= RESEND_ATTEMPTS {
-            self.counters.resends_abandoned += 1;
-            return;
-        }
-        if self.resends.len() >= MAX_RESENDS {
-            self.resends.pop_first();
-            self.counters.resends_abandoned += 1;
-        }
-        let wait = RESEND_FIRST.saturating_mul(1 << r.resent.min(16)).min(RESEND_MAX_WAIT);
-        let seq = self.next_resend;
-        self.next_resend += 1;
-        self.resends.insert((self.clock.now() + wait, seq), r);
-        self.wake();
     }
 
     /// Sends the refused messages whose backoff is over.
     pub(super) fn resend_due(&mut self, now: Time) {
-        while let Some(entry) = self.resends.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let mut out = entry.remove();
+        while let Some(mut out) = self.outbox.resend_due(now) {
             if self.worth_resending(&out.msg) {
                 self.counters.resent += 1;
                 out.resent += 1;
@@ -741,17 +456,12 @@ impl Behaviour {
     /// REQUEST reaching a replica that has forgotten the acquisition would queue it
     /// again, with nobody left to release it).
     fn worth_resending(&self, msg: &ToReplica<PeerId>) -> bool {
-        matches!(msg, ToReplica::Release { .. }) || self.by_ts.contains_key(msg.ts())
-    }
-
-    /// When the next refused message is due.
-    pub(super) fn next_resend_at(&self) -> Option<Time> {
-        self.resends.keys().next().map(|(t, _)| *t)
+        matches!(msg, ToReplica::Release { .. }) || self.acquiring.id_of(msg.ts()).is_some()
     }
 
     pub(super) fn on_outbound_failure(&mut self, id: RequestId, error: &OutboundFailure) {
         Counters::bump(&mut self.counters.outbound_failures, error.as_str());
-        match self.pending.remove(&id) {
+        match self.outbox.answered(id) {
             None => {}
             Some(Sent::One(p)) => self.on_item_failure(p, error),
             Some(Sent::Batch(items)) => items.into_iter().flatten().for_each(|p| self.on_item_failure(p, error)),
@@ -762,23 +472,22 @@ impl Behaviour {
     fn on_item_failure(&mut self, p: Pending, error: &OutboundFailure) {
         use OutboundFailure as F;
         if let Some(probe) = p.probe {
-            self.probe_answered(probe, p.index, p.peer, None);
+            self.probe_answered(probe, p.index(), p.peer, None);
         }
         // Timeout and ConnectionClosed mean "maybe delivered": the core's timers retry,
         // and every handler is idempotent. A host that cannot be reached is looked up
         // (a question to one peer, `ask`, names no replica). A dial this peer's own
         // connection limit refused (DialDenied) says nothing of the host: the core's
         // timers retry it, by when trimming has made room.
-        if matches!(error, F::DialFailure | F::UnsupportedProtocols) && !p.resource.is_empty() {
-            self.forget_host(&p.resource, p.index);
-            self.routable.remove(&p.peer);
-            self.lookup(&p.resource, p.index);
+        if let Some(key) = p.key.filter(|_| matches!(error, F::DialFailure | F::UnsupportedProtocols)) {
+            self.acquiring.forget_host(&key);
+            self.routing.unroute(&p.peer);
+            self.lookup(&key);
         }
     }
 
     /// Files an acquisition under its next deadline (none while deferred or gone).
     fn reindex_acquisition(&mut self, id: AcquisitionId) {
-        let at = self.acquisitions.get(&id).filter(|a| a.deferred.is_none()).and_then(|a| a.client.poll_timeout());
-        self.acquisition_due.set(&id, at);
+        self.acquiring.reindex(id);
     }
 }

@@ -12,6 +12,7 @@ use libp2p::PeerId;
 
 use crate::proto;
 
+// Up to the parent for documentation links only.
 #[cfg(doc)]
 use super::Behaviour;
 #[cfg(doc)]
@@ -355,6 +356,12 @@ impl Config {
     /// Protocol parameters.
     pub fn protocol(&self) -> &proto::Config {
         &self.proto
+    }
+    /// Test only: holds every protocol message this peer sends for a latency drawn
+    /// from `latency` (see `outbox.rs`); `None` (the default) sends at once.
+    pub fn with_message_delay(mut self, latency: Option<crate::latency::Latency>) -> Self {
+        self.message_delay = latency;
+        self
     }
 }
 

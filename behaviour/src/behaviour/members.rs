@@ -4,32 +4,23 @@
 //! trimming past the watermarks (the least recently used first, never one used within
 //! [`TRIM_GRACE`]).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use libp2p::PeerId;
+use libp2p::{request_response, PeerId};
 
-use super::{AcquisitionId, Behaviour, Counters, TRIM_GRACE};
+use super::gossip::REDIAL_BATCH;
+use super::types::Counters;
+// Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
+// methods of one role, which coordinate that role's state with the others').
+use super::Behaviour;
 use crate::membership::{Readiness, Record};
 use crate::proto::{client::Phase, Client, Time};
-use crate::wire;
+use crate::wire::{self, Rejection};
 
 #[cfg(doc)]
+use super::config::TRIM_GRACE;
+#[cfg(doc)]
 use crate::membership::Membership;
-
-/// Most gossip requests whose send time is kept (past it, a reply's transit is taken
-/// from the ping round trip instead).
-pub(super) const MAX_GOSSIP_IN_FLIGHT: usize = 4096;
-
-/// Every this many gossip rounds, one target is a member that is not connected.
-const GOSSIP_MIXING: u64 = 4;
-
-/// How often a peer that does not serve dials departed members again, and how many at
-/// a time (picked at random): a healed partition reconnects without waiting for
-/// traffic (the side that does not serve dials the other), and a peer under churn, where
-/// most departed members are dead for good, spends at most two dials a second on them.
-const REDIAL_INTERVAL: Duration = Duration::from_secs(2);
-const REDIAL_BATCH: usize = 4;
 
 impl Behaviour {
     /// Whether this peer serves replicas, and why not.
@@ -89,41 +80,31 @@ impl Behaviour {
         // the gossip, and in a large swarm on a loaded machine, where members look
         // departed whenever the gossip runs late, every serving peer redialling them made
         // hundreds of dials a second, which made the gossip later still.
-        if now >= self.next_redial && !self.membership.serving() {
+        if !self.membership.serving() && self.gossip.redial_due(now) {
             use rand::seq::IteratorRandom;
-            self.next_redial = now + REDIAL_INTERVAL;
             let departed = self.membership.departed().copied().choose_multiple(&mut self.rng, REDIAL_BATCH);
-            self.to_dial.extend(departed);
+            self.gossip.dial(departed);
         }
         let restarted = self.membership.tick(now);
         // A member departed for the whole window leaves the routing table too: Kademlia
         // itself never takes a peer out (a failed dial keeps its last address), and
         // lookups would go on trying it.
         for peer in self.membership.take_forgotten() {
-            if !self.connected.contains_key(&peer) {
+            if !self.connections.is_connected(&peer) {
                 self.leave_routing_table(peer);
                 self.counters.departed_forgotten += 1;
             }
         }
-        if restarted && !self.replicas.is_empty() {
-            self.counters.replicas_dropped_not_serving += self.replicas.len() as u64;
-            tracing::info!(dropped = self.replicas.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
-            let owned: Vec<(String, u16)> = self.replicas.keys().cloned().collect();
-            for key in &owned {
-                self.forget_ownership(key);
+        if restarted && !self.hosting.is_empty() {
+            self.counters.replicas_dropped_not_serving += self.hosting.len() as u64;
+            tracing::info!(dropped = self.hosting.len(), readiness = %self.membership.readiness(), "not serving: replicas dropped");
+            for key in self.hosting.clear() {
+                self.forget_ownership(&key);
             }
-            self.replicas = HashMap::new();
-            self.replica_due.clear();
-            self.created_by = HashMap::new();
-            self.entries_by = HashMap::new();
-            self.entries_total = 0;
         }
-        if self.membership.ready() && self.deferred > 0 {
-            self.deferred = 0;
-            let deferred: Vec<AcquisitionId> =
-                self.acquisitions.iter().filter(|(_, a)| a.deferred.is_some()).map(|(id, _)| *id).collect();
-            for id in deferred {
-                if let Some(a) = self.acquisitions.get_mut(&id) {
+        if self.membership.ready() {
+            for id in self.acquiring.take_deferred() {
+                if let Some(a) = self.acquiring.get_mut(&id) {
                     if let Some(config) = a.deferred.take() {
                         if a.client.phase() == Phase::Waiting {
                             a.client = Client::new(config, *a.client.ts(), now);
@@ -137,7 +118,7 @@ impl Behaviour {
 
     /// One gossip round: this peer's heartbeat advances and its table goes to a few
     /// random alive members, connected ones first (gossip opens no connection while
-    /// enough are open, and keeps busy those it uses); every [`GOSSIP_MIXING`] rounds
+    /// enough are open, and keeps busy those it uses); every few rounds (`Gossip::start_round`)
     /// one target is an alive member in the routing table that is not connected, so
     /// that the gossip graph is Kademlia's (connected) one and not only the set of
     /// connections of the moment. (A member known only by gossip may have no address
@@ -153,16 +134,16 @@ impl Behaviour {
             return;
         }
         self.membership.beat();
-        self.gossip_rounds += 1;
+        let mixing = self.gossip.start_round();
         let fanout = self.config.gossip_fanout;
-        let (connected, routable) = (&self.connected, &self.routable);
+        let (connections, routing) = (&self.connections, &self.routing);
         let (mut near, far): (Vec<PeerId>, Vec<PeerId>) = self
             .membership
             .alive()
-            .filter(|p| connected.contains_key(*p) || routable.contains_key(*p))
+            .filter(|p| connections.is_connected(p) || routing.is_routable(p))
             .copied()
-            .partition(|p| connected.contains_key(p));
-        let mix = usize::from(self.gossip_rounds.is_multiple_of(GOSSIP_MIXING) || near.len() < fanout);
+            .partition(|p| connections.is_connected(p));
+        let mix = usize::from(mixing || near.len() < fanout);
         let mut targets = far.into_iter().choose_multiple(&mut self.rng, mix.max(fanout.saturating_sub(near.len())));
         targets.truncate(fanout);
         let rest = fanout - targets.len();
@@ -175,9 +156,7 @@ impl Behaviour {
         for peer in targets {
             self.used(peer);
             let id = self.inner.gossip.send_request(&peer, table.clone());
-            if self.gossip_sent.len() < MAX_GOSSIP_IN_FLIGHT {
-                self.gossip_sent.insert(id, now);
-            }
+            self.gossip.sent(id, now);
         }
     }
 
@@ -191,12 +170,12 @@ impl Behaviour {
         self.membership.leave();
         let now = self.clock.now();
         self.housekeeping(now);
-        let Some(leave) = self.chain.leave() else { return 0 };
+        let Some(leave) = self.gossip.chain.leave() else { return 0 };
         let table = wire::Gossip { beats: Vec::new(), serving: false, delay_ms: None, leaves: vec![leave] };
         let targets: Vec<PeerId> = self
-            .connected
-            .keys()
-            .filter(|p| self.membership.is_alive(p) || self.routable.contains_key(*p))
+            .connections
+            .peers()
+            .filter(|p| self.membership.is_alive(p) || self.routing.is_routable(p))
             .copied()
             .collect();
         for peer in &targets {
@@ -234,7 +213,7 @@ impl Behaviour {
     pub(super) fn reachability_changed(&mut self) {
         let dialable = self.dialable();
         self.membership.set_dialable(dialable);
-        tracing::info!(dialable, externals = ?self.externals, "external addresses changed");
+        tracing::info!(dialable, externals = ?self.routing.externals(), "external addresses changed");
         let now = self.clock.now();
         self.housekeeping(now);
         self.wake();
@@ -242,9 +221,8 @@ impl Behaviour {
 
     /// `peer`'s connection was just used (not trimmed for a while).
     pub(super) fn used(&mut self, peer: PeerId) {
-        if let Some(t) = self.last_used.get_mut(&peer) {
-            *t = self.clock.now();
-        }
+        let now = self.clock.now();
+        self.connections.used(peer, now);
     }
 
     /// Past the high watermark, the least recently used peers not used within
@@ -252,27 +230,11 @@ impl Behaviour {
     /// few dozen connections cost little to sort, and a dial refused at the limit costs
     /// a retry).
     fn trim_connections(&mut self, now: Time) {
-        let Some((high, low)) = self.config.connection_watermarks else { return };
-        let open = self.connected.len().saturating_sub(self.trimming.len());
-        self.trim_active = (self.trim_active || open > high) && open > low;
-        if !self.trim_active {
-            return;
-        }
-        let mut idle: Vec<(Time, PeerId)> = self
-            .last_used
-            .iter()
-            .filter(|(p, t)| now.saturating_sub(**t) >= TRIM_GRACE && !self.trimming.contains(*p))
-            .map(|(p, t)| (*t, *p))
-            .collect();
-        idle.sort_unstable();
-        let excess = self.connected.len().saturating_sub(low + self.trimming.len());
-        for (_, peer) in idle.into_iter().take(excess) {
-            self.counters.connections_trimmed += 1;
-            self.trimming.insert(peer);
-            self.to_trim.push_back(peer);
-        }
-        if !self.to_trim.is_empty() {
-            self.wake();
+        if let Some(queued) = self.connections.trim(now, self.config.connection_watermarks) {
+            self.counters.connections_trimmed += queued as u64;
+            if self.connections.trims_waiting() {
+                self.wake();
+            }
         }
     }
 
@@ -282,7 +244,7 @@ impl Behaviour {
     pub(super) fn gossip_table(&mut self, now: Time, reply_to: Option<u64>) -> wire::Gossip {
         let own = self.membership.own_beat();
         let own_delay = self.membership.own_delay();
-        let own_proof = self.chain.proof(own.1);
+        let own_proof = self.gossip.chain.proof(own.1);
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let beats = std::iter::once((self.local, own, Duration::ZERO, Some(own_delay), own_proof.as_ref()))
             .chain(self.membership.beats(now, reply_to))
@@ -318,7 +280,7 @@ impl Behaviour {
             Counters::bump(&mut self.counters.inbound_failures, "gossip_oversized");
             return;
         }
-        if !self.routable.contains_key(&peer) && !self.membership.is_alive(&peer) {
+        if !self.routing.is_routable(&peer) && !self.membership.is_alive(&peer) {
             Counters::bump(&mut self.counters.inbound_failures, "gossip_not_member");
             return;
         }
@@ -366,5 +328,44 @@ impl Behaviour {
             }
         }
         self.housekeeping(now);
+    }
+
+    /// An event of the gossip's request-response: a table to merge and answer, the
+    /// answer to ours, a failure.
+    pub(super) fn on_gossip(&mut self, event: request_response::Event<wire::Gossip, wire::Gossip>) {
+        match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request { request, channel, .. } => {
+                    if !self.take_token(peer) {
+                        Counters::bump(&mut self.counters.rejected, Rejection::RateLimited.as_str());
+                        return;
+                    }
+                    let exchange = self.membership.next_exchange();
+                    // Its transit is not known here: the connection's last ping round
+                    // trip stands for it (the liveness ping timeout if none yet).
+                    let transit = self.connections.rtt(&peer).unwrap_or(self.config.ping_timeout);
+                    self.merge_gossip(peer, request, Some(exchange), transit);
+                    let now = self.clock.now();
+                    let table = self.gossip_table(now, Some(exchange));
+                    let _ = self.inner.gossip.send_response(channel, table);
+                }
+                request_response::Message::Response { request_id, response } => {
+                    // The round trip bounds the reply's transit and the wait before it.
+                    let transit = match self.gossip.answered(&request_id) {
+                        Some(sent) => self.clock.now().saturating_sub(sent),
+                        None => self.connections.rtt(&peer).unwrap_or(self.config.ping_timeout),
+                    };
+                    self.merge_gossip(peer, response, None, transit);
+                }
+            },
+            request_response::Event::InboundFailure { .. } => {
+                Counters::bump(&mut self.counters.inbound_failures, "gossip");
+            }
+            request_response::Event::OutboundFailure { request_id, .. } => {
+                self.gossip.answered(&request_id);
+                Counters::bump(&mut self.counters.outbound_failures, "gossip");
+            }
+            request_response::Event::ResponseSent { .. } => {}
+        }
     }
 }

@@ -2,11 +2,11 @@
 //!
 //! Thin glue around the sans-IO core ([`crate::proto`]): it composes
 //! `kad::Behaviour` (replica placement) with [`link::Behaviour`] (the wire,
-//! [`crate::wire`], on one long-lived stream per connection and direction), maps libp2p ids and events to core inputs, drives one
-//! timer from the core's next deadline, and turns core outputs into requests and
-//! replies.
+//! [`crate::wire`], on one long-lived stream per connection and direction), maps libp2p
+//! ids and events to core inputs, drives one timer from the core's next deadline, and
+//! turns core outputs into requests and replies.
 //!
-//! Replica `i` of resource `R` is named `"R:i"` and hosted by the peer XOR-closest to
+//! Replica `i` of resource `R` is named `"R:{i+1}"` and hosted by the peer XOR-closest to
 //! the SHA-256 of that name (`kad::KBucketKey`). A peer serves a replica only while no
 //! *connected* peer is closer to its key (otherwise it answers with a redirect), and
 //! only after a Kademlia lookup of the key found no closer peer either, looked up again
@@ -19,21 +19,29 @@
 //! it, and correct it on a redirect or, after a failed dial, with a Kademlia
 //! `get_closest_peers` lookup. Replicas hosted by the local peer take no network hop.
 //!
-//! The code is split by role, each file with its own `impl Behaviour` block:
-//! - `config.rs`: [`Config`], [`Admin`], [`BootClock`] and the defaults;
-//! - `types.rs`: the public ids, events, errors and metrics;
-//! - `placement.rs`: the routing table, the host of a key, lookups, ownership checks;
-//! - `host.rs`: serving the hosted replicas (inbound requests and batches, quotas);
-//! - `client.rs`: this peer's acquisitions and probes (the outbox, replies, failures);
-//! - `members.rs`: membership housekeeping, the gossip, connection trimming;
-//! - `util.rs`: the clock, the deadline index, shrinking maps;
-//! - `link.rs`: the transport (framed, pipelined requests and replies on long-lived
-//!   streams);
-//! - here: [`Behaviour`] and its constructor, the composition with Kademlia, the
-//!   transport, ping and the gossip's request-response ([`Inner`]), the dispatch of their events, and the one
-//!   timer.
+//! Each role owns its state in a struct of its own, whose methods take `now` and give
+//! back what is due (rust-libp2p's kad and quinn-proto's `Connection` have this shape):
+//! - `hosting.rs`: `Hosting`, the hosted replicas, their quotas and request budgets;
+//! - `acquiring.rs`: `Acquiring`, this peer's acquisitions and their locks' hosts;
+//! - `outbox.rs`: `Outbox`, what goes out (batches, replies awaited, resends, the
+//!   test-only delay);
+//! - `ownership.rs`: `Ownerships`, ownership verdicts, their lookups, parked requests;
+//! - `routing.rs`: `Routing`, the routing table, addresses, bootstraps, the neighbourhood;
+//! - `connections.rs`: `Connections`, open connections, ping round trips, trimming;
+//! - `gossip.rs`: `Gossip`, the gossip's bookkeeping and the redials;
+//! - `key.rs`: `ReplicaKey`, a replica's name, index and Kademlia key, built once.
+//!
+//! The roles meet in `impl Behaviour` blocks, one file per side: `host.rs` (inbound
+//! requests), `client.rs` (acquire, release, replies), `probe.rs` (probe, inspect, ask),
+//! `placement.rs` (the host of a key, hand-over, ownership decisions), `routing.rs`
+//! (driving Kademlia), `members.rs` (housekeeping, the gossip rounds). Beside them:
+//! `config.rs` ([`Config`], [`Admin`], [`BootClock`], the defaults), `types.rs` (the
+//! public ids, events, errors and metrics), `inner.rs` (the composed [`Inner`]),
+//! `util.rs` (the clock, the deadline index), [`link`] (the transport). Here:
+//! [`Behaviour`] and its constructor, the `NetworkBehaviour` impl that dispatches each
+//! inner event to its role, the poll, and the one timer.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -45,7 +53,7 @@ use libp2p::core::transport::PortUse;
 use libp2p::core::Endpoint;
 use libp2p::kad::{self, store::MemoryStore, KBucketKey};
 use libp2p::ping;
-use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::request_response;
 use libp2p::swarm::{
     CloseConnection, ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, THandler, THandlerInEvent,
     THandlerOutEvent, ToSwarm,
@@ -54,92 +62,52 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::time::Sleep;
 
 use crate::membership::Membership;
-use crate::proto::{LamportClock, Time, Timestamp};
-use crate::wire::{self, Rejection, Request};
+use crate::proto::{LamportClock, Time};
+use crate::wire;
 
+mod acquiring;
 mod client;
 mod config;
-mod delay;
+mod connections;
+mod gossip;
 mod host;
+mod hosting;
+mod inner;
+mod key;
 pub mod link;
 mod members;
+mod outbox;
+mod ownership;
 mod placement;
+mod probe;
+mod routing;
 mod types;
 mod util;
 
 pub use config::{
     Admin, BootClock, Config, DEFAULT_GOSSIP_FANOUT, DEFAULT_GOSSIP_INTERVAL, DEFAULT_GOSSIP_LIVENESS,
     DEFAULT_IDLE_HOSTS_TTL, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_ENTRIES_PER_PEER,
-    DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT, KAD_REFRESH, TRIM_GRACE,
+    DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT,
 };
+pub use inner::{kad_protocol, Inner, InnerEvent, KAD_PROTOCOL};
 pub use types::{
     AcquireError, AcquisitionId, AcquisitionInfo, Counters, Event, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals,
     StateSizes,
 };
 
-use client::{Acquisition, Pending, Probe, Sent};
+use acquiring::Acquiring;
+#[cfg(doc)]
+use config::DEFAULT_OWNERSHIP_TTL;
 use config::MAX_TIMER;
-#[cfg(doc)]
-use config::{DEFAULT_OWNERSHIP_TTL, MAX_IDLE_HOSTS};
-use host::InboundBatch;
-#[cfg(doc)]
-use placement::MAX_OWNERSHIP_CHECKS;
-use placement::{Neighbourhood, Ownership};
-use util::{shrink_if_sparse, Clock, DeadlineIndex};
-
-/// Confirmed external addresses tracked at most.
-const MAX_EXTERNALS: usize = 32;
-
-/// The inner behaviours, composed by the derive macro.
-#[derive(NetworkBehaviour)]
-#[behaviour(to_swarm = "InnerEvent")]
-pub struct Inner {
-    /// Replica placement.
-    pub kad: kad::Behaviour<MemoryStore>,
-    /// The sigma wire.
-    pub link: link::Behaviour,
-    /// Liveness: a connection whose ping fails is closed.
-    pub ping: ping::Behaviour,
-    /// Membership gossip: heartbeats.
-    pub gossip: request_response::Behaviour<request_response::cbor::codec::Codec<wire::Gossip, wire::Gossip>>,
-}
-
-/// Events of [`Inner`].
-#[derive(Debug)]
-pub enum InnerEvent {
-    /// From Kademlia.
-    Kad(kad::Event),
-    /// From the sigma wire.
-    Link(link::Event),
-    /// From ping.
-    Ping(ping::Event),
-    /// From the membership gossip.
-    Gossip(request_response::Event<wire::Gossip, wire::Gossip>),
-}
-
-impl From<request_response::Event<wire::Gossip, wire::Gossip>> for InnerEvent {
-    fn from(e: request_response::Event<wire::Gossip, wire::Gossip>) -> Self {
-        InnerEvent::Gossip(e)
-    }
-}
-
-impl From<ping::Event> for InnerEvent {
-    fn from(e: ping::Event) -> Self {
-        InnerEvent::Ping(e)
-    }
-}
-
-impl From<kad::Event> for InnerEvent {
-    fn from(e: kad::Event) -> Self {
-        InnerEvent::Kad(e)
-    }
-}
-
-impl From<link::Event> for InnerEvent {
-    fn from(e: link::Event) -> Self {
-        InnerEvent::Link(e)
-    }
-}
+use connections::Connections;
+use gossip::Gossip;
+use hosting::{Filed, Hosting};
+use key::ReplicaKey;
+use outbox::{Held, Outbox};
+use ownership::Ownerships;
+use probe::Probe;
+use routing::Routing;
+use util::Clock;
 
 /// The Sigma network behaviour.
 pub struct Behaviour {
@@ -149,137 +117,34 @@ pub struct Behaviour {
     config: Config,
     clock: Clock,
     lamport: LamportClock,
-    /// Peers with at least one open connection: the "live" peers of ownership checks.
-    connected: HashMap<PeerId, usize>,
-    /// The last liveness-ping round trip to each connected peer: the transit time added
-    /// to the ages of the heartbeats its gossip requests carry.
-    ping_rtt: HashMap<PeerId, Duration>,
-    /// When each gossip request in flight was sent: the round trip added to the ages
-    /// in its reply (at most `members::MAX_GOSSIP_IN_FLIGHT`; removed on its reply or
-    /// failure).
-    gossip_sent: HashMap<request_response::OutboundRequestId, Time>,
-    /// Peers Kademlia put in its routing table (client-side host estimates), with
-    /// their Kademlia keys (the SHA-256 of the id, compared with every key placed).
-    routable: HashMap<PeerId, KBucketKey<PeerId>>,
-    /// The swarm's confirmed external addresses (at most [`MAX_EXTERNALS`]).
-    externals: Vec<Multiaddr>,
-    /// When each connected peer was last used by sigma (connection trimming).
-    last_used: HashMap<PeerId, Time>,
-    /// Peers whose connections are to be closed (trimmed), and those asked to close
-    /// and not yet disconnected (a subset of the connected peers).
-    to_trim: VecDeque<PeerId>,
-    trimming: HashSet<PeerId>,
-    /// Past the high watermark: trimming goes on until the low one is reached, even
-    /// when a pass found fewer idle peers than it needed.
-    trim_active: bool,
-    /// Gossip rounds so far (every few, one target is a member not connected).
-    gossip_rounds: u64,
-    /// Addresses of peers left out of a full k-bucket, oldest first
-    /// ([`Behaviour::remember_address`]).
-    extra_addrs: HashMap<PeerId, Vec<Multiaddr>>,
-    extra_order: VecDeque<PeerId>,
-    /// The last bootstrap started through [`Behaviour::bootstrap`].
-    bootstrap_query: Option<kad::QueryId>,
-    /// When Kademlia's buckets were last refreshed (a bootstrap let run past its
-    /// self-lookup), or this peer joined; and the bootstraps being cut to their
-    /// self-lookup ([`Behaviour::cut_bootstrap`]).
-    buckets_refreshed: Option<Time>,
-    cut_bootstraps: HashSet<kad::QueryId>,
-    /// The hosted replicas, each with its creator and entry counts.
-    replicas: HashMap<(String, u16), host::Hosted>,
-    /// When each hosted replica next has work (a timer, or becoming disposable): an
-    /// event costs O(log n), not a walk over every replica.
-    replica_due: DeadlineIndex<(String, u16)>,
-    acquisitions: HashMap<AcquisitionId, Acquisition>,
-    /// The same for the acquisitions' timers.
-    acquisition_due: DeadlineIndex<AcquisitionId>,
-    by_ts: HashMap<Timestamp<PeerId>, AcquisitionId>,
-    /// Recently finished acquisitions, their lock name and replica count: a late grant
-    /// to one of them is handed back with a RELEASE.
-    finished: HashMap<Timestamp<PeerId>, (String, u16)>,
-    finished_order: VecDeque<Timestamp<PeerId>>,
-    /// Host of each replica as last known (slot `index` of the lock's entry), for locks
-    /// with a live local acquisition, and for a while after
-    /// ([`Config::with_idle_hosts_ttl`], at most [`MAX_IDLE_HOSTS`] idle slots). Per lock:
-    /// an acquisition that starts or ends files or takes out one entry, not n.
-    hosts: HashMap<String, Vec<Option<PeerId>>>,
-    /// Expiry of the cached hosts of locks without a live local acquisition.
-    idle_hosts: DeadlineIndex<String>,
-    /// Slots of the locks filed in `idle_hosts`.
-    idle_slots: usize,
-    /// Live local acquisitions per lock name.
-    live_locks: HashMap<String, usize>,
-    /// How many hosted replicas each remote peer's request created (each replica
-    /// names its creator).
-    created_by: HashMap<PeerId, usize>,
-    /// The remote peers' entries (owner or waiter) in all hosted replicas, as each
-    /// replica last counted them: the queue-entry quotas.
-    entries_by: HashMap<PeerId, usize>,
-    entries_total: usize,
-    /// Request budget per connected peer: (tokens, last refill).
-    buckets: HashMap<PeerId, (f64, Time)>,
-    pending: HashMap<link::RequestId, Sent>,
-    /// Messages for other peers from the current step, sent (one transport request per
-    /// peer, batched) before the behaviour next waits: drained on every poll.
-    outbox: HashMap<PeerId, Vec<(Request, Option<Pending>)>>,
-    outbox_order: Vec<PeerId>,
-    /// This peer's client's messages to the replicas it hosts, served after the step's
-    /// messages for other peers have left (drained on every poll).
-    local_inbox: VecDeque<client::Outgoing>,
-    /// Client messages refused for the request budget, by when they go again (at most
-    /// [`client::MAX_RESENDS`]).
-    resends: BTreeMap<(Time, u64), client::Outgoing>,
-    next_resend: u64,
-    /// The outbox was flushed since the poll last yielded: local messages wait one
-    /// yield, so the connections write first.
-    flushed: bool,
-    /// Inbound batches waiting for some items' ownership lookups: bounded by the
-    /// lookups and the requests each may park.
-    inbound_batches: HashMap<u64, InboundBatch>,
-    next_batch: u64,
-    lookups: HashMap<kad::QueryId, (String, u16)>,
-    /// Keys this peer would host, checked (or being checked) with a Kademlia lookup;
-    /// bounded by the hosted replicas plus [`MAX_OWNERSHIP_CHECKS`].
-    ownership: HashMap<(String, u16), Ownership>,
-    /// When each entry next needs work: a running lookup's deadline, a recheck.
-    ownership_due: DeadlineIndex<(String, u16)>,
-    /// The peers closest to this one as the last self-lookup found them: a key much
-    /// closer to this peer than they are needs no lookup of its own.
-    neighbourhood: Option<Neighbourhood>,
-    /// The self-lookup running for it, and what for (its requests are counted so).
-    neighbourhood_query: Option<(kad::QueryId, &'static str)>,
-    /// Peers whose dial failed while the self-lookup ran (at most
-    /// `MAX_UNREACHED`): its failures that a departed peer explains.
-    neighbourhood_unreached: Vec<PeerId>,
-    /// The ownership lookups in flight.
-    checks: HashMap<kad::QueryId, (String, u16)>,
+    /// Open connections, and the ones to close.
+    connections: Connections,
+    /// The routing table as seen here, addresses, bootstraps, the neighbourhood.
+    routing: Routing,
+    /// The hosted replicas and what remote peers may cost.
+    hosting: Hosting,
+    /// This peer's acquisitions, the finished ones and the cached hosts of their locks.
+    acquiring: Acquiring,
+    /// What this peer sends, on its way out (with the test-only delay).
+    outbox: Outbox,
+    /// The Kademlia lookups of replica hosts in flight (a client's, after a failure).
+    lookups: HashMap<kad::QueryId, ReplicaKey>,
+    /// Whether this peer may serve each key it would host, and the lookups deciding it.
+    ownerships: Ownerships,
     probes: HashMap<ProbeId, Probe>,
     events: VecDeque<Event>,
     timer: Option<(Time, Pin<Box<Sleep>>)>,
     waker: Option<Waker>,
     counters: Counters,
     membership: Membership,
-    /// This peer's own heartbeat proofs ([`crate::liveness`]).
-    chain: crate::liveness::Chain,
-    /// Connections whose liveness ping failed, to close.
-    to_close: VecDeque<(PeerId, ConnectionId)>,
-    /// Departed members to dial again (a healed partition reconnects by itself).
-    to_dial: VecDeque<PeerId>,
-    next_redial: Time,
+    /// The gossip's bookkeeping: heartbeat proofs, requests in flight, rounds, redials.
+    gossip: Gossip,
     next_relax: Time,
-    /// When the next gossip round is due.
-    next_gossip: Time,
     /// Picks gossip targets (seeded from the peer id and the start time).
     rng: rand_chacha::ChaCha8Rng,
-    /// Messages held by the test-only delay ([`Config::with_message_delay`]).
-    delayed: delay::DelayQueue,
-    /// Acquisitions started while joining (their start is deferred) since last ready.
-    deferred: usize,
     /// Frames the codec refused (shared with every connection's codec).
     codec_stats: Arc<wire::CodecStats>,
     next_id: u64,
-    /// The Kademlia key of the replica last asked about ([`Behaviour::replica_key`]).
-    key_memo: std::cell::RefCell<Option<placement::KeyMemo>>,
 }
 
 impl Behaviour {
@@ -289,47 +154,8 @@ impl Behaviour {
     /// swarm stay empty).
     pub fn new(key: &libp2p::identity::Keypair, config: Config) -> Self {
         let local = key.public().to_peer_id();
-        // Our own Kademlia protocol: sigma peers form their own DHT and never join another
-        // network's by accident.
-        let mut kad_config = kad::Config::new(kad_protocol(config.proto.n()));
-        // Peers enter the routing table through `add_address` only, and not when their
-        // bucket is full: Kademlia's own insertion then dials the bucket's least recently
-        // seen disconnected peer to test it, and with bounded connections most entries
-        // are disconnected, so every new connection set off another dial (a chain
-        // reaction of ~20 dials per peer per second in a 100-peer swarm at 64
-        // connections). A full bucket keeps its old peers, as in Kademlia, except a
-        // departed one, which yields its place to a connected newcomer (`make_room_for`).
-        kad_config.set_kbucket_inserts(kad::BucketInserts::Manual);
-        // Kademlia's own bucket refresh (a bootstrap: one lookup per bucket, ~370
-        // requests in a 300-peer swarm) every 30 minutes instead of 5: the drivers' own
-        // self-lookups (every 5 minutes once joined) keep the neighbourhood fresh, and the
-        // lookups of placement fill the far buckets. Every 5 minutes it was most of a
-        // large swarm's traffic (ARCHITECTURE.md, "Bounded connections").
-        kad_config.set_periodic_bootstrap_interval(Some(KAD_REFRESH));
-        let mut kad = kad::Behaviour::with_config(local, MemoryStore::new(local), kad_config);
-        // With an external address required, Kademlia's own rule: server mode while the
-        // swarm has a confirmed external address, client mode (not in other peers'
-        // routing tables) without.
-        kad.set_mode((!config.external_address_required).then_some(kad::Mode::Server));
         let codec_stats = Arc::new(wire::CodecStats::default());
-        let link = link::Behaviour::new(
-            link::Config {
-                request_timeout: config.request_timeout,
-                max_inbound: config.max_concurrent_streams,
-                ..link::Config::default()
-            },
-            codec_stats.clone(),
-        );
-        let ping = ping::Behaviour::new(
-            ping::Config::new().with_interval(config.ping_interval).with_timeout(config.ping_timeout),
-        );
-        let gossip = request_response::Behaviour::with_codec(
-            request_response::cbor::codec::Codec::default()
-                .set_request_size_maximum(wire::MAX_GOSSIP_BYTES)
-                .set_response_size_maximum(wire::MAX_GOSSIP_BYTES),
-            [(wire::GOSSIP_PROTOCOL, ProtocolSupport::Full)],
-            request_response::Config::default().with_request_timeout(config.gossip_liveness),
-        );
+        let inner = Inner::new(local, &config, codec_stats.clone());
         // A stall is what other peers may take for death: the shorter of the two ways.
         let stall = (config.ping_interval + config.ping_timeout).min(config.gossip_liveness);
         // The incarnation: a restarted peer's heartbeats must rank above its old ones.
@@ -343,70 +169,38 @@ impl Behaviour {
         }
         membership.set_dialable(!config.external_address_required);
         let clock = Clock::new(config.boot_clock.clone());
+        let hosting_limits = hosting::Limits {
+            proto: config.proto.clone(),
+            max_replicas: config.max_replicas,
+            max_replicas_per_peer: config.max_replicas_per_peer,
+            max_entries: config.max_entries,
+            max_entries_per_peer: config.max_entries_per_peer,
+            peer_rate: config.peer_rate,
+        };
+        let outbox = Outbox::new(config.message_delay);
+        let acquiring = Acquiring::new(config.finished_memory, config.idle_hosts_ttl);
         Behaviour {
-            inner: Inner { kad, link, ping, gossip },
+            inner,
             local,
             local_key: KBucketKey::from(local),
             config,
             clock,
             lamport: LamportClock::new(),
-            connected: HashMap::new(),
-            ping_rtt: HashMap::new(),
-            gossip_sent: HashMap::new(),
-            routable: HashMap::new(),
-            externals: Vec::new(),
-            last_used: HashMap::new(),
-            to_trim: VecDeque::new(),
-            trimming: HashSet::new(),
-            trim_active: false,
-            gossip_rounds: 0,
-            bootstrap_query: None,
-            buckets_refreshed: None,
-            cut_bootstraps: HashSet::new(),
-            extra_addrs: HashMap::new(),
-            extra_order: VecDeque::new(),
-            replicas: HashMap::new(),
-            replica_due: DeadlineIndex::default(),
-            acquisitions: HashMap::new(),
-            acquisition_due: DeadlineIndex::default(),
-            by_ts: HashMap::new(),
-            finished: HashMap::new(),
-            finished_order: VecDeque::new(),
-            hosts: HashMap::new(),
-            idle_hosts: DeadlineIndex::default(),
-            idle_slots: 0,
-            live_locks: HashMap::new(),
-            created_by: HashMap::new(),
-            entries_by: HashMap::new(),
-            entries_total: 0,
-            buckets: HashMap::new(),
-            pending: HashMap::new(),
-            outbox: HashMap::new(),
-            outbox_order: Vec::new(),
-            local_inbox: VecDeque::new(),
-            resends: BTreeMap::new(),
-            next_resend: 0,
-            flushed: false,
-            inbound_batches: HashMap::new(),
-            next_batch: 0,
+            connections: Connections::default(),
+            routing: Routing::default(),
+            hosting: Hosting::new(local, hosting_limits),
+            acquiring,
+            outbox,
             lookups: HashMap::new(),
-            ownership: HashMap::new(),
-            ownership_due: DeadlineIndex::default(),
-            neighbourhood: None,
-            neighbourhood_query: None,
-            checks: HashMap::new(),
+            ownerships: Ownerships::default(),
             probes: HashMap::new(),
             events: VecDeque::new(),
             timer: None,
             waker: None,
             counters: Counters::default(),
             membership,
-            chain,
-            to_close: VecDeque::new(),
-            to_dial: VecDeque::new(),
-            next_redial: Duration::ZERO,
+            gossip: Gossip::new(chain),
             next_relax: Duration::ZERO,
-            next_gossip: Duration::ZERO,
             rng: {
                 use rand::SeedableRng;
                 let mut seed = [0u8; 32];
@@ -415,12 +209,8 @@ impl Behaviour {
                 }
                 rand_chacha::ChaCha8Rng::from_seed(seed)
             },
-            delayed: delay::DelayQueue::default(),
-            deferred: 0,
             codec_stats,
             next_id: 0,
-            key_memo: std::cell::RefCell::new(None),
-            neighbourhood_unreached: Vec::new(),
         }
     }
 
@@ -453,14 +243,14 @@ impl Behaviour {
     /// Sizes of the per-lock and per-peer state.
     pub fn state_sizes(&self) -> StateSizes {
         StateSizes {
-            replicas: self.replicas.len(),
-            acquisitions: self.acquisitions.len(),
-            hosts: self.hosts.values().map(|slots| slots.iter().flatten().count()).sum(),
-            finished: self.finished.len(),
-            pending: self.pending.len(),
+            replicas: self.hosting.len(),
+            acquisitions: self.acquiring.len(),
+            hosts: self.acquiring.hosts_len(),
+            finished: self.acquiring.finished_len(),
+            pending: self.outbox.pending_len(),
             lookups: self.lookups.len(),
-            entries: self.entries_total,
-            ownership: self.ownership.len(),
+            entries: self.hosting.entries(),
+            ownership: self.ownerships.len(),
         }
     }
 
@@ -493,9 +283,9 @@ impl Behaviour {
                 // Kademlia evicts only for a connected peer it inserts itself, which
                 // `BucketInserts::Manual` never does; an eviction still leaves here.
                 if let Some(old) = old_peer {
-                    self.routable.remove(&old);
+                    self.routing.unroute(&old);
                 }
-                if self.route(peer) {
+                if self.routing.route(peer) {
                     self.hand_over(peer);
                 }
             }
@@ -504,135 +294,24 @@ impl Behaviour {
                 result: kad::QueryResult::GetClosestPeers(result),
                 step,
                 stats,
-            }) => {
-                let purpose = if let Some((_, purpose)) = self.neighbourhood_query.filter(|(q, _)| *q == id) {
-                    purpose
-                } else if self.checks.contains_key(&id) {
-                    "ownership"
-                } else if self.lookups.contains_key(&id) {
-                    "host"
-                } else {
-                    "other"
-                };
-                *self.counters.kad_requests.entry(purpose).or_default() += u64::from(stats.num_requests());
-                if !step.last {
-                    return;
-                }
-                let complete = result.is_ok();
-                let peers = match result {
-                    Ok(ok) => ok.peers,
-                    Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
-                };
-                if self.neighbourhood_query.is_some_and(|(q, _)| q == id) {
-                    self.neighbourhood_query = None;
-                    // Only a lookup that finished counts (a timed-out one may have
-                    // missed closer peers), and one that found fewer than k peers only
-                    // if every peer it asked answered but departed ones
-                    // (`found_every_peer`).
-                    let found: Vec<KBucketKey<PeerId>> =
-                        peers.iter().filter(|i| i.peer_id != self.local).map(|i| KBucketKey::from(i.peer_id)).collect();
-                    let unreached = std::mem::take(&mut self.neighbourhood_unreached);
-                    let departed = unreached.iter().filter(|p| !self.membership.is_alive(p)).count();
-                    if complete && placement::found_every_peer(found.len(), stats.num_failures(), departed) {
-                        let radius = (found.len() >= kad::K_VALUE.get())
-                            .then(|| found.iter().map(|p| p.distance(&self.local_key)).max())
-                            .flatten();
-                        self.neighbourhood = Some(Neighbourhood { peers: found, radius, at: self.clock.now() });
-                    } else {
-                        self.counters.self_lookups_incomplete += 1;
-                    }
-                }
-                for info in &peers {
-                    for a in &info.addrs {
-                        self.add_address(&info.peer_id, a.clone());
-                    }
-                }
-                if let Some(key) = self.checks.remove(&id) {
-                    shrink_if_sparse(&mut self.checks);
-                    self.ownership_checked(key, &peers);
-                    return;
-                }
-                let Some((resource, index)) = self.lookups.remove(&id) else { return };
-                let key = Self::key(&resource, index);
-                let best = peers
-                    .iter()
-                    .map(|i| i.peer_id)
-                    .chain(self.dialable().then_some(self.local))
-                    .map(|p| (KBucketKey::from(p).distance(&key), p))
-                    .min()
-                    .map_or(self.local, |(_, p)| p);
-                self.cache_host(&resource, index, best);
-            }
-            // The first step of a bootstrap to succeed (its self-lookup, usually) joins:
-            // this peer's neighbourhood knows it and it knows its neighbourhood. The
-            // refresh of farther buckets that follows is not waited for (it may take
-            // long in a busy swarm, and a step that times out fails the whole bootstrap).
+            }) => self.on_closest_peers(id, result, step, stats),
             InnerEvent::Kad(kad::Event::OutboundQueryProgressed {
                 id,
                 result: kad::QueryResult::Bootstrap(result),
                 step,
                 stats,
-            }) => {
-                *self.counters.kad_requests.entry("bootstrap").or_default() += u64::from(stats.num_requests());
-                let was_ready = self.membership.ready();
-                if result.is_ok() {
-                    self.membership.bootstrapped();
-                    let now = self.clock.now();
-                    if !was_ready && self.membership.ready() {
-                        tracing::info!("joined the swarm: ready");
-                        self.housekeeping(now);
-                    } else if self.membership.needs_voucher() {
-                        // Joined through a serving peer only: ask the peers just met now
-                        // (their answers say whether they serve) rather than a round later.
-                        self.gossip_round(now);
-                    }
-                }
-                self.cut_bootstrap(id, step, was_ready);
-            }
+            }) => self.on_bootstrap(id, result.is_ok(), step, stats),
             InnerEvent::Kad(_) => {}
-            InnerEvent::Gossip(request_response::Event::Message { peer, message, .. }) => match message {
-                request_response::Message::Request { request, channel, .. } => {
-                    if !self.take_token(peer) {
-                        Counters::bump(&mut self.counters.rejected, Rejection::RateLimited.as_str());
-                        return;
-                    }
-                    let exchange = self.membership.next_exchange();
-                    // Its transit is not known here: the connection's last ping round
-                    // trip stands for it (the liveness ping timeout if none yet).
-                    let transit = self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout);
-                    self.merge_gossip(peer, request, Some(exchange), transit);
-                    let now = self.clock.now();
-                    let table = self.gossip_table(now, Some(exchange));
-                    let _ = self.inner.gossip.send_response(channel, table);
-                }
-                request_response::Message::Response { request_id, response } => {
-                    // The round trip bounds the reply's transit and the wait before it.
-                    let transit = match self.gossip_sent.remove(&request_id) {
-                        Some(sent) => self.clock.now().saturating_sub(sent),
-                        None => self.ping_rtt.get(&peer).copied().unwrap_or(self.config.ping_timeout),
-                    };
-                    self.merge_gossip(peer, response, None, transit);
-                }
-            },
-            InnerEvent::Gossip(request_response::Event::InboundFailure { .. }) => {
-                Counters::bump(&mut self.counters.inbound_failures, "gossip");
-            }
-            InnerEvent::Gossip(request_response::Event::OutboundFailure { request_id, .. }) => {
-                self.gossip_sent.remove(&request_id);
-                Counters::bump(&mut self.counters.outbound_failures, "gossip");
-            }
-            InnerEvent::Gossip(request_response::Event::ResponseSent { .. }) => {}
+            InnerEvent::Gossip(event) => self.on_gossip(event),
             // A peer that does not speak ping (a light client, a probe) is not judged.
             InnerEvent::Ping(ping::Event { result: Err(ping::Failure::Unsupported), .. }) => {}
             InnerEvent::Ping(ping::Event { peer, connection, result: Err(error) }) => {
                 tracing::debug!(%peer, %error, "liveness ping failed: closing the connection");
                 self.counters.ping_failures += 1;
-                self.to_close.push_back((peer, connection));
+                self.connections.ping_failed(peer, connection);
             }
             InnerEvent::Ping(ping::Event { peer, result: Ok(rtt), .. }) => {
-                if self.connected.contains_key(&peer) {
-                    self.ping_rtt.insert(peer, rtt);
-                }
+                self.connections.ping_rtt(peer, rtt);
             }
         }
     }
@@ -642,64 +321,66 @@ impl Behaviour {
         self.release_held(now);
         self.resend_due(now);
         // Collected first: a replica re-filed at `now` waits for the next pass.
-        for key in self.replica_due.due(now) {
-            let mut outputs = Vec::new();
-            if let Some(r) = self.replicas.get_mut(&key).map(|h| &mut h.replica) {
-                r.handle_timeout(now);
-                while let Some(out) = r.poll_transmit() {
-                    outputs.push(out);
-                }
+        for key in self.hosting.due(now) {
+            let (outputs, filed) = self.hosting.timeout(&key, now, &mut self.counters);
+            if filed == Filed::Evicted {
+                self.forget_ownership(&key);
             }
-            self.reindex_replica(&key, now);
             for (to, resp) in outputs {
-                self.notify(to, &key.0, key.1, resp);
+                self.notify(to, &key, resp);
             }
         }
-        for id in self.acquisition_due.due(now) {
-            if let Some(a) = self.acquisitions.get_mut(&id) {
+        for id in self.acquiring.due(now) {
+            if let Some(a) = self.acquiring.get_mut(&id) {
                 a.client.handle_timeout(now);
             }
             self.drain_acquisition(id);
         }
-        for key in self.ownership_due.due(now) {
+        for key in self.ownerships.due(now) {
             self.ownership_due(key, now);
         }
-        for lock in self.idle_hosts.due(now) {
-            self.forget_idle_hosts(lock);
-        }
-        if now >= self.next_gossip {
-            self.next_gossip = now + self.config.gossip_interval;
+        self.acquiring.expire_idle_hosts(now);
+        if self.gossip.round_due(now, self.config.gossip_interval) {
             self.gossip_round(now);
+        }
+    }
+
+    /// Holds `message` under the test-only delay, or sends it now when the delay is off.
+    fn send_or_hold(&mut self, message: Held) {
+        match self.outbox.hold(self.clock.now(), &mut self.rng, message) {
+            None => self.wake(),
+            Some(message) => self.dispatch(message),
+        }
+    }
+
+    /// Sends a message the delay held (or did not hold) to where it goes.
+    fn dispatch(&mut self, message: Held) {
+        match message {
+            Held::ToReplica(out) => self.send_to_replica_now(out),
+            Held::Response { to, key, resp } => self.notify_now(to, &key, resp),
+            Held::Reply { to, reply } => self.respond_now(to, reply),
+        }
+    }
+
+    /// Sends the held messages that are due.
+    fn release_held(&mut self, now: Time) {
+        while let Some(message) = self.outbox.held_due(now) {
+            self.dispatch(message);
         }
     }
 
     fn next_deadline(&self) -> Option<Time> {
         [
-            self.replica_due.first(),
-            self.acquisition_due.first(),
-            self.ownership_due.first(),
-            self.idle_hosts.first(),
-            self.delayed.first(),
-            self.next_resend_at(),
-            Some(self.next_gossip),
+            self.hosting.next_due(),
+            self.acquiring.next_due(),
+            self.ownerships.next_due(),
+            self.outbox.next_due(),
+            Some(self.gossip.next_round()),
         ]
         .into_iter()
         .flatten()
         .min()
     }
-}
-
-/// The Kademlia protocol of sigma's DHT for the default n = 32.
-pub const KAD_PROTOCOL: libp2p::StreamProtocol = libp2p::StreamProtocol::new("/sigma/kad/1.0.0");
-
-/// The Kademlia protocol of a swarm whose locks have `n` replicas. Peers configured
-/// with another n speak another protocol, so they never join the swarm's DHT nor host
-/// its replicas: two clients of one lock always share one replica set.
-pub fn kad_protocol(n: usize) -> libp2p::StreamProtocol {
-    if n == 32 {
-        return KAD_PROTOCOL;
-    }
-    libp2p::StreamProtocol::try_from_owned(format!("/sigma/kad/1.0.0/n{n}")).unwrap_or(KAD_PROTOCOL)
 }
 
 impl NetworkBehaviour for Behaviour {
@@ -734,7 +415,7 @@ impl NetworkBehaviour for Behaviour {
     ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
         let mut addrs =
             self.inner.handle_pending_outbound_connection(connection_id, maybe_peer, addresses, effective_role)?;
-        if let Some(extra) = maybe_peer.and_then(|p| self.extra_addrs.get(&p)) {
+        if let Some(extra) = maybe_peer.and_then(|p| self.routing.extra_addrs(&p)) {
             let new: Vec<Multiaddr> =
                 extra.iter().filter(|a| !addresses.contains(a) && !addrs.contains(a)).cloned().collect();
             addrs.extend(new);
@@ -756,19 +437,18 @@ impl NetworkBehaviour for Behaviour {
     fn on_swarm_event(&mut self, event: FromSwarm) {
         match &event {
             FromSwarm::ConnectionEstablished(e) => {
-                *self.connected.entry(e.peer_id).or_default() += 1;
-                self.last_used.insert(e.peer_id, self.clock.now());
+                self.connections.established(e.peer_id, self.clock.now());
                 self.hand_over(e.peer_id);
             }
             FromSwarm::ExternalAddrConfirmed(e) => {
-                if !self.externals.contains(e.addr) && self.externals.len() < MAX_EXTERNALS {
-                    self.externals.push(e.addr.clone());
+                let new = self.routing.confirm_external(e.addr);
+                if new {
                     self.reachability_changed();
                 }
             }
             FromSwarm::ExternalAddrExpired(e) => {
-                if let Some(i) = self.externals.iter().position(|a| a == e.addr) {
-                    self.externals.remove(i);
+                let kept = self.routing.expire_external(e.addr);
+                if kept {
                     self.reachability_changed();
                 }
             }
@@ -778,18 +458,12 @@ impl NetworkBehaviour for Behaviour {
                 }
             }
             FromSwarm::ConnectionClosed(e) => {
-                if let Some(c) = self.connected.get_mut(&e.peer_id) {
-                    *c = c.saturating_sub(1);
-                    if *c == 0 {
-                        self.connected.remove(&e.peer_id);
-                        self.ping_rtt.remove(&e.peer_id);
-                        self.last_used.remove(&e.peer_id);
-                        self.trimming.remove(&e.peer_id);
-                        self.buckets.remove(&e.peer_id);
-                        let now = self.clock.now();
-                        self.membership.disconnected(e.peer_id, now);
-                        self.housekeeping(now);
-                    }
+                let last = self.connections.closed(&e.peer_id);
+                if last {
+                    self.hosting.disconnected(&e.peer_id);
+                    let now = self.clock.now();
+                    self.membership.disconnected(e.peer_id, now);
+                    self.housekeeping(now);
                 }
             }
             _ => {}
@@ -814,13 +488,13 @@ impl NetworkBehaviour for Behaviour {
             if let Some(e) = self.events.pop_front() {
                 return Poll::Ready(ToSwarm::GenerateEvent(e));
             }
-            if let Some((peer_id, id)) = self.to_close.pop_front() {
+            if let Some((peer_id, id)) = self.connections.pop_close() {
                 return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::One(id) });
             }
-            if let Some(peer_id) = self.to_trim.pop_front() {
+            if let Some(peer_id) = self.connections.pop_trim() {
                 return Poll::Ready(ToSwarm::CloseConnection { peer_id, connection: CloseConnection::All });
             }
-            if let Some(peer) = self.to_dial.pop_front() {
+            if let Some(peer) = self.gossip.pop_dial() {
                 let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
                     .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
                     .build();
@@ -838,21 +512,21 @@ impl NetworkBehaviour for Behaviour {
             }
             // What the events handled so far queued for other peers goes now, a
             // transport request per peer; the transport picks it up on the next pass.
-            if self.flush_outbox() {
-                self.flushed = true;
+            if self.outbox.flush(&mut self.inner.link, &mut self.counters) {
+                self.outbox.flushed = true;
                 continue;
             }
             // This peer's own replicas after the frames for the others: yield once (the
             // connection tasks woken by the flush run first), then serve them.
-            if !self.local_inbox.is_empty() {
-                if std::mem::take(&mut self.flushed) {
+            if self.outbox.has_local() {
+                if std::mem::take(&mut self.outbox.flushed) {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
                 self.serve_local_inbox();
                 continue;
             }
-            self.flushed = false;
+            self.outbox.flushed = false;
             // One timer, reset only when the core's next deadline comes before it; at
             // most MAX_TIMER away (see there; the membership housekeeping also needs a
             // wake-up at least that often). Waking early is harmless.

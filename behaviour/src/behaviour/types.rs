@@ -11,6 +11,7 @@ use libp2p::PeerId;
 use crate::proto::{self, client::Phase};
 use crate::wire::{self, Rejection, Reply};
 
+// Up to the parent for documentation links only.
 #[cfg(doc)]
 use super::Behaviour;
 #[cfg(doc)]
@@ -237,7 +238,7 @@ pub struct Counters {
     /// there is).
     pub self_lookups_incomplete: u64,
     /// Kademlia bootstraps cut to their self-lookup: a join, or a refresh of every
-    /// bucket sooner than half [`KAD_REFRESH`](super::KAD_REFRESH) after the last.
+    /// bucket sooner than half [`KAD_REFRESH`](super::config::KAD_REFRESH) after the last.
     pub bootstraps_cut: u64,
     /// Kademlia requests sent, by what their query was for: `bootstrap` (joining, or
     /// refreshing the buckets), `self` (a driver's self-lookup), `neighbourhood` (a

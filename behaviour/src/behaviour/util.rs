@@ -6,11 +6,11 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::BootClock;
+use super::config::BootClock;
 use crate::proto::Time;
 
 #[cfg(doc)]
-use super::MAX_TIMER;
+use super::config::MAX_TIMER;
 
 /// The core's `Time`: the wall clock at start (so hybrid timestamps and grant stamps
 /// are wall-aligned µs), advanced by a clock that keeps counting while the machine is

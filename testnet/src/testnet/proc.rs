@@ -20,7 +20,7 @@ pub const LOG_TAIL: usize = 20;
 /// Finds the `sigma` binary: `explicit`, else `$SIGMA_BIN`, else `sigma` next to the
 /// running executable (cargo puts both binaries in the same target directory).
 pub fn locate_sigma(explicit: Option<&Path>) -> Result<PathBuf> {
-    let hint = "build it with `cargo build --release -p sigma-node` (or pass --sigma-bin PATH / set SIGMA_BIN)";
+    let hint = "build it with `cargo build --release -p sigma-daemon` (or pass --sigma-bin PATH / set SIGMA_BIN)";
     let (path, from) = if let Some(p) = explicit {
         (p.to_path_buf(), "--sigma-bin")
     } else if let Some(p) = std::env::var_os("SIGMA_BIN").filter(|p| !p.is_empty()) {
@@ -48,11 +48,11 @@ fn build_sigma_next_to(path: &Path) -> Result<()> {
     };
     let release = path.parent().and_then(Path::file_name).is_some_and(|d| d == "release");
     eprintln!(
-        "building the sigma binary (cargo build{} -p sigma-node --bin sigma)…",
+        "building the sigma binary (cargo build{} -p sigma-daemon --bin sigma)…",
         if release { " --release" } else { "" }
     );
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-q", "-p", "sigma-node", "--bin", "sigma"]).current_dir(manifest);
+    cmd.args(["build", "-q", "-p", "sigma-daemon", "--bin", "sigma"]).current_dir(manifest);
     // Variables `cargo run` set for us would look like a changed build environment to
     // some build scripts and rebuild half the tree: pass only the ones a user sets.
     for (key, _) in std::env::vars_os() {
@@ -218,7 +218,7 @@ pub fn tcp_port(addr: &str) -> Option<u16> {
 
 /// Default log filter for the nodes (`RUST_LOG` wins): info, without the per-lock line
 /// of the HTTP layer (the event loop logs each acquisition already).
-const NODE_LOG: &str = "info,sigma_node::http=warn";
+const NODE_LOG: &str = "info,sigma_daemon::http=warn";
 
 /// Spawns `sigma run` for `spec`, detached (own session: it outlives the driver and
 /// does not get the terminal's signals), and waits up to `timeout` for `SIGMA_READY`.

@@ -1,7 +1,7 @@
 //! `sigma`: the peer daemon (`run`), a lock around a command (`lock`), and `status`.
 //!
 //! `lock` and `status` talk to a local daemon through its HTTP control API
-//! (`sigma_node::http`), `127.0.0.1:7591` unless `--api` or `$SIGMA_API` says otherwise.
+//! (`sigma_daemon::http`), `127.0.0.1:7591` unless `--api` or `$SIGMA_API` says otherwise.
 
 use std::ffi::OsString;
 use std::io::Write as _;
@@ -17,8 +17,8 @@ use libp2p::Multiaddr;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use prometheus_client::registry::Registry;
-use sigma_node::client::{AcquireOptions, Client, ClientError, Holding};
-use sigma_node::http::{self, Api, DEFAULT_API};
+use sigma_daemon::client::{AcquireOptions, Client, ClientError, Holding};
+use sigma_daemon::http::{self, Api, DEFAULT_API};
 use sigma_node::metrics::Metrics;
 use sigma_node::{ConnectionBounds, Node, NodeConfig};
 use tokio::signal::unix::{signal, SignalKind};

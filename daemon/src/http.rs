@@ -16,14 +16,14 @@
 //! | `POST /v1/locks/{name}/release` | [`ReleaseBody`] `{"token": …}` | 200 [`Released`]; 404 not held under that token |
 //! | `POST /v1/locks/{name}/keepalive` | [`ReleaseBody`] `{"token": …}` | 200 [`KeptAlive`]; 404 not held (released, lost, expired) |
 //! | `GET /v1/locks/{name}` | | 200 [`LockView`]: locks held here for HTTP clients, this peer's replicas of the lock |
-//! | `GET /v1/inspect/{name}` | | 200 [`crate::inspect::Inspection`]: the lock seen from the hosts of all its replicas (holder, token, validity, waiters and positions, each replica) |
-//! | `POST /v1/revoke/{name}` | [`ReleaseBody`] `{"token": …}` | 200 [`crate::inspect::Revoked`]: the holder gave it up; 404 not held under that token, or refused (the holder's `--admin-peer`) |
-//! | `GET /v1/status` | | 200 the node's [`crate::Status`] |
+//! | `GET /v1/inspect/{name}` | | 200 [`sigma_node::inspect::Inspection`]: the lock seen from the hosts of all its replicas (holder, token, validity, waiters and positions, each replica) |
+//! | `POST /v1/revoke/{name}` | [`ReleaseBody`] `{"token": …}` | 200 [`sigma_node::inspect::Revoked`]: the holder gave it up; 404 not held under that token, or refused (the holder's `--admin-peer`) |
+//! | `GET /v1/status` | | 200 the node's [`sigma_node::Status`] |
 //! | `GET /healthz` | | 200 [`Probe`] while the event loop answers; 503 `unresponsive` |
 //! | `GET /readyz` | | 200 [`Probe`] when serving with nothing held back; 503 `not_ready` or `held_back` |
 //! | `POST /v1/admin/forget` | [`PeerList`] `{"peers": […]}` | 200 [`Forgotten`]: members gone for good taken out of this node's counts (admin token) |
 //! | `GET /v1/openapi.json` | | 200 the OpenAPI document of all of this ([`openapi`]) |
-//! | `GET /metrics` | | Prometheus / OpenMetrics text ([`crate::metrics`]) |
+//! | `GET /metrics` | | Prometheus / OpenMetrics text ([`sigma_node::metrics`]) |
 //!
 //! Errors are JSON [`ErrorBody`] `{"error": "…"}`. A lock name may contain `/`; it can
 //! be sent as is (`/v1/locks/orders/42/acquire`) or percent-encoded (`orders%2F42`):
@@ -66,8 +66,8 @@ mod serve;
 
 pub use serve::{Peer, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 
-use crate::metrics::{self, Metrics, Outcome};
-use crate::{LockError, LockGuard, LockOptions, NodeHandle, RevokeError};
+use sigma_node::metrics::{self, Metrics, Outcome};
+use sigma_node::{LockError, LockGuard, LockOptions, NodeHandle, RevokeError};
 
 /// Why the API could not start.
 #[derive(Debug)]
@@ -822,7 +822,7 @@ async fn get_lock(State(s): State<AppState>, Path(name): Path<String>) -> Respon
 }
 
 #[utoipa::path(get, path = "/v1/inspect/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")),
-    responses((status = 200, description = "The lock seen from the hosts of all its replicas", body = crate::inspect::Inspection),
+    responses((status = 200, description = "The lock seen from the hosts of all its replicas", body = sigma_node::inspect::Inspection),
         (status = 400, description = "Bad name", body = ErrorBody)))]
 async fn get_inspect(State(s): State<AppState>, Path(name): Path<String>) -> Response {
     match s.handle.inspect(&name).await {
@@ -833,7 +833,7 @@ async fn get_inspect(State(s): State<AppState>, Path(name): Path<String>) -> Res
 }
 
 #[utoipa::path(post, path = "/v1/revoke/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = RevokeBody,
-    responses((status = 200, description = "The holder gave the lock up", body = crate::inspect::Revoked),
+    responses((status = 200, description = "The holder gave the lock up", body = sigma_node::inspect::Revoked),
         (status = 404, description = "Not held under that token, or the holder refused", body = ErrorBody)))]
 async fn post_revoke(
     State(s): State<AppState>,
@@ -878,7 +878,7 @@ async fn get_healthz(State(s): State<AppState>) -> Response {
 
 /// The node's status for a probe, or the 503 `unresponsive` answer if the event loop
 /// did not give it within [`PROBE_PATIENCE`].
-async fn probe_status(s: &AppState) -> Result<crate::Status, Response> {
+async fn probe_status(s: &AppState) -> Result<sigma_node::Status, Response> {
     match tokio::time::timeout(PROBE_PATIENCE, s.handle.status()).await {
         Ok(Ok(st)) => Ok(st),
         Ok(Err(e)) => Err(error_with_code(StatusCode::SERVICE_UNAVAILABLE, "unresponsive", e.to_string())),
@@ -913,7 +913,7 @@ async fn get_readyz(State(s): State<AppState>) -> Response {
 }
 
 #[utoipa::path(get, path = "/v1/status", tag = "node",
-    responses((status = 200, description = "The node: peers, readiness, locks, state sizes", body = crate::Status)))]
+    responses((status = 200, description = "The node: peers, readiness, locks, state sizes", body = sigma_node::Status)))]
 async fn get_status(State(s): State<AppState>) -> Response {
     match s.handle.status().await {
         Ok(st) => (StatusCode::OK, Json(st)).into_response(),

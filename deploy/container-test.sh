@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 bin="${1:-target/release/sigma}"
 podman_cmd=(${PODMAN:-podman})
 command -v "${podman_cmd[0]}" >/dev/null || { echo "container-test: ${podman_cmd[0]} not found (Debian: apt-get install podman)" >&2; exit 2; }
-[ -x "$bin" ] || { echo "container-test: $bin not built (cargo build --release -p sigma-node)" >&2; exit 2; }
+[ -x "$bin" ] || { echo "container-test: $bin not built (cargo build --release -p sigma-daemon)" >&2; exit 2; }
 
 work="$(mktemp -d)"
 name="sigma-container-test-$$"

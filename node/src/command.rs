@@ -77,7 +77,8 @@ pub(crate) enum Command {
 }
 
 /// A lock waited for through this node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WaitingLock {
     /// Lock name.
     pub name: String,
@@ -89,20 +90,21 @@ pub struct WaitingLock {
 }
 
 /// A snapshot of the node (`GET /v1/status`).
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Status {
     /// This node.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub peer_id: PeerId,
     /// Addresses it listens on.
-    #[schema(value_type = Vec<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub listen_addrs: Vec<Multiaddr>,
     /// Addresses other peers can dial it at (given, listen addresses as wide as the
     /// bootstrap peers', or confirmed by AutoNAT); none: it hosts no replica.
-    #[schema(value_type = Vec<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub external_addrs: Vec<Multiaddr>,
     /// Peers with an open connection.
-    #[schema(value_type = Vec<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub connected_peers: Vec<PeerId>,
     /// Open connections (bounded: `--max-connections`).
     pub connections: u32,
@@ -143,10 +145,10 @@ pub struct Status {
     /// Members that departed (not alive here, still counted: what `sigma admin forget`
     /// takes out of the counts), the first 256 in id order.
     #[serde(default)]
-    #[schema(value_type = Vec<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub departed_members: Vec<libp2p::PeerId>,
     /// Sizes of the per-lock and per-peer state (each bounded: ARCHITECTURE.md,
     /// "Bounded state").
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub state: sigma_behaviour::StateSizes,
 }

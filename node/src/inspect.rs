@@ -12,7 +12,8 @@ use sigma_behaviour::wire::{HoldingState, ReplicaState};
 use sigma_behaviour::ReplicaAnswer;
 
 /// One acquisition (a client peer and its Lamport counter).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AcquisitionRef {
     /// The peer that took it.
     pub peer: String,
@@ -21,7 +22,8 @@ pub struct AcquisitionRef {
 }
 
 /// What the host of one replica answered.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReplicaRow {
     /// Replica index (0-based; the DHT name is `NAME:index+1`).
     pub index: u16,
@@ -48,7 +50,8 @@ pub struct ReplicaRow {
 }
 
 /// The holder of a lock: the acquisition that owns at least m replicas.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HolderView {
     /// The acquisition.
     pub acquisition: AcquisitionRef,
@@ -69,7 +72,8 @@ pub struct HolderView {
 /// A waiter with its place in line: the m-th best position among the replicas that
 /// queue it (1 = next), which is the position at which it would win. The holder, queued
 /// at replicas it does not own, is not listed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WaiterRow {
     /// The acquisition.
     pub acquisition: AcquisitionRef,
@@ -80,7 +84,8 @@ pub struct WaiterRow {
 }
 
 /// Answer of `GET /v1/inspect/{name}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Inspection {
     /// Lock name.
     pub name: String,
@@ -279,7 +284,8 @@ impl Inspection {
 }
 
 /// The outcome of a revoke.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Revoked {
     /// Lock name.
     pub name: String,

@@ -28,12 +28,10 @@
 //! when exclusion is no longer guaranteed.
 
 pub mod admission;
-pub mod client;
 mod command;
 mod error;
 mod event_loop;
 mod guard;
-pub mod http;
 pub mod identity;
 pub mod inspect;
 pub mod metrics;

@@ -26,7 +26,7 @@
 //! | `sigma_completed_total`, `sigma_completed_messages_total` | counter | messages per CS entry = their ratio |
 //! | `sigma_acquire_duration_seconds` | histogram | `outcome` |
 //! | `sigma_http_locks_held` | gauge | |
-//! | `sigma_http_rejected_total` (refused by the API's gate, `http::gate`, or a holder route: `not_held`, `bad_lease`) | counter | `reason` |
+//! | `sigma_http_rejected_total` (refused by the API's gate, `sigma_daemon::http::gate`, or a holder route: `not_held`, `bad_lease`) | counter | `reason` |
 //! | `sigma_http_connections_refused_total` (past `--http-max-connections`) | counter | `listener`: api, metrics |
 //! | `sigma_http_connections_timed_out_total` (no full request head within `--http-header-timeout`) | counter | `listener` |
 //!

@@ -17,7 +17,7 @@ use sigma_testnet::testnet::cluster::{self, Cluster, UpOptions};
 use sigma_testnet::testnet::proc::{self, locate_sigma, Params};
 use sigma_testnet::testnet::run::{self as net_run, RunOptions};
 
-/// jemalloc, as the daemon (`node/src/heap.rs`): in a 1,000-peer in-process swarm
+/// jemalloc, as the daemon (`daemon/src/heap.rs`): in a 1,000-peer in-process swarm
 /// glibc's malloc and free took about a fifth of the samples of a profile.
 #[cfg(target_os = "linux")]
 #[global_allocator]

@@ -188,14 +188,14 @@ impl System {
             }
             System::Sigma(apis) => {
                 for &a in apis {
-                    let view = sigma_node::client::Client::with_http(a, http.clone()).lock(name).await?;
+                    let view = sigma_daemon::client::Client::with_http(a, http.clone()).lock(name).await?;
                     if !view.held.is_empty() || view.held_by_this_node || view.waiting_on_this_node {
                         return Ok(Some(format!("daemon {a} still holds or waits for {name}")));
                     }
                 }
                 // The replicas drop the holder when the RELEASEs arrive, just after the
                 // release answered: wait for it, within a bound.
-                let inspector = sigma_node::client::Client::with_http(apis[0], http.clone());
+                let inspector = sigma_daemon::client::Client::with_http(apis[0], http.clone());
                 let deadline = Instant::now() + Duration::from_secs(10);
                 loop {
                     let i = inspector.inspect(name).await?;

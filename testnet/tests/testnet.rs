@@ -1,9 +1,9 @@
 //! The local multi-process testnet end to end: the real `sigma-testnet` binary driving
 //! real `sigma run` processes on 127.0.0.1.
 //!
-//! The `sigma` binary belongs to another package (sigma-node), so `CARGO_BIN_EXE_sigma`
+//! The `sigma` binary belongs to another package (sigma-daemon), so `CARGO_BIN_EXE_sigma`
 //! is not available here: the tests look for it in this test's target directory
-//! (`target/<profile>/sigma`) and build it with `cargo build -p sigma-node --bin sigma`
+//! (`target/<profile>/sigma`) and build it with `cargo build -p sigma-daemon --bin sigma`
 //! first (a no-op when `cargo test --workspace` built it already). The tests run one
 //! at a time: each starts several processes, and the machine may have two cores.
 
@@ -33,7 +33,7 @@ fn sigma_bin() -> &'static Path {
         let bin = profile_dir.join("sigma");
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "--quiet", "-p", "sigma-node", "--bin", "sigma"])
+        cmd.args(["build", "--quiet", "-p", "sigma-daemon", "--bin", "sigma"])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .env("CARGO_TARGET_DIR", profile_dir.parent().expect("target dir"));
         // Not the variables cargo set for this test: build scripts that watch them
@@ -339,7 +339,7 @@ fn a_node_that_cannot_start_is_reported_with_its_log() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("cargo build --release -p sigma-node"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cargo build --release -p sigma-daemon"), "{}", stderr(&out));
 
     // `restart` brings killed nodes back: alone it would fire nothing.
     let out = testnet(&["run", "--chaos", "restart", "--dir", path(&net)]);

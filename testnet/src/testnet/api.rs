@@ -1,19 +1,19 @@
 //! The calls of the nodes' HTTP control API that the testnet makes, through the typed
-//! client (`sigma_node::client`), with the outcomes the testnet counts.
+//! client (`sigma_daemon::client`), with the outcomes the testnet counts.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use serde::Serialize;
-use sigma_node::client::{AcquireOptions, Client, ClientError};
-use sigma_node::http::Acquired;
+use sigma_daemon::client::{AcquireOptions, Client, ClientError};
+use sigma_daemon::http::Acquired;
 
 /// An HTTP client for loopback APIs: never through a proxy from the environment, and
 /// with the `Sigma-Client` header the API's gate asks of every POST.
 pub fn client() -> Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(sigma_node::http::gate::CLIENT_HEADER, reqwest::header::HeaderValue::from_static("sigma-testnet"));
+    headers.insert(sigma_daemon::http::gate::CLIENT_HEADER, reqwest::header::HeaderValue::from_static("sigma-testnet"));
     reqwest::Client::builder()
         .no_proxy()
         .default_headers(headers)

@@ -20,7 +20,7 @@ pub const LOG_TAIL: usize = 20;
 /// Finds the `sigma` binary: `explicit`, else `$SIGMA_BIN`, else `sigma` next to the
 /// running executable (cargo puts both binaries in the same target directory).
 pub fn locate_sigma(explicit: Option<&Path>) -> Result<PathBuf> {
-    let hint = "build it with `cargo build --release -p sigma-node` (or pass --sigma-bin PATH / set SIGMA_BIN)";
+    let hint = "build it with `cargo build --release -p sigma-daemon` (or pass --sigma-bin PATH / set SIGMA_BIN)";
     let (path, from) = if let Some(p) = explicit {
         (p.to_path_buf(), "--sigma-bin")
     } else if let Some(p) = std::env::var_os("SIGMA_BIN").filter(|p| !p.is_empty()) {
@@ -42,17 +42,24 @@ pub fn locate_sigma(explicit: Option<&Path>) -> Result<PathBuf> {
 /// Under `cargo run`, builds the `sigma` binary into the same target directory and
 /// profile as the running `sigma-testnet`, so that one command is enough on a fresh
 /// checkout. Does nothing outside cargo.
+///
+/// The package selection is `cargo run -p sigma-testnet`'s plus sigma-daemon, which
+/// sigma-testnet depends on: cargo unifies the dependencies' features over the selected
+/// packages, so the set is the one the running binary was built with, every dependency
+/// (sigma-daemon's library included) is fresh, and only the `sigma` binary is compiled
+/// and linked. `-p sigma-daemon` alone would unify fewer features (sigma-testnet's own
+/// dependencies turn some on) and compile much of the tree a second time.
 fn build_sigma_next_to(path: &Path) -> Result<()> {
     let (Some(cargo), Some(manifest)) = (std::env::var_os("CARGO"), std::env::var_os("CARGO_MANIFEST_DIR")) else {
         return Ok(());
     };
     let release = path.parent().and_then(Path::file_name).is_some_and(|d| d == "release");
     eprintln!(
-        "building the sigma binary (cargo build{} -p sigma-node --bin sigma)…",
+        "building the sigma binary (cargo build{} -p sigma-testnet -p sigma-daemon --bin sigma)…",
         if release { " --release" } else { "" }
     );
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-q", "-p", "sigma-node", "--bin", "sigma"]).current_dir(manifest);
+    cmd.args(["build", "-q", "-p", "sigma-testnet", "-p", "sigma-daemon", "--bin", "sigma"]).current_dir(manifest);
     // Variables `cargo run` set for us would look like a changed build environment to
     // some build scripts and rebuild half the tree: pass only the ones a user sets.
     for (key, _) in std::env::vars_os() {
@@ -241,7 +248,7 @@ pub fn tcp_port(addr: &str) -> Option<u16> {
 
 /// Default log filter for the nodes (`RUST_LOG` wins): info, without the per-lock line
 /// of the HTTP layer (the event loop logs each acquisition already).
-const NODE_LOG: &str = "info,sigma_node::http=warn";
+const NODE_LOG: &str = "info,sigma_daemon::http=warn";
 
 /// Spawns `sigma run` for `spec`, detached (own session: it outlives the driver and
 /// does not get the terminal's signals), and waits up to `timeout` for `SIGMA_READY`.

@@ -41,7 +41,7 @@ use axum::Json;
 use tokio::sync::Semaphore;
 
 use super::ErrorBody;
-use crate::metrics::Metrics;
+use sigma_node::metrics::Metrics;
 
 /// Largest request body accepted (the API's bodies are a token or a list of peer ids).
 pub const MAX_BODY: usize = 64 * 1024;

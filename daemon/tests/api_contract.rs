@@ -3,7 +3,7 @@
 //! one is there.
 
 use serde_json::Value;
-use sigma_node::client::{AcquireOptions, Client};
+use sigma_daemon::client::{AcquireOptions, Client};
 
 mod daemon;
 

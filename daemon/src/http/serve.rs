@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::metrics::Metrics;
+use sigma_node::metrics::Metrics;
 
 /// Default of [`Limits::max_connections`] (`--http-max-connections`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;

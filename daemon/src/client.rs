@@ -1,6 +1,6 @@
 //! A typed client of a daemon's HTTP control API ([`crate::http`]): what `sigma lock`,
 //! `sigma status`, `sigma inspect`, the testnet and Rust programs that talk to a running
-//! daemon (instead of embedding a [`crate::Node`]) use. One method per endpoint, the
+//! daemon (instead of embedding a [`sigma_node::Node`]) use. One method per endpoint, the
 //! answers as the types the daemon serialises, every refusal as a [`ClientError`].
 //!
 //! **The holder's contract.** An acquire answers a fencing token (public), a lease id
@@ -11,8 +11,8 @@
 //! `stopping` ([`ClientError::is_stopping`]) or 404 `not_held` only mean no new deadline.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), sigma_node::client::ClientError> {
-//! use sigma_node::client::{AcquireOptions, Client};
+//! # async fn demo() -> Result<(), sigma_daemon::client::ClientError> {
+//! use sigma_daemon::client::{AcquireOptions, Client};
 //! use std::time::Duration;
 //!
 //! let api = Client::new("127.0.0.1:7591".parse::<std::net::SocketAddr>().unwrap());
@@ -39,8 +39,8 @@ use serde::de::DeserializeOwned;
 use crate::http::{
     gate, Acquired, ApiAddr, ErrorBody, Forgotten, HolderBody, KeptAlive, LockView, PeerList, Released, RevokeBody,
 };
-use crate::inspect::{Inspection, Revoked};
-use crate::Status;
+use sigma_node::inspect::{Inspection, Revoked};
+use sigma_node::Status;
 
 /// How much longer than an acquire's own timeout the client waits for the daemon's
 /// answer: the daemon answers 408 itself; this only bounds a hung daemon.
@@ -260,7 +260,7 @@ impl Client {
         self.call(self.http.get(url).timeout(self.timeout)).await
     }
 
-    /// `POST /v1/revoke/{name}`: an operator's break-lock (see [`crate::NodeHandle::revoke`]).
+    /// `POST /v1/revoke/{name}`: an operator's break-lock (see [`sigma_node::NodeHandle::revoke`]).
     pub async fn revoke(&self, name: &str, token: u64) -> Result<Revoked, ClientError> {
         let url = format!("{}/v1/revoke/{}", self.base, encode_name(name));
         self.call_admin(self.http.post(url).json(&RevokeBody { token }).timeout(self.timeout)).await

@@ -6,8 +6,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sigma_node::client::ACQUIRE_SLACK;
-use sigma_node::http::DEFAULT_CLIENT_TTL;
+use sigma_daemon::client::ACQUIRE_SLACK;
+use sigma_daemon::http::DEFAULT_CLIENT_TTL;
 use tokio::process::Command;
 
 mod daemon;

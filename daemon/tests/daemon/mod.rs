@@ -145,7 +145,7 @@ pub async fn daemon_with(dir: &Path, tag: &str, bootstrap: &[Multiaddr], extra: 
 /// An HTTP client that never goes through a proxy (loopback only).
 pub fn http() -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(sigma_node::http::gate::CLIENT_HEADER, reqwest::header::HeaderValue::from_static("tests"));
+    headers.insert(sigma_daemon::http::gate::CLIENT_HEADER, reqwest::header::HeaderValue::from_static("tests"));
     reqwest::Client::builder().no_proxy().default_headers(headers).build().unwrap()
 }
 

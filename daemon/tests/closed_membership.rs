@@ -237,7 +237,7 @@ async fn the_daemon_raises_its_open_file_limit() {
 /// of the replicas (enough to grant two holders at once), m = 24 (to grant or refuse
 /// the lock at will) and all 32. Build with `--release` for an attacker's speed.
 #[test]
-#[ignore = "a measurement, not a check: cargo test --release -p sigma-node --test closed_membership -- --ignored --nocapture"]
+#[ignore = "a measurement, not a check: cargo test --release -p sigma-daemon --test closed_membership -- --ignored --nocapture"]
 fn grinding_peer_ids_next_to_a_lock() {
     use libp2p::kad::KBucketKey;
     let env = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);

@@ -359,8 +359,8 @@ async fn idle_sockets_are_closed_and_connections_capped() {
 /// the daemon stopped (a client then finds no daemon rather than an impostor).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_on_a_unix_socket_is_its_owners_and_logs_who_holds() {
-    use sigma_node::client::Client;
-    use sigma_node::http::ApiAddr;
+    use sigma_daemon::client::Client;
+    use sigma_daemon::http::ApiAddr;
     use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("api.sock");
@@ -498,12 +498,12 @@ async fn sigma_lock_stops_its_command_by_the_deadline_when_its_daemon_hangs() {
 }
 
 /// The typed client's holder keeps the same rules as `sigma lock`: its daemon hangs
-/// (SIGSTOP: keep-alives time out), and [`sigma_node::client::Holding::renew`] says the
+/// (SIGSTOP: keep-alives time out), and [`sigma_daemon::client::Holding::renew`] says the
 /// lock is lost at the deadline of its last confirmed renewal, not before and not
 /// later, whatever the daemon (not) answers; it stays lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typed_clients_holder_is_lost_at_its_deadline_when_its_daemon_hangs() {
-    use sigma_node::client::{AcquireOptions, Client, Holding};
+    use sigma_daemon::client::{AcquireOptions, Client, Holding};
     let dir = tempfile::tempdir().unwrap();
     let d = lone(dir.path(), "typed", &["--lease-ms", "10000"]).await;
     let client = Client::new(d.api.parse::<std::net::SocketAddr>().unwrap());
@@ -541,9 +541,9 @@ async fn the_typed_clients_holder_is_lost_at_its_deadline_when_its_daemon_hangs(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_impostor_on_the_default_port_is_not_asked_when_the_config_names_the_socket() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let impostor = tokio::net::TcpListener::bind(sigma_node::http::DEFAULT_API)
+    let impostor = tokio::net::TcpListener::bind(sigma_daemon::http::DEFAULT_API)
         .await
-        .unwrap_or_else(|e| panic!("this test binds {} (the default API port): {e}", sigma_node::http::DEFAULT_API));
+        .unwrap_or_else(|e| panic!("this test binds {} (the default API port): {e}", sigma_daemon::http::DEFAULT_API));
     let answer = json!({
         "name": "x", "token": 1, "lease": "00000000000000000000000000000000", "valid_until_ms": 4_000_000_000_000u64,
         "valid_for_ms": 60_000, "distinct_peers": 3, "ttl_ms": 5_000

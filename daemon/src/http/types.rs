@@ -1,0 +1,187 @@
+//! The bodies and answers of the API: what clients send and what the handlers
+//! serialise (and the OpenAPI document describes).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Answer of a successful acquire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Acquired {
+    /// Lock name.
+    pub name: String,
+    /// Fencing token: public (status and inspect show it); pass it to the protected
+    /// resource with every write.
+    pub token: u64,
+    /// The lease id: 32 hex digits, the secret that proves this client holds the lock.
+    /// Keep-alive and release need it; nothing else ever shows it.
+    pub lease: String,
+    /// The deadline: the earliest time the lock may be given to someone else (ms since
+    /// the Unix epoch, daemon's clock). The earlier of the lock's validity and the end
+    /// of the client lease; the daemon never lets the lock go before it. Each keep-alive
+    /// answers a new one. A client should count it from when it *sent* the request
+    /// ([`Acquired::valid_for_ms`] after the send) and stop using the lock then, whatever
+    /// the daemon answers in between.
+    pub valid_until_ms: u64,
+    /// The same deadline as a duration from the moment of the answer.
+    pub valid_for_ms: u64,
+    /// Distinct peers whose replicas voted for this holder.
+    pub distinct_peers: usize,
+    /// The client lease: unless renewed (`POST /v1/locks/{name}/keepalive`) within
+    /// this long, the daemon releases the lock (a dead client keeps nothing).
+    pub ttl_ms: u64,
+}
+
+/// Answer to a keep-alive: the lock is still held, the client lease renewed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct KeptAlive {
+    /// Lock name.
+    pub name: String,
+    /// Fencing token.
+    pub token: u64,
+    /// The new deadline; see [`Acquired::valid_until_ms`].
+    pub valid_until_ms: u64,
+    /// See [`Acquired::valid_for_ms`].
+    pub valid_for_ms: u64,
+    /// The client lease now ends this long from the answer.
+    pub ttl_ms: u64,
+}
+
+/// Locks the daemon holds for HTTP clients at most (a new acquire past it: 503
+/// `too_many_locks`); acquires in flight when it is reached may add up to
+/// `--api-max-requests` more.
+pub const MAX_HTTP_LOCKS: usize = 10_000;
+
+/// Client lease of an HTTP-held lock when the acquire names none.
+pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(5);
+/// Bounds of a client lease.
+pub const CLIENT_TTL_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_millis(200)..=Duration::from_secs(3600);
+
+/// Body of a keep-alive and of a release: what the acquire answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct HolderBody {
+    /// The fencing token the acquire returned.
+    pub token: u64,
+    /// The lease id the acquire returned ([`Acquired::lease`]).
+    pub lease: String,
+}
+
+/// Body of an operator's revoke (break-lock): the holder's fencing token, which
+/// `sigma inspect` shows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RevokeBody {
+    /// The holder's fencing token.
+    pub token: u64,
+}
+
+/// Answer of a successful release.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Released {
+    /// Lock name.
+    pub name: String,
+    /// The released token.
+    pub token: u64,
+}
+
+/// Any error answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: String,
+    /// A stable code where the client may act on it: `not_ready` (503: the node is
+    /// joining its swarm or reaches no majority of the peers it knows), `stopping` (503:
+    /// the daemon is stopping; a holder must stop using the lock), `not_held` (404),
+    /// `bad_lease` (400), `unresponsive` and `held_back` (503, the probes), and the
+    /// gate's codes ([`gate::Refusal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+}
+
+/// A lock held by the daemon for an HTTP client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct HeldView {
+    /// Fencing token.
+    pub token: u64,
+    /// The holder's deadline; see [`Acquired::valid_until_ms`].
+    pub valid_until_ms: u64,
+    /// See [`Acquired::valid_for_ms`].
+    pub valid_for_ms: u64,
+}
+
+/// Current owner of a replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OwnerView {
+    /// Owner's peer id.
+    pub peer: String,
+    /// Lamport counter of its acquisition.
+    pub counter: u64,
+    /// Grant stamp (fencing token material).
+    pub stamp: u64,
+}
+
+/// A waiter in a replica's queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WaiterView {
+    /// Waiter's peer id.
+    pub peer: String,
+    /// Lamport counter of its acquisition.
+    pub counter: u64,
+}
+
+/// One replica of the lock hosted by this peer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ReplicaView {
+    /// Replica index (0-based; the DHT name is `NAME:index+1`).
+    pub index: u16,
+    /// Owner, if any.
+    pub owner: Option<OwnerView>,
+    /// Waiters in service order.
+    pub queue: Vec<WaiterView>,
+}
+
+/// Answer of `GET /v1/locks/{name}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LockView {
+    /// Lock name.
+    pub name: String,
+    /// Whether this node holds the lock (for an HTTP client or an embedded caller).
+    pub held_by_this_node: bool,
+    /// Whether an acquisition of this node waits for it.
+    pub waiting_on_this_node: bool,
+    /// Locks held by the daemon for HTTP clients under this name (normally 0 or 1).
+    pub held: Vec<HeldView>,
+    /// This peer's replicas of the lock.
+    pub replicas: Vec<ReplicaView>,
+}
+
+/// Answer of `GET /healthz` and `GET /readyz` when they pass.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Probe {
+    /// `serving` (or, for `/healthz`, the readiness whatever it is: alive is enough).
+    pub readiness: String,
+}
+
+/// Body of `POST /v1/admin/block` and `…/unblock`, and answer of all three admin calls.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PeerList {
+    /// Peer ids.
+    pub peers: Vec<String>,
+}
+
+/// Answer of `POST /v1/admin/forget`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Forgotten {
+    /// The peers forgotten.
+    pub forgotten: Vec<String>,
+    /// The peers not forgotten, each with why (alive here, not a member, listed).
+    pub refused: Vec<ForgetRefusal>,
+}
+
+/// A peer `POST /v1/admin/forget` did not forget.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ForgetRefusal {
+    /// The peer.
+    pub peer: String,
+    /// Why not.
+    pub reason: String,
+}

@@ -306,6 +306,19 @@ export class Lock {
 export function acquire(name, opts) {
     return Lock.acquire(name, opts);
 }
+/** A signal aborted when `a` or `b` is (`AbortSignal.any`, which Node 18 lacks), and how to stop listening to them. */
+function either(a, b) {
+    const both = new AbortController();
+    const listeners = [a, b].map((s) => {
+        const abort = () => both.abort(s.reason);
+        if (s.aborted)
+            abort();
+        else
+            s.addEventListener("abort", abort, { once: true });
+        return () => s.removeEventListener("abort", abort);
+    });
+    return [both.signal, () => listeners.forEach((stop) => stop())];
+}
 /**
  * Holds the lock named `name` while `fn` runs, then releases it. `fn`'s signal is
  * aborted when the lock is lost (or `opts.signal` is): `fn` must stop touching the
@@ -314,7 +327,7 @@ export function acquire(name, opts) {
  */
 export async function withLock(name, fn, opts) {
     const lock = await acquire(name, opts);
-    const signal = opts?.signal ? AbortSignal.any([lock.lost, opts.signal]) : lock.lost;
+    const [signal, unlisten] = opts?.signal ? either(lock.lost, opts.signal) : [lock.lost, () => { }];
     let result;
     try {
         result = await fn(lock, signal);
@@ -322,6 +335,9 @@ export async function withLock(name, fn, opts) {
     catch (e) {
         await lock.release().catch(() => { });
         throw e;
+    }
+    finally {
+        unlisten();
     }
     const lostWhileRunning = lock.lost.aborted ? lock.lost.reason : undefined;
     await lock.release();

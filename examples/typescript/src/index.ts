@@ -332,6 +332,18 @@ export function acquire(name: string, opts?: Options): Promise<Lock> {
   return Lock.acquire(name, opts);
 }
 
+/** A signal aborted when `a` or `b` is (`AbortSignal.any`, which Node 18 lacks), and how to stop listening to them. */
+function either(a: AbortSignal, b: AbortSignal): [AbortSignal, () => void] {
+  const both = new AbortController();
+  const listeners = [a, b].map((s) => {
+    const abort = () => both.abort(s.reason);
+    if (s.aborted) abort();
+    else s.addEventListener("abort", abort, { once: true });
+    return () => s.removeEventListener("abort", abort);
+  });
+  return [both.signal, () => listeners.forEach((stop) => stop())];
+}
+
 /**
  * Holds the lock named `name` while `fn` runs, then releases it. `fn`'s signal is
  * aborted when the lock is lost (or `opts.signal` is): `fn` must stop touching the
@@ -340,13 +352,15 @@ export function acquire(name: string, opts?: Options): Promise<Lock> {
  */
 export async function withLock<T>(name: string, fn: (lock: Lock, signal: AbortSignal) => Promise<T> | T, opts?: Options): Promise<T> {
   const lock = await acquire(name, opts);
-  const signal = opts?.signal ? AbortSignal.any([lock.lost, opts.signal]) : lock.lost;
+  const [signal, unlisten] = opts?.signal ? either(lock.lost, opts.signal) : [lock.lost, () => {}];
   let result: T;
   try {
     result = await fn(lock, signal);
   } catch (e) {
     await lock.release().catch(() => {});
     throw e;
+  } finally {
+    unlisten();
   }
   const lostWhileRunning: unknown = lock.lost.aborted ? lock.lost.reason : undefined;
   await lock.release();

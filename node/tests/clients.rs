@@ -4,7 +4,8 @@
 //! take turns (the second is granted only after the first released, with a larger fencing
 //! token) while the first renews its client lease past its TTL; a holder whose daemon
 //! hangs is lost by its deadline; the unix socket, the configured address, and a clear
-//! error when no daemon answers.
+//! error when no daemon answers. And the Python client (python_client.rs runs its
+//! scenarios) installed with pip.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,6 +25,8 @@ const TS_CLI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/typescrip
 /// is set; .ci/run installs golang-go).
 const GO: &str = "apt-get install golang-go";
 const NODE: &str = "apt-get install nodejs";
+const PYTHON: &str = "apt-get install python3 python3-venv";
+const PYTHON_PACKAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/python");
 
 /// A client's command: the program and the arguments before sigma_lock.py's own.
 struct Client {
@@ -255,4 +258,38 @@ async fn the_typescript_client_speaks_over_the_unix_socket() {
     if let Some(c) = typescript().await {
         speaks_over_the_unix_socket(c).await;
     }
+}
+
+/// `pip install ./examples/python` in a new virtual environment gives the module and the
+/// `sigma-lock-py` command, which holds a lock through a real daemon. The build backend
+/// (setuptools) comes from the package index, as for any user (about 4 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_installs_with_pip() {
+    if !have_tool("python3", PYTHON).await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let venv = dir.path().join("venv");
+    let run = |cmd: &mut Command| {
+        let cmd = cmd.env("PIP_DISABLE_PIP_VERSION_CHECK", "1").stdin(Stdio::null()).output();
+        async move {
+            let out = cmd.await.unwrap();
+            let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "{said}");
+            said
+        }
+    };
+    run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).await;
+    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", PYTHON_PACKAGE])).await;
+    let d =
+        daemon_with(dir.path(), "pip", &[], &["--listen", "/ip4/127.0.0.1/tcp/0", "--takeover-delay", "100ms"]).await;
+    let out =
+        run(Command::new(venv.join("bin/sigma-lock-py")).args(["--api", &d.api, "--timeout", "30", "pip/lock"])).await;
+    assert_eq!(token(&out, "acquired"), token(&out, "released"), "{out}");
+    // The module, from the environment rather than the source tree.
+    let out = run(Command::new(venv.join("bin/python"))
+        .args(["-c", "import sigma_lock; print(sigma_lock.__file__)"])
+        .current_dir(dir.path()))
+    .await;
+    assert!(out.contains("site-packages"), "{out}");
 }

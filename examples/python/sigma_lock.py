@@ -16,7 +16,10 @@ refused connection); at once if the daemon says the lock is gone or that it is s
 Stop touching the resource when `lock.lost` is set. The lease id the acquire answers is
 the secret that proves this client holds the lock; the fencing token is public.
 
-As a command: python3 sigma_lock.py [--api 127.0.0.1:7591|unix:PATH] [--hold SECONDS] [--ttl SECONDS] NAME
+Installed with `pip install ./examples/python` (the module `sigma_lock` and the command
+`sigma-lock-py`), or copied: it is one file.
+
+As a command: python3 sigma_lock.py [--api 127.0.0.1:7591|unix:PATH] [--hold SECONDS] [--ttl SECONDS] [--timeout SECONDS] NAME
 prints `acquired NAME token T`, holds the lock, prints `released NAME token T`.
 """
 
@@ -182,7 +185,7 @@ class SigmaLock:
         return False
 
 
-def main():
+def _main():
     parser = argparse.ArgumentParser(description="Hold a sigma lock for a while.")
     parser.add_argument("name")
     parser.add_argument("--api", default=None, help="the daemon's API, IP:PORT or unix:PATH [$SIGMA_API, else the daemon's config file's, else unix:/run/sigma/api.sock if it exists, else 127.0.0.1:7591]")
@@ -199,14 +202,19 @@ def main():
                 print(f"lost {lock.name} token {lock.token}", flush=True)
                 raise SystemExit(76)
     except OSError as e:
-        print(f"sigma_lock.py: cannot reach the sigma daemon at {api} (is `sigma run` running?): {e}", file=sys.stderr)
+        print(f"{parser.prog}: cannot reach the sigma daemon at {api} (is `sigma run` running?): {e}", file=sys.stderr)
         raise SystemExit(69) from None
     print(f"released {lock.name} token {lock.token}", flush=True)
 
 
-if __name__ == "__main__":
+def main():
+    """The command (`sigma-lock-py` once installed with pip)."""
     try:
-        main()
+        _main()
     except SigmaError as e:
-        print(f"sigma_lock.py: {e}", file=sys.stderr)
-        raise SystemExit(75 if e.status == 408 else 69)
+        print(f"{os.path.basename(sys.argv[0])}: {e}", file=sys.stderr)
+        raise SystemExit(75 if e.status == 408 else 69) from None
+
+
+if __name__ == "__main__":
+    main()

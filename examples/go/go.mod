@@ -1,0 +1,3 @@
+module example.invalid/sigma/sigmalock
+
+go 1.19

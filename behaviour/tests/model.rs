@@ -87,7 +87,8 @@
 //! Resets may carry the takeover delay (`Bounds::delayed_resets`; the oracle then excuses
 //! nothing), idle replicas may be disposed of (`Action::Dispose`, when `is_disposable` by
 //! the replica's clock; no reset, no excusal), and replica clocks may run ahead by a fixed
-//! offset (`Bounds::offsets`). At every win the fencing-token order is checked
+//! offset (`Bounds::offsets`) and at their own rates (`Bounds::rates`, parts per
+//! million fast of the clients'; timers fire when their own clock reaches them). At every win the fencing-token order is checked
 //! (`State::check_token_order`; docs/design/model-checker.md, "Fencing-token order").
 //!
 //! # The fingerprint
@@ -313,6 +314,32 @@ fn scheduled_3_2_a_disposal_that_forgets_the_floor_is_caught() {
     assert!(v.contains("fencing token went back"), "{v}");
     assert_eq!((r.depth, r.states), (20, 9_256), "where the first counterexample is found");
     assert!(b.offsets[0] > LEASE, "beyond promise (b): only the floor keeps the order");
+}
+
+/// Replica clocks at the drift bound, in the dangerous direction: every replica's
+/// clock runs `max_drift_ppm` (1,000 ppm) fast of the clients', so a vote's lease ends,
+/// in real time, before the holder's view of it. `scheduled_3_2` with a pause and no
+/// reset: the client's drift margin absorbs it, no two valid holders.
+#[test]
+fn scheduled_3_2_replica_clocks_at_the_drift_bound() {
+    pinned(drifting(1_000), 144_163);
+}
+
+/// The same with the replicas' clocks twice the bound fast: the assumption is real. A
+/// holds on votes whose leases the replicas let lapse 3 ms before A's view does, and B
+/// wins on them: "two valid holders: A (valid until 2.997s) and B (valid until
+/// 5.991591s) at 2.994012s".
+#[test]
+fn scheduled_3_2_replica_clocks_beyond_the_drift_bound_are_caught() {
+    let r = run(&drifting(2_000));
+    let v = r.violation.expect("clocks beyond the drift bound break exclusion");
+    assert!(v.contains("two valid holders"), "{v}");
+    assert_eq!((r.depth, r.states), (57, 43_493), "where the first counterexample is found");
+}
+
+/// `scheduled_3_2` without a reset, with a pause, every replica's clock `ppm` fast.
+fn drifting(ppm: i64) -> Bounds {
+    Bounds { resets: 0, pauses: 1, rates: vec![ppm; 3], ..scheduled_3_2() }
 }
 
 /// The planted double grant of `b` is caught, first at `(depth, states)`.

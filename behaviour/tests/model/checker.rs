@@ -122,8 +122,12 @@ pub struct Bounds {
     /// reset: it excuses nothing.
     pub disposals: u8,
     /// How far each replica's clock runs ahead of the clients' (index = replica; missing
-    /// = 0). Rates are equal; offsets within `max_clock_offset`.
+    /// = 0). Offsets within `max_clock_offset`.
     pub offsets: Vec<Duration>,
+    /// How many parts per million each replica's clock runs fast (negative: slow) of the
+    /// clients' (index = replica; missing = 0): the guarantee assumes any two clocks
+    /// within `max_drift_ppm` of each other.
+    pub rates: Vec<i64>,
 }
 
 impl Bounds {
@@ -149,6 +153,7 @@ impl Bounds {
             delayed_resets: false,
             disposals: 0,
             offsets: Vec::new(),
+            rates: Vec::new(),
         }
     }
 
@@ -191,6 +196,10 @@ impl Bounds {
         }
         b.delayed_resets = num("delayed", 0) != 0;
         b.disposals = num("disposals", 0) as u8;
+        if let Some(v) = get("rates") {
+            // Parts per million each replica's clock runs fast, comma-separated.
+            b.rates = v.split(',').map(|ppm| ppm.parse().expect("rates=<ppm>,...")).collect();
+        }
         if let Some(v) = get("offsets") {
             // Milliseconds each replica's clock runs ahead, comma-separated.
             b.offsets = v.split(',').map(|ms| Duration::from_millis(ms.parse().expect("offsets=<ms>,..."))).collect();
@@ -336,6 +345,8 @@ struct State {
     floors: BTreeMap<(usize, Id), Option<(Ts, u64)>>,
     /// How far each replica's clock runs ahead (`Bounds::offsets`, constant).
     offsets: Vec<Duration>,
+    /// How fast each replica's clock runs (`Bounds::rates`, constant).
+    rates: Vec<i64>,
     /// (Scheduled) cut links, bit `client * n + replica`.
     cut: u64,
     /// The actor the last action changed (whose fingerprint to refresh).
@@ -485,13 +496,37 @@ impl Model {
     }
 
     /// Whether the replicas' clocks are within one lease of each other: the fencing
-    /// promise (b) of ARCHITECTURE.md.
+    /// promise (b) of ARCHITECTURE.md. Clocks that run at rates beyond the drift bound
+    /// promise nothing.
     fn clocks_within_a_lease(&self) -> bool {
+        let bound = i64::from(self.cfg.max_drift_ppm());
+        if self.b.rates.iter().any(|r| r.abs() > bound) {
+            return false;
+        }
         let max = self.b.offsets.iter().max().copied().unwrap_or_default();
         let min =
             if self.b.offsets.len() < self.b.n { Duration::ZERO } else { *self.b.offsets.iter().min().expect("n > 0") };
         max - min <= LEASE
     }
+}
+
+/// What a clock `offset` ahead and `ppm` fast reads at model time `now` (from 0).
+fn clock_at(now: Time, offset: Duration, ppm: i64) -> Time {
+    let drift = now.as_nanos() as i128 * i128::from(ppm) / 1_000_000;
+    let ns = (now.as_nanos() as i128 + offset.as_nanos() as i128 + drift).max(0);
+    Duration::from_nanos(u64::try_from(ns).expect("model time fits in u64 ns"))
+}
+
+/// The earliest model time, not before `now`, at which that clock reads `local` or
+/// later (its timers fire then).
+fn real_at(local: Time, offset: Duration, ppm: i64, now: Time) -> Time {
+    let ahead = (local.as_nanos() as i128 - offset.as_nanos() as i128).max(0);
+    let t = (ahead * 1_000_000).div_euclid(1_000_000 + i128::from(ppm));
+    let mut t = Duration::from_nanos(u64::try_from(t).expect("fits")).max(now);
+    while clock_at(t, offset, ppm) < local {
+        t += Duration::from_nanos(1);
+    }
+    t
 }
 
 fn name(id: Id) -> char {
@@ -546,6 +581,7 @@ impl State {
             wiped: BTreeMap::new(),
             floors: BTreeMap::new(),
             offsets: b.offsets.clone(),
+            rates: b.rates.clone(),
             cut: 0,
             touched: None,
             fp_replicas: Vec::new(),
@@ -571,15 +607,17 @@ impl State {
 
     /// Replica `i`'s clock.
     fn replica_now(&self, i: usize) -> Time {
-        self.now + self.offsets.get(i).copied().unwrap_or_default()
+        clock_at(self.now, self.offsets.get(i).copied().unwrap_or_default(), self.rates.get(i).copied().unwrap_or(0))
     }
 
     /// An actor's next deadline, on the global clock.
     fn deadline(&self, x: Actor) -> Option<Time> {
         match x {
             Actor::Replica(i) => {
-                let off = self.offsets.get(i as usize).copied().unwrap_or_default();
-                self.replicas[i as usize].poll_timeout().map(|t| t.saturating_sub(off))
+                let (i, now) = (i as usize, self.now);
+                let (off, ppm) =
+                    (self.offsets.get(i).copied().unwrap_or_default(), self.rates.get(i).copied().unwrap_or(0));
+                self.replicas[i].poll_timeout().map(|t| real_at(t, off, ppm, now))
             }
             Actor::Client(c) => self.clients[c as usize].as_ref().and_then(|c| c.poll_timeout()),
         }
@@ -1370,7 +1408,11 @@ pub fn run(b: &Bounds) -> Report {
     // the initial REQUESTs to replica 0, 1, ...; timer ties): no symmetry there, nor
     // with a mutant planted in one replica.
     // Nor with replica clocks that differ.
-    let symmetry = b.symmetry && b.network == Network::Exhaustive && b.mutant.is_none() && b.offsets.is_empty();
+    let symmetry = b.symmetry
+        && b.network == Network::Exhaustive
+        && b.mutant.is_none()
+        && b.offsets.is_empty()
+        && b.rates.is_empty();
     let b = &Bounds { symmetry, ..b.clone() };
     let perms = if symmetry { permutations(b.n) } else { vec![(0..b.n).collect()] };
     assert!(b.clients * b.n <= 64, "cut links are bits of a u64");

@@ -517,12 +517,12 @@ fn clock_at(now: Time, offset: Duration, ppm: i64) -> Time {
     Duration::from_nanos(u64::try_from(ns).expect("model time fits in u64 ns"))
 }
 
-/// The earliest model time, not before `now`, at which that clock reads `local` or
-/// later (its timers fire then).
-fn real_at(local: Time, offset: Duration, ppm: i64, now: Time) -> Time {
+/// The earliest model time at which that clock reads `local` or later (its timers fire
+/// then; it may be past, for a timer overdue). With no drift, `local - offset`.
+fn real_at(local: Time, offset: Duration, ppm: i64) -> Time {
     let ahead = (local.as_nanos() as i128 - offset.as_nanos() as i128).max(0);
     let t = (ahead * 1_000_000).div_euclid(1_000_000 + i128::from(ppm));
-    let mut t = Duration::from_nanos(u64::try_from(t).expect("fits")).max(now);
+    let mut t = Duration::from_nanos(u64::try_from(t).expect("fits"));
     while clock_at(t, offset, ppm) < local {
         t += Duration::from_nanos(1);
     }
@@ -614,10 +614,10 @@ impl State {
     fn deadline(&self, x: Actor) -> Option<Time> {
         match x {
             Actor::Replica(i) => {
-                let (i, now) = (i as usize, self.now);
+                let i = i as usize;
                 let (off, ppm) =
                     (self.offsets.get(i).copied().unwrap_or_default(), self.rates.get(i).copied().unwrap_or(0));
-                self.replicas[i].poll_timeout().map(|t| real_at(t, off, ppm, now))
+                self.replicas[i].poll_timeout().map(|t| real_at(t, off, ppm))
             }
             Actor::Client(c) => self.clients[c as usize].as_ref().and_then(|c| c.poll_timeout()),
         }

@@ -120,6 +120,11 @@ struct NetArgs {
     /// beyond it, what breaks is the assumption's price (docs/testnet.md).
     #[arg(long, value_name = "PPM", allow_hyphen_values = true)]
     clock_drift: Option<i64>,
+    /// Test only: every node runs a planted fault of the protocol core
+    /// (grant-over-live-vote, count-lapsed-vote, disposal-forgets-floor: `sigma run
+    /// --test-mutant`), so that the run shows its checker catches it.
+    #[arg(long, value_name = "FAULT")]
+    test_mutant: Option<String>,
 }
 
 #[derive(Args)]
@@ -484,6 +489,7 @@ fn up_options(nodes: usize, net: &NetArgs, lease_ms: Option<u64>) -> Result<UpOp
             message_delay: net.message_delay.map(|l| l.to_string()),
             clock_drift_ppm: net.clock_drift,
             clock_steps: false,
+            mutant: net.test_mutant.clone(),
         },
         sigma_bin: locate_sigma(net.sigma_bin.as_deref())?,
         form_timeout: Duration::try_from_secs_f64(net.form_timeout.unwrap_or(default_form_timeout(nodes)))?,

@@ -427,6 +427,7 @@ pub async fn run(opts: &VersusOptions) -> Result<(VersusReport, String)> {
                 message_delay: None,
                 clock_drift_ppm: None,
                 clock_steps: false,
+                mutant: None,
             },
             sigma_bin: opts.sigma_bin.clone(),
             form_timeout: Duration::from_secs(60.max(2 * nodes as u64)),

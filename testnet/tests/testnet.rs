@@ -174,6 +174,30 @@ fn short_run_passes_with_no_violation() {
     }
 }
 
+/// The testnet's checker catches a planted fault of the core: with every node's
+/// replicas granting over live votes (`--test-mutant grant-over-live-vote`, `sigma run
+/// --test-mutant`), clients through different nodes hold one lock at once, and the run
+/// fails on its exclusion violations. The same run without the fault passes
+/// (`short_run_passes_with_no_violation`).
+#[test]
+fn a_run_whose_replicas_grant_over_live_votes_fails() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let net = dir.path().join("net");
+    let json = dir.path().join("run.json");
+    #[rustfmt::skip]
+    let out = testnet(&[
+        "run", "--nodes", "3", "--resources", "1", "--clients", "6", "--duration", "6",
+        "--test-mutant", "grant-over-live-vote", "--dir", path(&net), "--json", path(&json),
+    ]);
+    let text = stdout(&out);
+    assert_ne!(out.status.code(), Some(0), "a run with a double-granting core must FAIL:\n{text}");
+    let r = read_json(&json);
+    assert_eq!(r["pass"], false, "{r}");
+    assert!(r["violations"].as_u64() > Some(0), "no exclusion violation caught:\n{text}");
+    assert!(text.contains("[FAIL] exclusion violations:"), "{text}");
+}
+
 /// `--message-delay` reaches every daemon (`sigma run --test-message-delay`): each vote
 /// is a REQUEST and a RESPONSE held 30 ms each, so no acquire of a contended lock takes
 /// under 60 ms; and the simulator's figure for the same setting is printed beside the

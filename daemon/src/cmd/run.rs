@@ -184,6 +184,12 @@ pub(crate) struct RunArgs {
     /// paper's Fig. 7 on real nodes). Never on a real swarm.
     #[arg(long, value_name = "DIST", hide = true, env = "SIGMA_TEST_MESSAGE_DELAY")]
     pub(crate) test_message_delay: Option<sigma_behaviour::latency::Latency>,
+    /// Test only: runs a planted fault of the protocol core in this node's replicas and
+    /// clients (grant-over-live-vote, count-lapsed-vote, disposal-forgets-floor), so that
+    /// `sigma-testnet run --test-mutant` can show its checker catches it. Breaks mutual
+    /// exclusion on purpose: never on a real swarm.
+    #[arg(long, value_name = "FAULT", hide = true, value_parser = parse_mutant, env = "SIGMA_TEST_MUTANT")]
+    pub(crate) test_mutant: Option<sigma_behaviour::proto::Mutant>,
     /// Most queue entries (owners and waiters of other peers' acquisitions, ~100 bytes
     /// each) in all the replicas this peer hosts; past it a new one is refused.
     #[arg(long, value_name = "N", default_value_t = sigma_behaviour::DEFAULT_MAX_ENTRIES, env = "SIGMA_MAX_QUEUE_ENTRIES")]
@@ -327,6 +333,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<u8> {
     }
     if let Some(ms) = args.lease_ms {
         proto = proto.with_lease(Duration::from_millis(ms));
+    }
+    if let Some(mutant) = args.test_mutant {
+        tracing::warn!(?mutant, "test-only planted fault in the protocol core: mutual exclusion is broken on purpose");
+        proto = proto.with_mutant(mutant);
     }
     proto.validate().context("bad protocol parameters")?;
     if args.min_peers.is_some_and(|d| d == 0 || d > proto.m()) {
@@ -510,5 +520,16 @@ pub(crate) fn raise_open_file_limit() {
     match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
         Ok(()) => tracing::info!(from = soft, to = hard, "raised the open-file limit"),
         Err(e) => tracing::warn!(%e, from = soft, to = hard, "cannot raise the open-file limit"),
+    }
+}
+
+/// `--test-mutant`'s names of the core's planted faults.
+fn parse_mutant(s: &str) -> Result<sigma_behaviour::proto::Mutant, String> {
+    use sigma_behaviour::proto::Mutant;
+    match s {
+        "grant-over-live-vote" => Ok(Mutant::GrantOverLiveVote),
+        "count-lapsed-vote" => Ok(Mutant::CountLapsedVote),
+        "disposal-forgets-floor" => Ok(Mutant::DisposalForgetsFloor),
+        _ => Err(format!("{s:?}: grant-over-live-vote, count-lapsed-vote or disposal-forgets-floor")),
     }
 }

@@ -110,6 +110,10 @@ pub struct Params {
     /// `date -s` leaves them.
     #[serde(default)]
     pub clock_steps: bool,
+    /// Test only: a planted fault of the core every node runs (`sigma run
+    /// --test-mutant`), to show that the checker catches it.
+    #[serde(default)]
+    pub mutant: Option<String>,
 }
 
 /// Where libfaketime's multi-threaded library is looked for (`SIGMA_LIBFAKETIME` wins):
@@ -286,6 +290,9 @@ pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
     }
     if let Some(delay) = &spec.params.message_delay {
         cmd.arg("--test-message-delay").arg(delay);
+    }
+    if let Some(mutant) = &spec.params.mutant {
+        cmd.arg("--test-mutant").arg(mutant);
     }
     // Loopback: a dead peer is noticed within 1.25 s, and a peer cut off from the
     // gossip within 1.5 s, which keeps the takeover delay (lease + liveness timeout +

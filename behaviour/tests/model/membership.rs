@@ -83,6 +83,8 @@ pub enum Fault {
     /// Rule 2 broken (in the model's glue): a joining peer joins through a connected
     /// peer that does not serve.
     JoinThroughAnyPeer,
+    /// Rule 4 broken (`Bounds::acks`): one ack of the view a newcomer joined is enough.
+    OneAck,
 }
 
 /// What the search explores.
@@ -874,6 +876,7 @@ impl State {
     fn committed(&self, model: &Model, p: usize, x: usize) -> bool {
         let v = self.views[x];
         !self.newcomer(model, x)
+            || (v != 0 && model.b.fault == Some(Fault::OneAck) && self.peers[p].acks[x] & v != 0)
             || (v != 0 && 2 * (self.peers[p].acks[x] & v).count_ones() > v.count_ones())
     }
 

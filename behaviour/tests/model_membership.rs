@@ -236,6 +236,39 @@ fn rule_4_alone_on_the_known_gap() {
     pinned(rule_4(false), 553_102);
 }
 
+/// The known gap's joins and cut at t = 10 s only, through P0 and isolating P0, P3 and
+/// P4, with two early meetings and two early tables: the search's own way to the case
+/// the script shows.
+fn rule_4_early(joint: bool) -> Bounds {
+    Bounds {
+        depth: 55,
+        cut_sets: vec![0b11001],
+        boots: 0b00001,
+        until: Duration::from_secs(11),
+        meets: 2,
+        hears: 2,
+        ..rule_4(joint)
+    }
+}
+
+/// Rule 4 alone, searched with early meetings and tables: two holders at depth 50
+/// (the script's case: P1 meets P3 and P4 and acks, P0 hears P1's table, the cut).
+#[test]
+#[ignore = "long (220 s, 2.5 million states): cargo test --release -- --ignored"]
+fn rule_4_alone_is_caught_with_early_meetings_and_tables() {
+    let (v, depth, states) = caught(&rule_4_early(false));
+    assert!(v.contains("two valid holders"), "{v}");
+    assert_eq!((depth, states), (50, 2_536_077), "where the first counterexample is found");
+}
+
+/// Rule 4 with the joint quorum, the same search: holds.
+#[test]
+#[ignore = "long (270 s, 4 million states): cargo test --release -- --ignored"]
+fn rule_4_with_a_joint_quorum_holds_with_early_meetings_and_tables() {
+    let r = pinned(rule_4_early(true), 3_958_490);
+    assert_eq!(r.excused, 0);
+}
+
 /// Rule 4 with the joint quorum, the known gap's configuration: holds.
 #[test]
 #[ignore = "long (67 s): cargo test --release -- --ignored"]

@@ -882,9 +882,7 @@ impl State {
 
     /// Rule 4: whether p's `Membership` may be told of x (off: always).
     fn admitted(&self, model: &Model, p: usize, x: usize) -> bool {
-        !model.b.acks
-            || self.committed(model, p, x)
-            || self.peers[p].membership.peers().any(|id| *id == model.ids[x])
+        !model.b.acks || self.committed(model, p, x) || self.peers[p].membership.peers().any(|id| *id == model.ids[x])
     }
 
     /// Rule 4: p tells its `Membership` of the met peers now admitted. Whether any.
@@ -1034,7 +1032,11 @@ impl State {
                     }
                     for x in 0..self.peers.len() {
                         let listed = self.peers[r].conn & (1 << x) != 0;
-                        if listed && self.newcomer(model, x) && self.views[x] != 0 && self.peers[r].acks[x] & (1 << r) == 0 {
+                        if listed
+                            && self.newcomer(model, x)
+                            && self.views[x] != 0
+                            && self.peers[r].acks[x] & (1 << r) == 0
+                        {
                             self.peers[r].acks[x] |= 1 << r;
                             self.touch_m(r);
                             changed = true;

@@ -277,6 +277,28 @@ fn rule_4_with_a_joint_quorum_on_the_known_gap() {
     assert_eq!(r.excused, 0);
 }
 
+/// Rule 4 with the joint quorum, `restarts_and_heals_during_a_split`: holds (a
+/// restarted peer is a newcomer to itself, acked afresh).
+#[test]
+fn rule_4_with_a_joint_quorum_restarts_and_heals() {
+    let b = Bounds {
+        depth: 40,
+        cuts: 1,
+        cut_sets: vec![0b00001],
+        heals: 1,
+        kills: 1,
+        joins: 1,
+        again: 1,
+        slot: Duration::from_secs(2),
+        until: Duration::from_secs(14),
+        acks: true,
+        joint: true,
+        ..Bounds::new(3, 2, 3, 5)
+    };
+    let r = pinned(b, 269_191);
+    assert_eq!(r.excused, 0);
+}
+
 /// Rule 4 with the joint quorum, `joins_during_a_split` (no gap): holds.
 #[test]
 #[ignore = "long (40 s): cargo test --release -- --ignored"]

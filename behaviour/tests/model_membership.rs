@@ -277,6 +277,15 @@ fn rule_4_with_a_joint_quorum_on_the_known_gap() {
     assert_eq!(r.excused, 0);
 }
 
+/// Rule 4 with the joint quorum, the known gap's configuration with one-second slots
+/// to t = 13 s, depth 50: holds.
+#[test]
+#[ignore = "long (335 s, 2.9 million states): cargo test --release -- --ignored"]
+fn rule_4_with_a_joint_quorum_on_the_known_gap_fine_slots() {
+    let b = Bounds { depth: 50, slot: Duration::from_secs(1), until: Duration::from_secs(13), ..rule_4(true) };
+    pinned(b, 2_926_326);
+}
+
 /// Rule 4 with the joint quorum, `restarts_and_heals_during_a_split`: holds (a
 /// restarted peer is a newcomer to itself, acked afresh).
 #[test]

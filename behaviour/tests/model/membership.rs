@@ -83,6 +83,8 @@ pub enum Fault {
     /// Rule 2 broken (in the model's glue): a joining peer joins through a connected
     /// peer that does not serve.
     JoinThroughAnyPeer,
+    /// Rule 4 broken (`Bounds::acks`): one ack of the view a newcomer joined is enough.
+    OneAck,
 }
 
 /// What the search explores.
@@ -118,6 +120,23 @@ pub struct Bounds {
     /// by every peer it can reach (joins in the liveness timeout before the cut is
     /// noticed).
     pub gap: bool,
+    /// Candidate rule 4, in the model only: a newcomer counts (at every peer, and for
+    /// itself) only once members forming a strict majority of the view it joined (the
+    /// serving peer it first joined through and that peer's members) have listed it in
+    /// a table sent while they served. Until then a peer lists it (met) but does not
+    /// tell its `Membership` (not alive, counted by nobody), and the newcomer does not
+    /// take a table (stays joining). Acks travel in tables: a peer hears the ack sets
+    /// of a peer it met and reaches within the liveness timeout (`hears` early).
+    pub acks: bool,
+    /// Early table deliveries in all (rule 4: a peer hears another's acks before the
+    /// liveness timeout).
+    pub hears: u8,
+    /// With `acks`, a joint quorum (model only): a peer that counts a newcomer x serves
+    /// only while it also reaches a strict majority of the view x joined, until it
+    /// knows that every member of that view counts x (counts travel in tables as acks
+    /// do). Applied through `Membership::set_dialable` (not serving, and a restart
+    /// under the takeover delay when it holds again).
+    pub joint: bool,
     pub fault: Option<Fault>,
     /// The adversary (cuts, heals, kills, joins) and the applications (releases) act
     /// at the first quiescent point of each slot of this length.
@@ -149,6 +168,9 @@ impl Bounds {
             releases: 0,
             again: 0,
             gap: false,
+            acks: false,
+            hears: 0,
+            joint: false,
             fault: None,
             slot: Duration::from_millis(500),
             boots: 0,
@@ -173,6 +195,8 @@ enum Action {
     /// A peer (new, or killed before) starts with this bootstrap peer.
     Join(u8, u8),
     Release(u8),
+    /// Rule 4: the first peer hears the second's table (its acks), before its deadline.
+    Hear(u8, u8),
     /// The client starts a new acquisition (its last one is over).
     Again(u8),
 }
@@ -194,6 +218,14 @@ struct Peer {
     /// Peers this one has met and not noticed lost (bit per slot).
     conn: u8,
     replicas: BTreeMap<u8, Hosted>,
+    /// Rule 4: `acks[x]`, the peers known here to have listed newcomer x while serving.
+    acks: [u8; MAX_PEERS],
+    /// Joint quorum: `counts[x]`, the peers known here to count newcomer x.
+    counts: [u8; MAX_PEERS],
+    /// Joint quorum: serving vetoed (`set_dialable(false)`).
+    veto: bool,
+    /// Rule 4: met peers this one's `Membership` was told of (`connected`).
+    told: u8,
 }
 
 /// Where a grant came from (ghost state for the oracle).
@@ -216,6 +248,7 @@ struct Used {
     meets: u8,
     releases: u8,
     again: u8,
+    hears: u8,
 }
 
 enum Msg {
@@ -236,6 +269,10 @@ struct State {
     /// reachable.
     meet: BTreeMap<(u8, u8), (Time, bool)>,
     grants: BTreeMap<(u8, Ts, u64), Origin>,
+    /// Rule 4: the view each newcomer joined (bit per slot; 0: not yet).
+    views: [u8; MAX_PEERS],
+    /// Rule 4: `(p, q)` → when p hears q's table (with acks p lacks) at the latest.
+    gossip: BTreeMap<(u8, u8), Time>,
     used: Used,
     /// The instant the adversary may act at (the first quiescent point of a slot).
     adversary_at: Option<Time>,
@@ -432,6 +469,9 @@ fn cut_fields(s: &str, names: &[&str]) -> String {
 
 fn membership_fp(p: &Peer) -> u128 {
     let mut text = format!("{} {} {} ", p.up, p.incarnation, p.conn);
+    if p.acks != [0; MAX_PEERS] || p.told != p.conn {
+        let _ = write!(text, "{:?} {:?} {} {} ", p.acks, p.counts, p.veto, p.told);
+    }
     if p.up {
         text.push_str(&canonical(&format!("{:?}", p.membership)));
     }
@@ -474,6 +514,10 @@ impl State {
                 membership: model.fresh(false, 0),
                 conn: 0,
                 replicas: BTreeMap::new(),
+                acks: [0; MAX_PEERS],
+                counts: [0; MAX_PEERS],
+                veto: false,
+                told: 0,
             })
             .collect();
         // A meshed swarm that has served since time 0.
@@ -485,6 +529,7 @@ impl State {
             for q in (0..b.initial).filter(|&q| q != p) {
                 peer.membership.connected(model.ids[q], zero);
                 peer.conn |= 1 << q;
+                peer.told |= 1 << q;
             }
             peer.membership.tick(zero);
             assert!(peer.membership.serving());
@@ -500,6 +545,8 @@ impl State {
             lost: BTreeMap::new(),
             meet: BTreeMap::new(),
             grants: BTreeMap::new(),
+            views: [0; MAX_PEERS],
+            gossip: BTreeMap::new(),
             used: Used::default(),
             adversary_at: Some(START),
             fp_peers: Vec::new(),
@@ -556,6 +603,9 @@ impl State {
         for (&(p, q), &(t, _)) in &self.meet {
             consider(t, Due::Meet(p, q));
         }
+        for (&(p, q), &t) in &self.gossip {
+            consider(t, Due::Hear(p, q));
+        }
         for (p, peer) in self.peers.iter().enumerate() {
             for (&k, h) in &peer.replicas {
                 if let Some(t) = h.replica.poll_timeout() {
@@ -584,6 +634,11 @@ impl State {
         if self.used.meets < b.meets {
             out.extend(
                 self.meet.iter().filter(|(_, &(t, _))| t == self.now + LIVENESS).map(|(&(p, q), _)| Action::Meet(p, q)),
+            );
+        }
+        if self.used.hears < b.hears {
+            out.extend(
+                self.gossip.iter().filter(|(_, &t)| t == self.now + LIVENESS).map(|(&(p, q), _)| Action::Hear(p, q)),
             );
         }
         if self.adversary_at != Some(self.now) {
@@ -681,6 +736,10 @@ impl State {
                         self.meet_now(model, p as usize, q as usize);
                         Ok(())
                     }
+                    Due::Hear(p, q) => {
+                        self.hear(p as usize, q as usize);
+                        Ok(())
+                    }
                     Due::Replica(p, k) => {
                         let now = self.now;
                         let h = self.peers[p as usize].replicas.get_mut(&k).expect("due");
@@ -714,10 +773,19 @@ impl State {
                 self.meet_now(model, p as usize, q as usize);
                 Ok(())
             }
+            Action::Hear(p, q) => {
+                self.used.hears += 1;
+                self.hear(p as usize, q as usize);
+                Ok(())
+            }
             Action::Kill(p) => {
                 let peer = &mut self.peers[p as usize];
                 peer.up = false;
                 peer.conn = 0;
+                peer.told = 0;
+                peer.acks = [0; MAX_PEERS];
+                peer.counts = [0; MAX_PEERS];
+                peer.veto = false;
                 peer.replicas.clear();
                 self.used.kills += 1;
                 self.touch_m(p as usize);
@@ -733,12 +801,28 @@ impl State {
                     membership: model.fresh(true, inc),
                     conn: 0,
                     replicas: BTreeMap::new(),
+                    acks: [0; MAX_PEERS],
+                    counts: [0; MAX_PEERS],
+                    veto: false,
+                    told: 0,
                 };
+                // Rule 4: a new incarnation is a newcomer, acked afresh.
+                self.views[p] = 0;
+                for peer in &mut self.peers {
+                    peer.acks[p] = 0;
+                    peer.counts[p] = 0;
+                }
+                self.gossip.retain(|&(a, b), _| a as usize != p && b as usize != p);
                 self.touch_m(p);
                 join_peer = Some(p as u8);
                 if self.link(p, boot) {
                     self.connect(model, p, boot);
                     self.connect(model, boot, p);
+                    if model.b.acks {
+                        // The bootstrap peer's table: the acks it knows.
+                        self.hear(p, boot);
+                        self.admit(model, p);
+                    }
                     self.peers[p].membership.bootstrapped();
                 }
                 Ok(())
@@ -770,13 +854,92 @@ impl State {
         result
     }
 
-    /// p calls `connected` for q (once).
+    /// p meets q (once): p lists q, and calls `connected` for it if it is admitted.
     fn connect(&mut self, model: &Model, p: usize, q: usize) {
         if self.peers[p].conn & (1 << q) == 0 {
             self.peers[p].conn |= 1 << q;
-            self.peers[p].membership.connected(model.ids[q], self.now);
+            if self.admitted(model, p, q) {
+                self.peers[p].told |= 1 << q;
+                self.peers[p].membership.connected(model.ids[q], self.now);
+            }
             self.touch_m(p);
         }
+    }
+
+    /// Rule 4: whether slot x is a newcomer (a peer not of the initial swarm, or a
+    /// restart), which counts only once acked.
+    fn newcomer(&self, model: &Model, x: usize) -> bool {
+        x >= model.b.initial || self.peers[x].incarnation > 1
+    }
+
+    /// Rule 4: whether p knows a strict majority of the view x joined acked x.
+    fn committed(&self, model: &Model, p: usize, x: usize) -> bool {
+        let v = self.views[x];
+        !self.newcomer(model, x)
+            || (v != 0 && model.b.fault == Some(Fault::OneAck) && self.peers[p].acks[x] & v != 0)
+            || (v != 0 && 2 * (self.peers[p].acks[x] & v).count_ones() > v.count_ones())
+    }
+
+    /// Rule 4: whether p's `Membership` may be told of x (off: always).
+    fn admitted(&self, model: &Model, p: usize, x: usize) -> bool {
+        !model.b.acks || self.committed(model, p, x) || self.peers[p].membership.peers().any(|id| *id == model.ids[x])
+    }
+
+    /// Rule 4: p tells its `Membership` of the met peers now admitted. Whether any.
+    fn admit(&mut self, model: &Model, p: usize) -> bool {
+        let mut any = false;
+        for x in 0..self.peers.len() {
+            let bit = 1 << x;
+            if self.peers[p].conn & bit != 0 && self.peers[p].told & bit == 0 && self.admitted(model, p, x) {
+                self.peers[p].told |= bit;
+                self.peers[p].membership.connected(model.ids[x], self.now);
+                self.touch_m(p);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Joint quorum: records what p counts, and vetoes its serving (`set_dialable`)
+    /// unless it reaches a majority of the view of every newcomer it counts that it
+    /// does not know counted by that whole view. Whether anything changed.
+    fn joint(&mut self, model: &Model, p: usize) -> bool {
+        let n = self.peers.len();
+        let peer = &self.peers[p];
+        let mut counts = peer.counts;
+        for (x, c) in counts.iter_mut().enumerate().take(n) {
+            let counted = (peer.told & (1 << x) != 0) || (x == p && peer.membership.ready());
+            if counted && self.newcomer(model, x) && self.views[x] != 0 {
+                *c |= 1 << p;
+            }
+        }
+        let reach = (1u8 << p) | (peer.conn & peer.told);
+        let ok = (0..n).all(|x| {
+            let v = self.views[x];
+            let counted = counts[x] & (1 << p) != 0;
+            !counted || counts[x] & v == v || 2 * (reach & v).count_ones() > v.count_ones()
+        });
+        let changed = counts != peer.counts || peer.veto == ok;
+        if changed {
+            let peer = &mut self.peers[p];
+            peer.counts = counts;
+            peer.veto = !ok;
+            peer.membership.set_dialable(ok);
+            self.touch_m(p);
+        }
+        changed
+    }
+
+    /// Rule 4: p hears q's table: the acks q knows.
+    fn hear(&mut self, p: usize, q: usize) {
+        for x in 0..self.peers.len() {
+            let a = self.peers[q].acks[x];
+            self.peers[p].acks[x] |= a;
+            let c = self.peers[q].counts[x];
+            self.peers[p].counts[x] |= c;
+        }
+        self.gossip.remove(&(p as u8, q as u8));
+        self.touch_m(p);
     }
 
     fn meet_now(&mut self, model: &Model, p: usize, q: usize) {
@@ -790,7 +953,10 @@ impl State {
         for q in 0..self.peers.len() {
             if self.peers[p].conn & (1 << q) != 0 && !self.link(p, q) {
                 self.peers[p].conn &= !(1 << q);
-                self.peers[p].membership.disconnected(model.ids[q], self.now);
+                if self.peers[p].told & (1 << q) != 0 {
+                    self.peers[p].told &= !(1 << q);
+                    self.peers[p].membership.disconnected(model.ids[q], self.now);
+                }
                 self.lost.remove(&(p as u8, q as u8));
                 self.touch_m(p);
             }
@@ -822,6 +988,18 @@ impl State {
                         self.meet.remove(&key);
                     }
                 }
+                // Rule 4: p hears the acks of a peer it met and reaches within the
+                // liveness timeout.
+                let both = self.peers[p].conn & (1 << q) != 0 && self.peers[q].conn & (1 << p) != 0;
+                let news = (0..n).any(|x| {
+                    self.peers[q].acks[x] & !self.peers[p].acks[x] != 0
+                        || self.peers[q].counts[x] & !self.peers[p].counts[x] != 0
+                });
+                if self.link(p, q) && both && news {
+                    self.gossip.entry(key).or_insert(now + LIVENESS);
+                } else {
+                    self.gossip.remove(&key);
+                }
             }
         }
     }
@@ -846,6 +1024,38 @@ impl State {
                 peer.replicas
                     .retain(|&k, _| m.closest_alive(&model.replica_keys[k as usize], &model.keys[p]).is_none());
             }
+            if model.b.acks {
+                // Rule 4: a serving peer acks every newcomer it lists (met) that has a view.
+                for r in 0..self.peers.len() {
+                    if !self.peers[r].up || !self.peers[r].membership.serving() {
+                        continue;
+                    }
+                    for x in 0..self.peers.len() {
+                        let listed = self.peers[r].conn & (1 << x) != 0;
+                        if listed
+                            && self.newcomer(model, x)
+                            && self.views[x] != 0
+                            && self.peers[r].acks[x] & (1 << r) == 0
+                        {
+                            self.peers[r].acks[x] |= 1 << r;
+                            self.touch_m(r);
+                            changed = true;
+                        }
+                    }
+                }
+                for p in 0..self.peers.len() {
+                    if self.peers[p].up && self.admit(model, p) {
+                        changed = true;
+                    }
+                }
+                if model.b.joint {
+                    for p in 0..self.peers.len() {
+                        if self.peers[p].up && self.joint(model, p) {
+                            changed = true;
+                        }
+                    }
+                }
+            }
             for p in 0..self.peers.len() {
                 if !self.peers[p].up || !self.peers[p].membership.needs_voucher() {
                     continue;
@@ -856,6 +1066,20 @@ impl State {
                         && (self.peers[q].membership.serving() || model.b.fault == Some(Fault::JoinThroughAnyPeer))
                 });
                 let Some(q) = through else { continue };
+                if model.b.acks {
+                    if self.views[p] == 0 {
+                        // The view it joined: the serving peer and its members.
+                        let mut v = 1u8 << q;
+                        for id in self.peers[q].membership.peers() {
+                            v |= 1 << model.slot(id);
+                        }
+                        self.views[p] = v;
+                        changed = true;
+                    }
+                    if !self.committed(model, p, p) {
+                        continue;
+                    }
+                }
                 let named: Vec<PeerId> =
                     self.peers[q].membership.alive().copied().filter(|id| *id != model.ids[p]).collect();
                 let delay = self.peers[q].membership.members_delay();
@@ -1023,6 +1247,9 @@ impl State {
             self.meet,
             self.adversary_at == Some(self.now)
         );
+        if !self.gossip.is_empty() || self.views != [0; MAX_PEERS] {
+            let _ = write!(text, "{:?} {:?} ", self.gossip, self.views);
+        }
         for (m, r) in &self.fp_peers {
             let _ = write!(text, "{m:x} {r:x} ");
         }
@@ -1098,6 +1325,7 @@ impl State {
             Action::Step => match self.next_deadline() {
                 Some((t, Due::Notice(p))) => format!("t={}: P{p} notices the peers it lost (deadline)", secs(t)),
                 Some((t, Due::Meet(p, q))) => format!("t={}: P{p} and P{q} meet (deadline)", secs(t)),
+                Some((t, Due::Hear(p, q))) => format!("t={}: P{p} hears P{q}'s table (deadline)", secs(t)),
                 Some((t, Due::Replica(p, k))) => format!("t={}: timer of replica {k} at P{p}", secs(t)),
                 Some((t, Due::Client(c))) => format!("t={}: timer of client {}", secs(t), name(c.into())),
                 None => "nothing due".into(),
@@ -1109,6 +1337,7 @@ impl State {
             Action::Heal => "HEAL".into(),
             Action::Notice(p) => format!("P{p} notices the peers it lost (early)"),
             Action::Meet(p, q) => format!("P{p} and P{q} meet (early)"),
+            Action::Hear(p, q) => format!("P{p} hears P{q}'s table (early)"),
             Action::Kill(p) => format!("P{p} is KILLED"),
             Action::Join(p, boot) => {
                 let what = if self.peers[p as usize].incarnation == 0 { "JOINS" } else { "RESTARTS" };
@@ -1147,12 +1376,21 @@ impl State {
                 .collect();
             let _ = writeln!(
                 out,
-                "        P{p}: {r} (members {}, reachable {}, uncounted {}), met {}, hosts [{}]",
+                "        P{p}: {r} (members {}, reachable {}, uncounted {}), met {}, hosts [{}]{}",
                 m.members(),
                 m.reachable() + 1,
                 m.uncounted(),
                 bits(peer.conn),
-                hosts.join(", ")
+                hosts.join(", "),
+                if model.b.acks {
+                    let acks: Vec<String> = (0..self.peers.len())
+                        .filter(|&x| self.views[x] != 0)
+                        .map(|x| format!("P{x} view {} acked {}", bits(self.views[x]), bits(peer.acks[x])))
+                        .collect();
+                    format!(", told {}, acks [{}]", bits(peer.told), acks.join("; "))
+                } else {
+                    String::new()
+                }
             );
         }
         for (c, client) in self.clients.iter().enumerate() {
@@ -1178,6 +1416,7 @@ fn dummy() -> ToReplica<Id> {
 enum Due {
     Notice(u8),
     Meet(u8, u8),
+    Hear(u8, u8),
     Replica(u8, u8),
     Client(u8),
 }
@@ -1372,6 +1611,7 @@ pub fn scripted(b: &Bounds, script: &str) -> String {
             "heal" => path.push(Action::Heal),
             "notice" => path.push(Action::Notice(num(1))),
             "meet" => path.push(Action::Meet(num(1), num(2))),
+            "hear" => path.push(Action::Hear(num(1), num(2))),
             "kill" => path.push(Action::Kill(num(1))),
             "join" => path.push(Action::Join(num(1), num(2))),
             "release" => path.push(Action::Release(num(1))),

@@ -131,6 +131,8 @@
 // build as a test of its own): the checker lives in tests/model/.
 #[path = "model/checker.rs"]
 mod checker;
+#[path = "support/clock.rs"]
+mod clock;
 
 use checker::{run, Bounds, Network, Timers, EVERY, LEASE};
 use sigma_behaviour::proto::Mutant;

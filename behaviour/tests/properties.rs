@@ -31,6 +31,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+#[path = "support/clock.rs"]
+mod clock;
+
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -111,25 +114,6 @@ fn rates(half: i64, ahead: Duration) -> impl Strategy<Value = Rates> {
             replicas,
             replica_offsets,
         })
-}
-
-/// What a clock `offset` ahead and `ppm` fast (since [`START`]) reads at real time `now`.
-fn clock_at(now: Time, offset: Duration, ppm: i64) -> Time {
-    let elapsed = now.saturating_sub(START).as_nanos() as i128;
-    let drift = elapsed * i128::from(ppm) / 1_000_000;
-    let ns = (now.as_nanos() as i128 + offset.as_nanos() as i128 + drift).max(0);
-    Duration::from_nanos(u64::try_from(ns).expect("virtual time fits in u64 ns"))
-}
-
-/// The earliest real time (not before `now`) at which that clock reads `local` or later.
-fn real_at(local: Time, offset: Duration, ppm: i64, now: Time) -> Time {
-    let ahead = local.as_nanos() as i128 - START.as_nanos() as i128 - offset.as_nanos() as i128;
-    let elapsed = (ahead * 1_000_000).div_euclid(1_000_000 + i128::from(ppm)).max(0);
-    let mut t = (START + Duration::from_nanos(u64::try_from(elapsed).expect("fits"))).max(now);
-    while clock_at(t, offset, ppm) < local {
-        t += Duration::from_nanos(1);
-    }
-    t
 }
 
 /// `j_same + n − j < m` on a client's `resp[]` (Fig. 5, case 3), computed here
@@ -322,7 +306,7 @@ impl World {
     /// Replica `i`'s clock.
     fn replica_now(&self, i: usize) -> Time {
         let (offset, ppm) = self.replica_clock(i);
-        clock_at(self.now, offset, ppm)
+        clock::clock_at(self.now, START, offset, ppm)
     }
 
     fn acq_index(&self, ts: &Ts) -> usize {
@@ -332,7 +316,7 @@ impl World {
     /// A client's own clock.
     fn local(&self, id: Id) -> Time {
         let (offset, ppm) = self.client_clock(id);
-        clock_at(self.now, offset, ppm)
+        clock::clock_at(self.now, START, offset, ppm)
     }
 
     fn is_paused(&self, id: Id) -> bool {
@@ -566,7 +550,7 @@ impl World {
         for _ in 0..100_000 {
             let replicas = (0..self.n).filter_map(|i| {
                 let (offset, ppm) = self.replica_clock(i);
-                self.replicas[i].poll_timeout().map(|t| real_at(t, offset, ppm, self.now))
+                self.replicas[i].poll_timeout().map(|t| clock::real_at(t, START, offset, ppm))
             });
             let next = replicas.chain(self.client_deadlines()).min();
             match next {
@@ -597,7 +581,7 @@ impl World {
             let id = a.client.ts().client;
             let t = a.client.poll_timeout()?;
             let (offset, ppm) = self.client_clock(id);
-            let t = real_at(t, offset, ppm, self.now);
+            let t = clock::real_at(t, START, offset, ppm);
             Some(self.paused.get(&id).map_or(t, |&resume| t.max(resume)))
         })
     }

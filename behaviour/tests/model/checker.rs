@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::{Duration, Instant};
 
+use crate::clock::{clock_at, real_at};
 use sigma_behaviour::proto::client::View;
 use sigma_behaviour::proto::{
     Client, ClientError, Config, Event, LamportClock, Mutant, Phase, Replica, ReplicaError, Response, Time, Timestamp,
@@ -510,25 +511,6 @@ impl Model {
     }
 }
 
-/// What a clock `offset` ahead and `ppm` fast reads at model time `now` (from 0).
-fn clock_at(now: Time, offset: Duration, ppm: i64) -> Time {
-    let drift = now.as_nanos() as i128 * i128::from(ppm) / 1_000_000;
-    let ns = (now.as_nanos() as i128 + offset.as_nanos() as i128 + drift).max(0);
-    Duration::from_nanos(u64::try_from(ns).expect("model time fits in u64 ns"))
-}
-
-/// The earliest model time at which that clock reads `local` or later (its timers fire
-/// then; it may be past, for a timer overdue). With no drift, `local - offset`.
-fn real_at(local: Time, offset: Duration, ppm: i64) -> Time {
-    let ahead = (local.as_nanos() as i128 - offset.as_nanos() as i128).max(0);
-    let t = (ahead * 1_000_000).div_euclid(1_000_000 + i128::from(ppm));
-    let mut t = Duration::from_nanos(u64::try_from(t).expect("fits"));
-    while clock_at(t, offset, ppm) < local {
-        t += Duration::from_nanos(1);
-    }
-    t
-}
-
 fn name(id: Id) -> char {
     (b'A' + id as u8) as char
 }
@@ -607,7 +589,12 @@ impl State {
 
     /// Replica `i`'s clock.
     fn replica_now(&self, i: usize) -> Time {
-        clock_at(self.now, self.offsets.get(i).copied().unwrap_or_default(), self.rates.get(i).copied().unwrap_or(0))
+        clock_at(
+            self.now,
+            Duration::ZERO,
+            self.offsets.get(i).copied().unwrap_or_default(),
+            self.rates.get(i).copied().unwrap_or(0),
+        )
     }
 
     /// An actor's next deadline, on the global clock.
@@ -617,7 +604,7 @@ impl State {
                 let i = i as usize;
                 let (off, ppm) =
                     (self.offsets.get(i).copied().unwrap_or_default(), self.rates.get(i).copied().unwrap_or(0));
-                self.replicas[i].poll_timeout().map(|t| real_at(t, off, ppm))
+                self.replicas[i].poll_timeout().map(|t| real_at(t, Duration::ZERO, off, ppm))
             }
             Actor::Client(c) => self.clients[c as usize].as_ref().and_then(|c| c.poll_timeout()),
         }

@@ -11,6 +11,7 @@ use sigma_daemon::http::DEFAULT_CLIENT_TTL;
 use tokio::process::Command;
 
 mod daemon;
+#[path = "../../node/tests/port/mod.rs"]
 mod port;
 
 use daemon::{daemon, daemon_with, eventually, get_json, http, Daemon, PATIENCE, SIGMA};

@@ -105,7 +105,7 @@ pub struct Params {
     #[serde(default)]
     pub clock_drift_ppm: Option<i64>,
     /// Test only: every node but node 0 reads its wall clock through libfaketime with an
-    /// offset in [`Spec::clock_file`], which the `clock-step` fault rewrites; the
+    /// offset in [`clock_file`], which the `clock-step` fault rewrites; the
     /// monotonic clocks stay real (`FAKETIME_DONT_FAKE_MONOTONIC`), as an NTP step or
     /// `date -s` leaves them.
     #[serde(default)]
@@ -187,11 +187,6 @@ impl Spec {
             append_log: false,
         }
     }
-
-    /// See [`clock_file`].
-    pub fn clock_file(&self) -> PathBuf {
-        clock_file(&self.key_file)
-    }
 }
 
 /// The wall-clock offset of the node whose key is `key_file`, under
@@ -201,7 +196,7 @@ pub fn clock_file(key_file: &Path) -> PathBuf {
     key_file.with_extension("clock")
 }
 
-/// The content of a [`Spec::clock_file`] for a wall clock `offset_s` seconds off.
+/// The content of a [`clock_file`] for a wall clock `offset_s` seconds off.
 pub fn clock_offset(offset_s: i64) -> String {
     format!("{offset_s:+}\n")
 }
@@ -314,7 +309,7 @@ pub fn start(bin: &Path, spec: &Spec, timeout: Duration) -> Result<Started> {
         cmd.env("LD_PRELOAD", faketime_lib()?).env("FAKETIME", faketime_rate(ppm)).env("FAKETIME_DONT_RESET", "1");
     }
     if spec.params.clock_steps && spec.index != 0 {
-        let file = spec.clock_file();
+        let file = clock_file(&spec.key_file);
         if !file.exists() {
             std::fs::write(&file, clock_offset(0)).with_context(|| format!("writing {}", file.display()))?;
         }

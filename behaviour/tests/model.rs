@@ -183,7 +183,7 @@ fn scheduled_3_2_late_notices() {
         copies: 0,
         ..Bounds::new(3, 2, 3)
     };
-    pinned(b, 490_161);
+    pinned(b, 490_176);
 }
 
 /// Scheduled, n=4, m=3, two clients, one reset: two links cut for good, the holder never

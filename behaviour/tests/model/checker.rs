@@ -948,11 +948,16 @@ impl State {
 
     /// Drops responses their client will discard whenever they arrive: older than the
     /// grant it already knows (its stamps only grow), or addressed to a released
-    /// acquisition. Delivering them changes nothing but counters, so this only merges
-    /// states.
+    /// acquisition; a solicitation (whose stamp the client does not read: a reset
+    /// replica's is below what the client saw before) once its client no longer waits,
+    /// which it never does again. Delivering them changes nothing but counters, so this
+    /// only merges states.
     fn forget_dead_messages(&mut self) {
         let clients = &self.clients;
         self.flight.retain(|f| match &f.msg {
+            Msg::Down { to, r, .. } if r.solicit => {
+                clients[*to as usize].as_ref().is_none_or(|c| c.phase() == Phase::Waiting)
+            }
             Msg::Down { from, to, r } => match &clients[*to as usize] {
                 Some(c) => c.phase() != Phase::Released && r.stamp >= c.views()[*from].stamp,
                 None => true,

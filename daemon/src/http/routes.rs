@@ -295,7 +295,8 @@ pub(super) async fn get_inspect(State(s): State<AppState>, Path(name): Path<Stri
 
 #[utoipa::path(post, path = "/v1/revoke/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = RevokeBody,
     responses((status = 200, description = "The holder gave the lock up", body = sigma_node::inspect::Revoked),
-        (status = 404, description = "Not held under that token, or the holder refused", body = ErrorBody)))]
+        (status = 403, description = "Not revoked: an owner of the lock's replicas, which may hold it, refused (this node is not among its `--admin-peer`s; code revoke_refused)", body = ErrorBody),
+        (status = 404, description = "Not held under that token by any owner of the lock's replicas (code not_held)", body = ErrorBody)))]
 pub(super) async fn post_revoke(
     State(s): State<AppState>,
     axum::Extension(peer): axum::Extension<serve::Peer>,
@@ -311,7 +312,8 @@ pub(super) async fn post_revoke(
             tracing::warn!(name, token, holder = %done.holder, uid = ?peer.uid, "lock revoked through the API");
             (StatusCode::OK, Json(done)).into_response()
         }
-        Err(e @ RevokeError::NotFound { .. }) => error(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e @ RevokeError::NotFound { .. }) => error_with_code(StatusCode::NOT_FOUND, "not_held", e.to_string()),
+        Err(e @ RevokeError::Refused { .. }) => error_with_code(StatusCode::FORBIDDEN, "revoke_refused", e.to_string()),
         Err(e @ RevokeError::Lock(LockError::BadName)) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }

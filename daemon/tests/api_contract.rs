@@ -1,6 +1,6 @@
 //! The daemon serves its OpenAPI document (`GET /v1/openapi.json`), and what it answers
 //! matches it: every property an answer carries is in its schema, and every required
-//! one is there.
+//! one is there; an enumeration's value is one of its values.
 
 use serde_json::Value;
 use sigma_daemon::client::{AcquireOptions, Client};
@@ -14,6 +14,10 @@ use daemon::{daemon, daemon_with, eventually, get_json, http, SIGMA};
 fn conforms(doc: &Value, name: &str, value: &Value, path: &str) {
     let schema = &doc["components"]["schemas"][name];
     assert!(schema.is_object(), "{path}: no schema {name}");
+    if let Some(values) = schema["enum"].as_array() {
+        assert!(values.contains(value), "{path}: {value} is not one of the {name} values {values:?}");
+        return;
+    }
     let props = schema["properties"].as_object().unwrap_or_else(|| panic!("{path}: {name} has no properties"));
     let obj = value.as_object().unwrap_or_else(|| panic!("{path}: {name} is not an object: {value}"));
     for key in obj.keys() {

@@ -149,4 +149,3 @@ pub enum RevokeError {
         peers: Vec<String>,
     },
 }
-

@@ -7,8 +7,13 @@
 //! (the secret keep-alive and release need) and a deadline, `valid_for_ms`: the lock may
 //! go to someone else after it, and not before. Count it from when the request was
 //! *sent*, and stop using the lock at it unless a keep-alive (sent before it) answered a
-//! later one, whatever else happens: a refused connection, a timeout, 503 `busy` or
-//! `stopping` ([`ClientError::is_stopping`]) or 404 `not_held` only mean no new deadline.
+//! later one, whatever else happens: a refused connection, a timeout or 503 `busy` only
+//! mean no new deadline; 404 `not_held` and 503 `stopping` mean stop now
+//! ([`ClientError::code`]).
+//!
+//! **Errors.** Every refusal of the daemon is a [`ClientError::Refused`] with its
+//! [`ErrorCode`]: match on the code, never on the message (docs/operating.md, "Errors",
+//! says what to do on each). "Not won in time" is [`ErrorCode::NotWon`] (HTTP 423).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), sigma_daemon::client::ClientError> {
@@ -42,8 +47,10 @@ use crate::http::{
 use sigma_node::inspect::{Inspection, Revoked};
 use sigma_node::Status;
 
+pub use crate::http::ErrorCode;
+
 /// How much longer than an acquire's own timeout the client waits for the daemon's
-/// answer: the daemon answers 408 itself; this only bounds a hung daemon.
+/// answer: the daemon answers 423 `not_won` itself; this only bounds a hung daemon.
 pub const ACQUIRE_SLACK: Duration = Duration::from_secs(5);
 /// Deadline of every other call, unless [`Client::with_timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -65,30 +72,27 @@ pub enum ClientError {
         /// The API address.
         api: ApiAddr,
     },
-    /// `408`: the lock was not won within the acquire's timeout.
-    #[error("timed out waiting for the lock")]
-    Timeout,
-    /// `503` with code `not_ready`: the daemon does not serve (joining its swarm, or
-    /// cut off from the majority of it).
-    #[error("{0}")]
-    NotReady(String),
-    /// `400`: a bad lock name, quorum or body.
-    #[error("{0}")]
-    BadRequest(String),
-    /// `404`: not held under that token (released, lost, expired), or no such holder.
-    #[error("{0}")]
-    NotFound(String),
-    /// Any other refusal: its HTTP status, its stable code if any (e.g. `busy`,
-    /// `unauthorized`, see [`gate`]), and the message.
-    #[error("{message} (HTTP {status})")]
+    /// The daemon refused the call: its [`ErrorCode`] says why (and gives the HTTP
+    /// status, [`ErrorCode::status`]), its message says it to a person.
+    #[error("{message} ({code})")]
     Refused {
-        /// HTTP status.
-        status: u16,
         /// The error's stable code.
-        code: Option<String>,
+        code: ErrorCode,
         /// The daemon's message.
         message: String,
     },
+    /// An error answer without a code this client knows (not a sigma daemon, or one of
+    /// another version): its HTTP status and body.
+    #[error("HTTP {status} from the sigma daemon: {message}")]
+    Unexpected {
+        /// HTTP status.
+        status: u16,
+        /// The body (or the status's text).
+        message: String,
+    },
+    /// A token that cannot be sent as a header.
+    #[error("the {0} token is not a valid header value")]
+    BadToken(&'static str),
     /// An answer that does not decode.
     #[error("bad answer from the sigma daemon: {0}")]
     Decode(String),
@@ -110,10 +114,18 @@ impl ClientError {
         }
     }
 
-    /// `503` with code `stopping`: the daemon is stopping. A holder must stop using the
-    /// lock now and release it.
+    /// The daemon's code, if it refused the call.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Refused { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// `503 stopping`: the daemon is stopping. A holder must stop using the lock now and
+    /// release it.
     pub fn is_stopping(&self) -> bool {
-        matches!(self, ClientError::Refused { status: 503, code: Some(c), .. } if c == "stopping")
+        self.code() == Some(ErrorCode::Stopping)
     }
 }
 
@@ -130,8 +142,8 @@ fn find_io<'a>(mut e: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::
 /// Options of [`Client::acquire`].
 #[derive(Clone, Debug, Default)]
 pub struct AcquireOptions {
-    /// Give up after this long (408: [`ClientError::Timeout`]); `None`: wait as long as
-    /// it takes.
+    /// Give up after this long (423: [`ErrorCode::NotWon`]); `None`: wait as long as it
+    /// takes.
     pub timeout: Option<Duration>,
     /// The client lease: the daemon releases the lock this long after the last
     /// [`Client::keepalive`]. `None`: the daemon's default (5 s).
@@ -180,8 +192,7 @@ impl Client {
 
     /// Sends `Authorization: Bearer <token>` (a daemon started with `--api-token-file`).
     pub fn with_token(mut self, token: &str) -> Result<Client, ClientError> {
-        let value = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| ClientError::BadRequest("the API token is not a valid header value".to_owned()))?;
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| ClientError::BadToken("API"))?;
         self.token = Some(value);
         Ok(self)
     }
@@ -189,8 +200,7 @@ impl Client {
     /// Sends `Authorization: Bearer <token>` on the admin routes (`revoke`, `block`): the
     /// daemon's admin token (`--admin-token-file`).
     pub fn with_admin_token(mut self, token: &str) -> Result<Client, ClientError> {
-        let value = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| ClientError::BadRequest("the admin token is not a valid header value".to_owned()))?;
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| ClientError::BadToken("admin"))?;
         self.admin_token = Some(value);
         Ok(self)
     }
@@ -333,17 +343,12 @@ impl Client {
             return Ok(resp);
         }
         let body = resp.text().await.unwrap_or_default();
-        let (message, code) = match serde_json::from_str::<ErrorBody>(&body) {
-            Ok(e) => (e.error, e.code),
-            Err(_) if body.trim().is_empty() => (status.to_string(), None),
-            Err(_) => (format!("{status}: {}", body.trim()), None),
-        };
-        Err(match status.as_u16() {
-            408 => ClientError::Timeout,
-            400 => ClientError::BadRequest(message),
-            404 => ClientError::NotFound(message),
-            503 if code.as_deref() == Some("not_ready") => ClientError::NotReady(message),
-            s => ClientError::Refused { status: s, code, message },
+        Err(match serde_json::from_str::<ErrorBody>(&body) {
+            Ok(e) => ClientError::Refused { code: e.code, message: e.error },
+            Err(_) if body.trim().is_empty() => {
+                ClientError::Unexpected { status: status.as_u16(), message: status.to_string() }
+            }
+            Err(_) => ClientError::Unexpected { status: status.as_u16(), message: body.trim().to_owned() },
         })
     }
 }
@@ -497,7 +502,7 @@ impl Holding {
                 self.warned = false;
                 None
             }
-            Err(ClientError::NotFound(_)) => Some("the daemon no longer holds it".to_owned()),
+            Err(e) if e.code() == Some(ErrorCode::NotHeld) => Some("the daemon no longer holds it".to_owned()),
             Err(e) if e.is_stopping() => Some("the daemon is stopping".to_owned()),
             Err(e) if e.is_refused_connection() => Some(format!("the daemon is gone ({e})")),
             Err(e) => {
@@ -516,7 +521,7 @@ impl Holding {
         let client = self.client.clone().with_timeout(Duration::from_secs(10));
         match client.release(&self.name, self.token, &self.lease).await {
             Ok(_) => Ok(true),
-            Err(ClientError::NotFound(_)) => Ok(false),
+            Err(e) if e.code() == Some(ErrorCode::NotHeld) => Ok(false),
             Err(e) => Err(e),
         }
     }

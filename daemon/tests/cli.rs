@@ -507,7 +507,9 @@ async fn admin(dir: &Path, api: &str, action: &str, peers: Vec<String>) -> Value
 /// `sigma inspect` on any daemon shows the holder and its token; `sigma release NAME
 /// --token T` there breaks the lock held through another daemon that takes orders from
 /// any peer (`--admin-peer any`): the holding `sigma lock` stops its command as for a
-/// lost lock (exit 76). A token nobody holds is an error (exit 1).
+/// lost lock (exit 76). A token nobody holds is an error (exit 1), and so is a lock whose
+/// holder takes no orders from this daemon: 403 `revoke_refused`, which says so (it used
+/// to be a 404 saying the lock was not held).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_and_release_from_another_daemon() {
     let dir = tempfile::tempdir().unwrap();
@@ -568,6 +570,33 @@ async fn inspect_and_release_from_another_daemon() {
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let out = lock_cmd_with(&b.api, "broken", &["--try"], "echo ran").output().await.unwrap();
     assert!(out.status.success(), "free after the revoke: {}", String::from_utf8_lossy(&out.stderr));
+
+    // b takes no orders from other peers: a revoke from c is refused, and says so.
+    let kept = http().post(format!("http://{}/v1/locks/kept/acquire?timeout_ms=20000&ttl_ms=60000", b.api));
+    let kept: Value = kept.send().await.unwrap().json().await.unwrap();
+    let token = kept["token"].as_u64().unwrap_or_else(|| panic!("{kept}"));
+    let refused = http()
+        .post(format!("http://{}/v1/revoke/kept", c.api))
+        .bearer_auth(daemon::admin_token(dir.path()))
+        .json(&serde_json::json!({ "token": token }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "revoke_refused", "{body}");
+    let said = body["error"].as_str().unwrap();
+    assert!(said.contains("not revoked") && said.contains("not_allowed") && !said.contains("not held"), "{said}");
+    let out = Command::new(SIGMA)
+        .args(["release", "kept", "--token", &token.to_string(), "--api", &c.api])
+        .arg("--admin-token-file")
+        .arg(dir.path().join("admin.token"))
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not revoked"), "{stderr}");
 }
 
 /// The daemon runs on jemalloc with its own options (one arena, pages returned by a

@@ -3,8 +3,8 @@
 //! against real daemons, in the scenarios of python_client.rs: two clients for one lock
 //! take turns (the second is granted only after the first released, with a larger fencing
 //! token) while the first renews its client lease past its TTL; a holder whose daemon
-//! hangs is lost by its deadline; the unix socket, the configured address, and a clear
-//! error when no daemon answers. And the Python client (python_client.rs runs its
+//! hangs is lost by its deadline; a lock not won within the timeout (423 `not_won`, exit
+//! 75); the unix socket, the configured address, and a clear error when no daemon answers. And the Python client (python_client.rs runs its
 //! scenarios) installed with pip.
 
 use std::path::{Path, PathBuf};
@@ -120,6 +120,11 @@ async fn take_turns_and_renew_their_lease(c: Client) {
         get_json(&status).await["locks_held"].as_array().is_some_and(|h| !h.is_empty())
     })
     .await;
+    // Not won in time: 423 `not_won`, which the client tells from any other refusal.
+    let late = c.command(&["--api", &d.api, "--timeout", "0.3", &name]).output().await.unwrap();
+    let said = String::from_utf8_lossy(&late.stderr);
+    assert_eq!(late.status.code(), Some(75), "not won within --timeout: {said}");
+    assert!(said.contains("not_won"), "{said}");
     let waiting = Instant::now();
     let second = c.command(&["--api", &d.api, "--timeout", "30", &name]).output().await.unwrap();
     let waited = waiting.elapsed();
@@ -202,6 +207,19 @@ async fn speaks_over_the_unix_socket(c: Client) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(69), "the configured socket, not the default port: {stderr}");
     assert!(stderr.contains("nobody.sock") && no_trace(&stderr), "{stderr}");
+}
+
+/// Each client knows every code of the daemon's errors: a code added to `ErrorCode`
+/// needs a line in each.
+#[test]
+fn every_client_knows_every_error_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for client in ["examples/python/sigma_lock.py", "examples/go/sigmalock.go", "examples/typescript/src/index.ts"] {
+        let source = std::fs::read_to_string(root.join(client)).unwrap();
+        for code in sigma_daemon::http::ErrorCode::ALL {
+            assert!(source.contains(&format!("\"{code}\"")), "{client} does not know the code {code}");
+        }
+    }
 }
 
 /// `go vet` finds nothing, and the module's own tests pass (the deadline accounting

@@ -74,6 +74,7 @@ async fn a_config_file_metrics_address_json_logs_and_a_key_file_two_daemons_cann
     // Only /metrics there: the lock API stays on loopback behind its gate.
     let other = daemon::http().get(format!("http://{metrics}/v1/status")).send().await.unwrap();
     assert_eq!(other.status(), 404);
+    assert_eq!(other.json::<serde_json::Value>().await.unwrap()["code"], "not_found", "JSON there too");
     assert!(key.exists(), "the key file named in the config file");
     let first = std::fs::read_to_string(&log).unwrap();
     let line = first.lines().next().expect("a log line");

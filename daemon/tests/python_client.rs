@@ -1,6 +1,7 @@
 //! examples/python/sigma_lock.py against a real daemon: two Python clients for one lock
 //! take turns (the second is granted only after the first released, with a larger
-//! fencing token), and the client lease is renewed past its TTL.
+//! fencing token), and the client lease is renewed past its TTL; a lock not won in time
+//! (423 `not_won`) exits 75.
 
 use std::path::Path;
 
@@ -36,6 +37,12 @@ async fn python_clients_take_turns_and_renew_their_lease() {
         get_json(&status).await["locks_held"].as_array().is_some_and(|h| !h.is_empty())
     })
     .await;
+    // Not won in time: 423 `not_won` (sigma_lock.NotWon), exit 75.
+    let late =
+        Command::new("python3").args([SCRIPT, "--api", &d.api, "--timeout", "0.3", "py/turns"]).output().await.unwrap();
+    let said = String::from_utf8_lossy(&late.stderr);
+    assert_eq!(late.status.code(), Some(75), "not won within --timeout: {said}");
+    assert!(said.contains("not_won") && !said.contains("Traceback"), "{said}");
     let waiting = std::time::Instant::now();
     let second =
         Command::new("python3").args([SCRIPT, "--api", &d.api, "--timeout", "30", "py/turns"]).output().await.unwrap();

@@ -13,8 +13,9 @@
 // go to someone else. The client counts it from when it sent the request that answered
 // it ([Lock.Deadline], on the monotonic clock), and [Lock.Lost] is closed at that
 // deadline unless a later renewal moved it on, whatever the daemon answered meanwhile
-// (busy, no answer in time); at once if the daemon says the lock is gone (404), that it
-// is stopping (503 stopping), or refuses the connection (it is not running). Stop
+// (busy, no answer in time); at once if the daemon says the lock is gone (404
+// not_held), that it is stopping (503 stopping), or refuses the connection (it is not
+// running). Stop
 // touching the resource when Lost is closed. The lease id the acquire answers is the
 // secret that proves this client holds the lock; the fencing token ([Lock.Token]) is
 // public: pass it to the protected resource.
@@ -68,19 +69,53 @@ type Options struct {
 	API string
 	// TTL is the client lease; zero: [DefaultTTL].
 	TTL time.Duration
-	// Timeout gives up the acquire after this long ([IsTimeout]); zero: wait as long
-	// as it takes (or until the context ends).
+	// Timeout gives up the acquire after this long ([IsTimeout]: 423 not_won); zero:
+	// wait as long as it takes (or until the context ends).
 	Timeout time.Duration
 	// TokenFile holds the bearer token of a daemon run with --api-token-file; empty:
 	// $SIGMA_API_TOKEN_FILE, if set.
 	TokenFile string
 }
 
-// Error is a refusal of the daemon: its HTTP status, the stable code of its body if
-// any (not_held, stopping, busy, not_ready, unauthorized, ...) and its message.
+// Code is why the daemon refused a call: the code of its error answer (GET
+// /v1/openapi.json lists them; docs/operating.md, "Errors", says what to do on each).
+// Act on it, never on the message.
+type Code string
+
+// The daemon's codes, by HTTP status.
+const (
+	CodeBadRequest       Code = "bad_request"        // 400: a value, body or path that does not parse
+	CodeUnknownParameter Code = "unknown_parameter"  // 400: a query parameter the route does not take
+	CodeBadName          Code = "bad_name"           // 400: not a lock name
+	CodeBadQuorum        Code = "bad_quorum"         // 400: a quorum the swarm cannot use
+	CodeBadLease         Code = "bad_lease"          // 400: no token and lease id
+	CodeUnauthorized     Code = "unauthorized"       // 401: no or the wrong bearer token
+	CodeAdminDisabled    Code = "admin_disabled"     // 403: the daemon has no admin token
+	CodeBadHost          Code = "bad_host"           // 403: Host is not loopback
+	CodeBadOrigin        Code = "bad_origin"         // 403: a web page
+	CodeRevokeRefused    Code = "revoke_refused"     // 403: the holder refused the revoke
+	CodeNotFound         Code = "not_found"          // 404: no such route
+	CodeNotHeld          Code = "not_held"           // 404: not held: stop using the lock
+	CodeMethodNotAllowed Code = "method_not_allowed" // 405
+	CodeLost             Code = "lost"               // 409: won, then lost before it was handed over
+	CodeBodyTooLarge     Code = "body_too_large"     // 413
+	CodeBadContentType   Code = "bad_content_type"   // 415
+	CodeNotWon           Code = "not_won"            // 423: not won within the timeout
+	CodeInternal         Code = "internal"           // 500
+	CodeNotReady         Code = "not_ready"          // 503: the node does not serve
+	CodeHeldBack         Code = "held_back"          // 503: a new lock waits out the takeover delay
+	CodeUnresponsive     Code = "unresponsive"       // 503: the node did not answer, or stopped
+	CodeStopping         Code = "stopping"           // 503: the daemon stops: a holder must stop using the lock
+	CodeBusy             Code = "busy"               // 503: too many requests at once
+	CodeTooManyWaiters   Code = "too_many_waiters"   // 503: too many acquires wait for this lock
+	CodeTooManyLocks     Code = "too_many_locks"     // 503: the daemon holds as many locks as it may
+)
+
+// Error is a refusal of the daemon: its HTTP status, the code of its body (empty from
+// something that is not a sigma daemon) and its message.
 type Error struct {
 	Status  int
-	Code    string
+	Code    Code
 	Message string
 }
 
@@ -91,10 +126,19 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("HTTP %d %s: %s", e.Status, e.Code, e.Message)
 }
 
-// IsTimeout reports whether err says the lock was not won within Options.Timeout.
-func IsTimeout(err error) bool {
+// CodeOf is the daemon's code in err, or "" if err is not a refusal of the daemon.
+func CodeOf(err error) Code {
 	var e *Error
-	return errors.As(err, &e) && e.Status == http.StatusRequestTimeout
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// IsTimeout reports whether err says the lock was not won within Options.Timeout (423
+// not_won).
+func IsTimeout(err error) bool {
+	return CodeOf(err) == CodeNotWon
 }
 
 // IsUnreachable reports whether err says no daemon answers at the address: nothing
@@ -106,9 +150,9 @@ func IsUnreachable(err error) bool {
 // gone reports whether a renewal's error means the lock is lost now: the daemon says it
 // is not held, or that it stops, or it is not running.
 func gone(err error) bool {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Status == http.StatusNotFound || e.Code == "stopping"
+	switch CodeOf(err) {
+	case CodeNotHeld, CodeStopping:
+		return true
 	}
 	return IsUnreachable(err)
 }
@@ -246,7 +290,7 @@ func (c *client) post(ctx context.Context, name, action string, query url.Values
 	if resp.StatusCode >= 400 {
 		var e struct {
 			Error string `json:"error"`
-			Code  string `json:"code"`
+			Code  Code   `json:"code"`
 		}
 		if json.Unmarshal(answer, &e) != nil || e.Error == "" {
 			e.Error = http.StatusText(resp.StatusCode)

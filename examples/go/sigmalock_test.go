@@ -133,3 +133,20 @@ func TestConfigAPI(t *testing.T) {
 		}
 	}
 }
+
+func TestNotWonIsATimeout(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusLocked)
+		fmt.Fprint(w, `{"error":"lock x not won within 100 ms","code":"not_won"}`)
+	}))
+	defer srv.Close()
+	_, err := Acquire(context.Background(), "x", &Options{API: strings.TrimPrefix(srv.URL, "http://"), Timeout: 100 * time.Millisecond})
+	if !IsTimeout(err) || CodeOf(err) != CodeNotWon {
+		t.Fatalf("Acquire: %v (code %q)", err, CodeOf(err))
+	}
+	var e *Error
+	if !errors.As(err, &e) || e.Status != http.StatusLocked {
+		t.Fatalf("Acquire: %#v", err)
+	}
+}

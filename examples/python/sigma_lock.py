@@ -35,11 +35,74 @@ import urllib.parse
 
 
 class SigmaError(Exception):
-    """A refusal of the daemon (status, code, message)."""
+    """A refusal of the daemon: its HTTP `status`, its `code` (one of `ERRORS`; None
+    from something that is not a sigma daemon) and its message. Raised as the subclass
+    that says what to do (docs/operating.md, "Errors"); act on the class or the code,
+    never on the message."""
 
     def __init__(self, status, code, message):
         super().__init__(f"HTTP {status} {code or ''}: {message}")
         self.status, self.code = status, code
+
+
+class BadRequest(SigmaError):
+    """The request is wrong (a name, a quorum, a parameter, a route): fix it."""
+
+
+class Denied(SigmaError):
+    """Not allowed: no or the wrong bearer token, not from this host, a revoke the
+    holder refused."""
+
+
+class NotWon(SigmaError):
+    """423 `not_won`: the lock was not won within the timeout. Try again, or give up."""
+
+
+class LockGone(SigmaError):
+    """The lock is not (or no longer) held for this client: `not_held`, `lost`, or
+    `stopping` (the daemon stops). A holder must stop using the lock now; an acquire may
+    go to another daemon."""
+
+
+class Unavailable(SigmaError):
+    """The daemon cannot serve it now (busy, not ready, stopped, failed): retry later or
+    through another daemon."""
+
+
+# Every code of the daemon's ErrorCode (GET /v1/openapi.json lists them) and the error
+# it raises here.
+ERRORS = {
+    "bad_request": BadRequest,
+    "unknown_parameter": BadRequest,
+    "bad_name": BadRequest,
+    "bad_quorum": BadRequest,
+    "bad_lease": BadRequest,
+    "not_found": BadRequest,
+    "method_not_allowed": BadRequest,
+    "body_too_large": BadRequest,
+    "bad_content_type": BadRequest,
+    "unauthorized": Denied,
+    "admin_disabled": Denied,
+    "bad_host": Denied,
+    "bad_origin": Denied,
+    "revoke_refused": Denied,
+    "not_won": NotWon,
+    "not_held": LockGone,
+    "lost": LockGone,
+    "stopping": LockGone,
+    "not_ready": Unavailable,
+    "held_back": Unavailable,
+    "unresponsive": Unavailable,
+    "busy": Unavailable,
+    "too_many_waiters": Unavailable,
+    "too_many_locks": Unavailable,
+    "internal": Unavailable,
+}
+
+
+def _refusal(status, code, message):
+    """The error of an answer `status` with `code`: its class by ERRORS."""
+    return ERRORS.get(code, SigmaError)(status, code, message)
 
 
 def default_api():
@@ -112,7 +175,7 @@ class SigmaLock:
                 err = json.loads(data)
             except ValueError:
                 err = {}
-            raise SigmaError(resp.status, err.get("code"), err.get("error", resp.reason))
+            raise _refusal(resp.status, err.get("code"), err.get("error", resp.reason))
         return json.loads(data)
 
     def acquire(self):
@@ -131,7 +194,7 @@ class SigmaLock:
         except (SigmaError, OSError) as e:
             self.lost.set()
             self.release()
-            raise SigmaError(409, "lost", f"lock lost at once: {e}") from None
+            raise LockGone(409, "lost", f"lock lost at once: {e}") from None
         self._renewer = threading.Thread(target=self._renew, daemon=True)
         self._renewer.start()
         return self
@@ -154,10 +217,11 @@ class SigmaLock:
                 continue
             try:
                 self._renew_once()
-            except SigmaError as e:
-                if e.status == 404 or e.code == "stopping":  # gone, or the daemon stops
-                    self.lost.set()
-                    return
+            except LockGone:  # not held any more, or the daemon stops
+                self.lost.set()
+                return
+            except SigmaError:
+                pass  # busy, not ready: try again until the deadline
             except (ConnectionRefusedError, FileNotFoundError):  # the daemon is gone
                 self.lost.set()
                 return
@@ -170,9 +234,7 @@ class SigmaLock:
             self._renewer.join()
         try:
             self._post("release", {"token": self.token, "lease": self._lease})
-        except SigmaError as e:
-            if e.status != 404:
-                raise
+        except LockGone:
             self.lost.set()
         except OSError:
             self.lost.set()  # the daemon is gone: the lock runs out on its own
@@ -213,7 +275,7 @@ def main():
         _main()
     except SigmaError as e:
         print(f"{os.path.basename(sys.argv[0])}: {e}", file=sys.stderr)
-        raise SystemExit(75 if e.status == 408 else 69) from None
+        raise SystemExit(75 if isinstance(e, NotWon) else 69) from None
 
 
 if __name__ == "__main__":

@@ -113,24 +113,39 @@ pub enum RevokeError {
     /// The lock name is bad, or the node is stopped.
     #[error(transparent)]
     Lock(#[from] LockError),
-    /// No peer that owns a replica of the lock holds it under that token, or those that
-    /// may do not take revokes from this node.
-    #[error("lock {name} is not held under token {token} here or at any peer that owns one of its replicas{}", refused_text(.refused))]
+    /// Every peer that owns a replica of the lock answered, and none holds it under that
+    /// token: there is nothing to revoke.
+    #[error("lock {name} is not held under token {token} here or at any peer that owns one of its replicas")]
     NotFound {
         /// Lock name.
         name: String,
         /// The token asked for.
         token: u64,
-        /// The owners that refused (`peer: reason`), e.g. `not_allowed` when this node
-        /// is not among their `--admin-peer`s.
+    },
+    /// No owner revoked it, and some refused to (`not_allowed`: this node is not among
+    /// their `--admin-peer`s): one of them may hold it under that token.
+    #[error(
+        "lock {name} token {token} was not revoked: refused by {}; a holder obeys revokes only from its own \
+         node and its --admin-peer peers",
+        .refused.join(", ")
+    )]
+    Refused {
+        /// Lock name.
+        name: String,
+        /// The token asked for.
+        token: u64,
+        /// The owners that refused, as `peer: reason`.
         refused: Vec<String>,
     },
-}
-
-fn refused_text(refused: &[String]) -> String {
-    if refused.is_empty() {
-        String::new()
-    } else {
-        format!("; refused by {}", refused.join(", "))
-    }
+    /// No owner revoked it or refused to, and some did not answer: one of them may hold
+    /// it under that token.
+    #[error("lock {name} token {token} was not revoked: no answer from {}", .peers.join(", "))]
+    Unanswered {
+        /// Lock name.
+        name: String,
+        /// The token asked for.
+        token: u64,
+        /// The owners that did not answer.
+        peers: Vec<String>,
+    },
 }

@@ -455,7 +455,7 @@ impl NodeHandle {
             inspection.replicas.iter().filter_map(|r| r.owner.as_ref()).map(|o| o.peer.as_str()).collect();
         owners.sort_unstable();
         owners.dedup();
-        let mut refused = Vec::new();
+        let (mut refused, mut unanswered) = (Vec::new(), Vec::new());
         for owner in owners {
             let Ok(peer) = owner.parse::<PeerId>() else { continue };
             if peer == self.peer_id {
@@ -465,10 +465,17 @@ impl NodeHandle {
                 Some(Reply::Ack) => return Ok(Revoked { name: name.to_owned(), token, holder: owner.to_owned() }),
                 Some(Reply::Rejected(sigma_behaviour::wire::Rejection::NotHolder)) => {}
                 Some(Reply::Rejected(r)) => refused.push(format!("{owner}: {}", r.as_str())),
-                _ => refused.push(format!("{owner}: no answer")),
+                _ => unanswered.push(owner.to_owned()),
             }
         }
-        Err(RevokeError::NotFound { name: name.to_owned(), token, refused })
+        let (name, token) = (name.to_owned(), token);
+        Err(if !refused.is_empty() {
+            RevokeError::Refused { name, token, refused }
+        } else if !unanswered.is_empty() {
+            RevokeError::Unanswered { name, token, peers: unanswered }
+        } else {
+            RevokeError::NotFound { name, token }
+        })
     }
 
     async fn ask_peer(&self, peer: PeerId, request: Request) -> Result<Option<Reply>, LockError> {

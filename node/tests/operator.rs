@@ -79,7 +79,7 @@ async fn inspect_from_any_node_and_revoke_only_where_the_holder_allows() {
 
     // Node 0 takes no orders from other peers: the revoke is refused, the lock kept.
     match h[2].revoke(name, held.token()).await {
-        Err(RevokeError::NotFound { refused, .. }) => {
+        Err(RevokeError::Refused { refused, .. }) => {
             assert!(refused.iter().any(|r| r.ends_with("not_allowed")), "{refused:?}")
         }
         other => panic!("expected a refusal, got {other:?}"),

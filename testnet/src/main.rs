@@ -156,7 +156,7 @@ struct NetRunArgs {
     /// Milliseconds in the critical section.
     #[arg(long, default_value_t = 20, value_name = "MS")]
     hold_ms: u64,
-    /// timeout_ms of each acquire (a 408 is counted, and the client tries again).
+    /// timeout_ms of each acquire (a 423 `not_won` is counted, and the client tries again).
     #[arg(long, default_value_t = 5000, value_name = "MS")]
     acquire_timeout_ms: u64,
     /// Lease of a vote in milliseconds (a pause lasts longer than this).

@@ -3,6 +3,7 @@
 
 use clap::{Args, Subcommand};
 use sigma_daemon::client::ClientError;
+use sigma_daemon::http::ErrorCode;
 
 use super::api::{api_error, ApiArgs};
 use super::{fail, init_tracing};
@@ -70,7 +71,10 @@ pub(crate) async fn release_cmd(args: ReleaseArgs) -> anyhow::Result<u8> {
             println!("revoked {} token {} (held through peer {})", done.name, done.token, done.holder);
             Ok(0)
         }
-        Err(ClientError::NotFound(msg)) => Err(fail(1, format!("release: {msg}"))),
+        // Nothing was revoked: nobody holds it under that token, or its holder said no.
+        Err(ClientError::Refused { code: ErrorCode::NotHeld | ErrorCode::RevokeRefused, message }) => {
+            Err(fail(1, format!("release: {message}")))
+        }
         Err(e) => Err(api_error("release", e)),
     }
 }

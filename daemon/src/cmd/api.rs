@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::Args;
 use sigma_daemon::client::{Client, ClientError};
-use sigma_daemon::http::{self, DEFAULT_API};
+use sigma_daemon::http::{self, ErrorCode, DEFAULT_API};
 
-use super::{default_key_file, fail, EXIT_NOT_READY, EXIT_UNAVAILABLE, EXIT_USAGE};
+use super::{default_key_file, fail, EXIT_NOT_READY, EXIT_TIMEOUT, EXIT_UNAVAILABLE, EXIT_USAGE};
 use crate::cli::config_file;
 
 /// How the client commands reach the local daemon's control API.
@@ -75,12 +75,38 @@ impl ApiArgs {
 
 /// The exit code for a failed call (`what` names the command in the message).
 pub(crate) fn api_error(what: &str, e: ClientError) -> anyhow::Error {
-    let code = match &e {
-        ClientError::BadRequest(_) => EXIT_USAGE,
-        ClientError::NotReady(_) => EXIT_NOT_READY,
-        _ => EXIT_UNAVAILABLE,
-    };
-    fail(code, format!("{what}: {e}"))
+    let exit = e.code().map_or(EXIT_UNAVAILABLE, exit_code);
+    fail(exit, format!("{what}: {e}"))
+}
+
+/// The exit code of a call the daemon refused with `code` (the commands that expect a
+/// code, as `sigma lock` does `not_won`, say more first).
+fn exit_code(code: ErrorCode) -> u8 {
+    use ErrorCode as C;
+    match code {
+        // What the command line asked for is wrong.
+        C::BadRequest | C::UnknownParameter | C::BadName | C::BadQuorum | C::BadLease => EXIT_USAGE,
+        C::NotReady | C::HeldBack => EXIT_NOT_READY,
+        C::NotWon => EXIT_TIMEOUT,
+        // The daemon would not, or could not, serve it.
+        C::Unauthorized
+        | C::AdminDisabled
+        | C::BadHost
+        | C::BadOrigin
+        | C::RevokeRefused
+        | C::NotFound
+        | C::NotHeld
+        | C::MethodNotAllowed
+        | C::Lost
+        | C::BodyTooLarge
+        | C::BadContentType
+        | C::Internal
+        | C::Unresponsive
+        | C::Stopping
+        | C::Busy
+        | C::TooManyWaiters
+        | C::TooManyLocks => EXIT_UNAVAILABLE,
+    }
 }
 
 /// The token in `path` (surrounding whitespace removed; must not be empty).

@@ -9,6 +9,7 @@ use clap::Args;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use sigma_daemon::client::{AcquireOptions, Client, ClientError, Holding};
+use sigma_daemon::http::ErrorCode;
 use tokio::signal::unix::{signal, SignalKind};
 
 use super::api::{api_error, ApiArgs};
@@ -114,11 +115,11 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
                 Err(ClientError::NoAnswer { .. }) => {
                     return Err(fail(EXIT_TIMEOUT, format!("lock {name}: the daemon did not answer within the timeout")));
                 }
-                Err(ClientError::Timeout) if args.try_once => {
+                Err(ClientError::Refused { code: ErrorCode::NotWon, .. }) if args.try_once => {
                     let why = why_waiting(&client).await.map_or_else(|| "it is held elsewhere".to_owned(), |(_, why)| why);
                     return Err(fail(EXIT_TIMEOUT, format!("lock {name} not won within {TRY_TIMEOUT:?}: {why}")));
                 }
-                Err(ClientError::Timeout) => {
+                Err(ClientError::Refused { code: ErrorCode::NotWon, .. }) => {
                     let waited = timeout.map_or_else(String::new, |t| format!(" after {t:?}"));
                     return Err(fail(EXIT_TIMEOUT, format!("timed out{waited} waiting for lock {name}")));
                 }

@@ -4,7 +4,7 @@
 //! local user's own programs: a web page in the user's browser can send it a form POST
 //! (a "simple" request, sent without a CORS preflight), and a page under an attacker's
 //! domain that re-resolves to 127.0.0.1 (DNS rebinding) can even read the answers. The
-//! gate refuses, in this order, each with a stable `code` in the [`super::ErrorBody`] and
+//! gate refuses, in this order, each with its [`ErrorCode`] in the [`super::ErrorBody`] and
 //! counted in `sigma_http_rejected_total{reason}`:
 //!
 //! | check | status | code |
@@ -34,13 +34,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use tokio::sync::Semaphore;
 
-use super::ErrorBody;
+use super::ErrorCode;
 use sigma_node::metrics::Metrics;
 
 /// Largest request body accepted (the API's bodies are a token or a list of peer ids).
@@ -87,30 +86,18 @@ pub enum Refusal {
 
 impl Refusal {
     /// The `code` of the error answer and the `reason` label of the metric.
-    pub fn code(self) -> &'static str {
+    pub fn code(self) -> ErrorCode {
         match self {
-            Refusal::Unauthorized => "unauthorized",
-            Refusal::AdminDisabled => "admin_disabled",
-            Refusal::BadHost => "bad_host",
-            Refusal::BadOrigin => "bad_origin",
-            Refusal::BadContentType => "bad_content_type",
-            Refusal::BodyTooLarge => "body_too_large",
-            Refusal::Busy => "busy",
-            Refusal::TooManyWaiters => "too_many_waiters",
-            Refusal::Stopping => "stopping",
-            Refusal::TooManyLocks => "too_many_locks",
-        }
-    }
-
-    fn status(self) -> StatusCode {
-        match self {
-            Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
-            Refusal::BadHost | Refusal::BadOrigin | Refusal::AdminDisabled => StatusCode::FORBIDDEN,
-            Refusal::BadContentType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Refusal::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Refusal::Busy | Refusal::TooManyLocks | Refusal::TooManyWaiters | Refusal::Stopping => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Refusal::Unauthorized => ErrorCode::Unauthorized,
+            Refusal::AdminDisabled => ErrorCode::AdminDisabled,
+            Refusal::BadHost => ErrorCode::BadHost,
+            Refusal::BadOrigin => ErrorCode::BadOrigin,
+            Refusal::BadContentType => ErrorCode::BadContentType,
+            Refusal::BodyTooLarge => ErrorCode::BodyTooLarge,
+            Refusal::Busy => ErrorCode::Busy,
+            Refusal::TooManyWaiters => ErrorCode::TooManyWaiters,
+            Refusal::Stopping => ErrorCode::Stopping,
+            Refusal::TooManyLocks => ErrorCode::TooManyLocks,
         }
     }
 
@@ -154,7 +141,7 @@ impl Refusal {
 
     /// The error answer.
     pub fn response(self) -> Response {
-        (self.status(), Json(ErrorBody { error: self.message(), code: Some(self.code().to_owned()) })).into_response()
+        super::error::error(self.code(), self.message())
     }
 }
 
@@ -272,8 +259,8 @@ impl Gate {
 
     /// Counts and answers a refusal.
     pub fn refuse(&self, why: Refusal) -> Response {
-        self.metrics.http_rejected(why.code());
-        tracing::debug!(reason = why.code(), "HTTP request refused");
+        self.metrics.http_rejected(why.code().as_str());
+        tracing::debug!(reason = %why.code(), "HTTP request refused");
         why.response()
     }
 }

@@ -12,12 +12,12 @@
 //!
 //! | method and path | body | answer |
 //! | --- | --- | --- |
-//! | `POST /v1/locks/{name}/acquire?timeout_ms=T&n=N&m=M` | | blocks until held: 200 [`Acquired`]; 408 on timeout; 400 bad name or quorum; 503 node stopped |
-//! | `POST /v1/locks/{name}/release` | [`ReleaseBody`] `{"token": …}` | 200 [`Released`]; 404 not held under that token |
-//! | `POST /v1/locks/{name}/keepalive` | [`ReleaseBody`] `{"token": …}` | 200 [`KeptAlive`]; 404 not held (released, lost, expired) |
+//! | `POST /v1/locks/{name}/acquire?timeout_ms=T&n=N&m=M` | | blocks until held: 200 [`Acquired`]; 423 `not_won` on timeout; 400 `bad_name`, `bad_quorum`; 503 `not_ready`, `stopping` |
+//! | `POST /v1/locks/{name}/release` | [`HolderBody`] `{"token": …, "lease": …}` | 200 [`Released`]; 404 `not_held` under that token and lease |
+//! | `POST /v1/locks/{name}/keepalive` | [`HolderBody`] `{"token": …, "lease": …}` | 200 [`KeptAlive`]; 404 `not_held` (released, lost, expired); 503 `stopping` |
 //! | `GET /v1/locks/{name}` | | 200 [`LockView`]: locks held here for HTTP clients, this peer's replicas of the lock |
 //! | `GET /v1/inspect/{name}` | | 200 [`sigma_node::inspect::Inspection`]: the lock seen from the hosts of all its replicas (holder, token, validity, waiters and positions, each replica) |
-//! | `POST /v1/revoke/{name}` | [`ReleaseBody`] `{"token": …}` | 200 [`sigma_node::inspect::Revoked`]: the holder gave it up; 404 not held under that token, or refused (the holder's `--admin-peer`) |
+//! | `POST /v1/revoke/{name}` | [`RevokeBody`] `{"token": …}` | 200 [`sigma_node::inspect::Revoked`]: the holder gave it up; 404 not held under that token; 403 refused (the holder's `--admin-peer`) |
 //! | `GET /v1/status` | | 200 the node's [`sigma_node::Status`] |
 //! | `GET /healthz` | | 200 [`Probe`] while the event loop answers; 503 `unresponsive` |
 //! | `GET /readyz` | | 200 [`Probe`] when serving with nothing held back; 503 `not_ready` or `held_back` |
@@ -25,7 +25,11 @@
 //! | `GET /v1/openapi.json` | | 200 the OpenAPI document of all of this ([`openapi`]) |
 //! | `GET /metrics` | | Prometheus / OpenMetrics text ([`sigma_node::metrics`]) |
 //!
-//! Errors are JSON [`ErrorBody`] `{"error": "…"}`. A lock name may contain `/`; it can
+//! Every error is JSON, an [`ErrorBody`] `{"error": "…", "code": "…"}` whose
+//! [`ErrorCode`] has one status ([`ErrorCode::status`]), unknown routes (404 `not_found`),
+//! methods (405 `method_not_allowed`) and query parameters (400 `unknown_parameter`)
+//! included; the OpenAPI document lists the codes, the bearer schemes and every error
+//! status of each route. A lock name may contain `/`; it can
 //! be sent as is (`/v1/locks/orders/42/acquire`) or percent-encoded (`orders%2F42`):
 //! the last segment of a POST path is the action, a GET path has none.
 //!
@@ -55,6 +59,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
+mod error;
 pub mod gate;
 mod serve;
 
@@ -64,6 +69,7 @@ mod holders;
 mod routes;
 mod types;
 
+pub use error::{ErrorBody, ErrorCode};
 pub use routes::{openapi, ApiDoc};
 pub use types::*;
 
@@ -345,8 +351,11 @@ impl Api {
             let Some(listener) = metrics_listener else { return serve.await };
             let metrics_only = Router::new()
                 .route("/metrics", get(get_metrics))
+                .fallback(error::not_found)
+                .method_not_allowed_fallback(error::method_not_allowed)
                 .with_state(state)
-                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_METRICS_SCRAPES));
+                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_METRICS_SCRAPES))
+                .layer(axum::middleware::from_fn(error::json_errors));
             let scrape =
                 serve::serve(serve::Listener::Tcp(listener), metrics_only, limits, "metrics", metrics, async move {
                     let _ = stopped.await;

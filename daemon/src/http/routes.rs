@@ -2,9 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::extract::State;
+use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -13,24 +12,26 @@ use sigma_node::metrics::{self, Outcome};
 use sigma_node::{LockError, LockOptions, RevokeError};
 use tokio::sync::{mpsc, oneshot};
 
+use super::error::{error, Body, LockName, NoParams, Params};
 use super::holders::{deadline_ms, hold, HolderCmd, LeaseId};
 use super::*;
 
-pub(super) fn error(status: StatusCode, msg: impl Into<String>) -> Response {
-    (status, Json(ErrorBody { error: msg.into(), code: None })).into_response()
-}
-
-pub(super) fn error_with_code(status: StatusCode, code: &str, msg: impl Into<String>) -> Response {
-    (status, Json(ErrorBody { error: msg.into(), code: Some(code.to_owned()) })).into_response()
-}
-
-#[derive(Debug, Deserialize)]
+/// The query of an acquire (what the OpenAPI document lists for it, and all it takes).
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct AcquireQuery {
+    /// Give up after this many ms (423 `not_won`); absent: wait as long as it takes.
     timeout_ms: Option<u64>,
-    n: Option<usize>,
-    m: Option<usize>,
-    min_peers: Option<usize>,
+    /// Client lease: released this long after the last keepalive (default 5000, 200 to
+    /// 3600000).
     ttl_ms: Option<u64>,
+    /// Replicas (with m); must be the swarm's.
+    n: Option<usize>,
+    /// Votes needed (with n); at least the swarm's.
+    m: Option<usize>,
+    /// Votes from at least this many distinct peers.
+    min_peers: Option<usize>,
 }
 
 /// Splits a POST path `NAME/ACTION`.
@@ -41,28 +42,27 @@ pub(super) fn split_action(path: &str) -> Option<(&str, &str)> {
 pub(super) async fn post_lock(
     State(s): State<AppState>,
     axum::Extension(peer): axum::Extension<serve::Peer>,
-    Path(path): Path<String>,
-    query: Result<Query<AcquireQuery>, QueryRejection>,
-    body: axum::body::Bytes,
+    LockName(path): LockName,
+    uri: Uri,
+    Body(body): Body,
 ) -> Response {
     match split_action(&path) {
-        Some((name, "acquire")) => match query {
-            Ok(Query(q)) => acquire(s, name, q, peer).await,
-            Err(e) => error(
-                StatusCode::BAD_REQUEST,
-                format!("bad query (timeout_ms, n, m, min_peers, ttl_ms are integers): {e}"),
-            ),
+        Some((name, "acquire")) => match Params::<AcquireQuery>::from_uri(&uri) {
+            Ok(q) => acquire(s, name, q, peer).await,
+            Err(refused) => refused.into_response(),
         },
         Some((name, action @ ("release" | "keepalive"))) => {
+            if let Err(refused) = super::error::check_params(&uri, &[]) {
+                return refused.into_response();
+            }
             let lease = match serde_json::from_slice::<HolderBody>(&body) {
                 Ok(b) => LeaseId::parse(&b.lease).map(|lease| (b.token, lease)),
                 Err(_) => None,
             };
             let Some((token, lease)) = lease else {
-                s.metrics.http_rejected("bad_lease");
-                return error_with_code(
-                    StatusCode::BAD_REQUEST,
-                    "bad_lease",
+                s.metrics.http_rejected(ErrorCode::BadLease.as_str());
+                return error(
+                    ErrorCode::BadLease,
                     format!(
                         "bad {action} body: expected {{\"token\": N, \"lease\": \"32 hex digits\"}}, the token and \
                          lease id the acquire answered"
@@ -70,7 +70,7 @@ pub(super) async fn post_lock(
                 );
             };
             let Some(tx) = s.held.holder(name, token, lease) else {
-                s.metrics.http_rejected("not_held");
+                s.metrics.http_rejected(ErrorCode::NotHeld.as_str());
                 return not_held(name, token);
             };
             if action == "release" {
@@ -80,42 +80,41 @@ pub(super) async fn post_lock(
             }
         }
         _ => error(
-            StatusCode::NOT_FOUND,
-            "expected POST /v1/locks/{name}/acquire, /v1/locks/{name}/keepalive or /v1/locks/{name}/release",
+            ErrorCode::NotFound,
+            format!(
+                "no route POST /v1/locks/{path}: expected POST /v1/locks/{{name}}/acquire, /v1/locks/{{name}}/keepalive \
+                 or /v1/locks/{{name}}/release"
+            ),
         ),
     }
 }
 
 pub(super) fn not_held(name: &str, token: u64) -> Response {
-    error_with_code(
-        StatusCode::NOT_FOUND,
-        "not_held",
+    error(
+        ErrorCode::NotHeld,
         format!("lock {name} token {token} is not held by this daemon under that lease (released, lost or expired)"),
     )
 }
 
 #[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks",
     params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F"),
-        ("timeout_ms" = Option<u64>, Query, description = "Give up after this many ms (408); absent: wait as long as it takes"),
-        ("ttl_ms" = Option<u64>, Query, description = "Client lease: released this long after the last keepalive (default 5000, 200 to 3600000)"),
-        ("n" = Option<usize>, Query, description = "Replicas (with m); must be the swarm's"),
-        ("m" = Option<usize>, Query, description = "Votes needed (with n); at least the swarm's"),
-        ("min_peers" = Option<usize>, Query, description = "Votes from at least this many distinct peers")),
+        AcquireQuery),
     responses((status = 200, description = "Held, for this client, until the deadline it answers; keep-alives move the deadline on", body = Acquired),
-        (status = 400, description = "Bad name, quorum or query", body = ErrorBody),
-        (status = 408, description = "Not won within timeout_ms", body = ErrorBody),
-        (status = 409, description = "Lost before it could be handed over", body = ErrorBody),
-        (status = 503, description = "Not ready (code not_ready), stopping (code stopping), busy, too many waiters for this lock, or stopped", body = ErrorBody)))]
+        (status = 400, description = "`bad_name`, `bad_quorum` (n, m, min_peers), `bad_request` (a query value that does not parse, ttl_ms out of range)", body = ErrorBody),
+        (status = 409, description = "`lost`: won, then lost before it could be handed over", body = ErrorBody),
+        (status = 423, description = "`not_won`: not won within timeout_ms (held elsewhere, or too few votes); not 408, which clients and proxies may retry on their own", body = ErrorBody),
+        (status = 500, description = "`internal`: no randomness for a lease id", body = ErrorBody),
+        (status = 503, description = "`not_ready` (the node does not serve), `stopping`, `too_many_waiters` (for this lock), `too_many_locks`, `unresponsive` (the node stopped)", body = ErrorBody)))]
 pub(super) async fn acquire(s: AppState, name: &str, q: AcquireQuery, peer: serve::Peer) -> Response {
     let quorum = match (q.n, q.m) {
         (Some(n), Some(m)) => Some((n, m)),
         (None, None) => None,
-        _ => return error(StatusCode::BAD_REQUEST, "n and m go together"),
+        _ => return error(ErrorCode::BadQuorum, "n and m go together"),
     };
     let ttl = q.ttl_ms.map_or(DEFAULT_CLIENT_TTL, Duration::from_millis);
     if !CLIENT_TTL_RANGE.contains(&ttl) {
         return error(
-            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
             format!(
                 "ttl_ms must be between {} and {}",
                 CLIENT_TTL_RANGE.start().as_millis(),
@@ -134,7 +133,7 @@ pub(super) async fn acquire(s: AppState, name: &str, q: AcquireQuery, peer: serv
     };
     let lease = match LeaseId::new() {
         Ok(l) => l,
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("no randomness for a lease id: {e}")),
+        Err(e) => return error(ErrorCode::Internal, format!("no randomness for a lease id: {e}")),
     };
     let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis), min_peers: q.min_peers };
     let start = Instant::now();
@@ -171,27 +170,29 @@ pub(super) async fn acquire(s: AppState, name: &str, q: AcquireQuery, peer: serv
             (StatusCode::OK, Json(body)).into_response()
         }
         Err(e) => {
-            let (outcome, status) = match &e {
-                LockError::Timeout => (Outcome::Timeout, StatusCode::REQUEST_TIMEOUT),
-                LockError::BadName | LockError::Quorum(_) | LockError::SwarmQuorum(_) => {
-                    (Outcome::Error, StatusCode::BAD_REQUEST)
-                }
-                LockError::NodeStopped => (Outcome::Error, StatusCode::SERVICE_UNAVAILABLE),
-                LockError::NotReady(_) => (Outcome::NotReady, StatusCode::SERVICE_UNAVAILABLE),
-                LockError::Lost => (Outcome::Error, StatusCode::CONFLICT),
+            let code = ErrorCode::of_lock_error(&e);
+            let outcome = match code {
+                ErrorCode::NotWon => Outcome::Timeout,
+                ErrorCode::NotReady => Outcome::NotReady,
+                _ => Outcome::Error,
             };
             s.metrics.observe_acquire(outcome, elapsed);
-            let code = matches!(e, LockError::NotReady(_)).then(|| "not_ready".to_owned());
-            (status, Json(ErrorBody { error: e.to_string(), code })).into_response()
+            let message = match e {
+                LockError::Timeout => {
+                    format!("lock {name} not won within {} ms (held elsewhere, or too few votes)", elapsed.as_millis())
+                }
+                e => e.to_string(),
+            };
+            error(code, message)
         }
     }
 }
 
 #[utoipa::path(post, path = "/v1/locks/{name}/keepalive", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = HolderBody,
     responses((status = 200, description = "Client lease renewed; the answer's deadline replaces the last one", body = KeptAlive),
-        (status = 400, description = "No lease id, or a malformed one (code bad_lease)", body = ErrorBody),
-        (status = 404, description = "Not held under that token and lease (released, lost, expired; code not_held): stop using the lock", body = ErrorBody),
-        (status = 503, description = "The daemon is stopping (code stopping): stop using the lock, then release it; or busy: retry, and stop at the last deadline", body = ErrorBody)))]
+        (status = 400, description = "`bad_lease`: no lease id, or a malformed one", body = ErrorBody),
+        (status = 404, description = "`not_held`: not held under that token and lease (released, lost, expired): stop using the lock", body = ErrorBody),
+        (status = 503, description = "`stopping`: the daemon is stopping: stop using the lock, then release it", body = ErrorBody)))]
 pub(super) async fn keepalive(s: &AppState, name: &str, token: u64, tx: mpsc::Sender<HolderCmd>) -> Response {
     let (reply_tx, reply_rx) = oneshot::channel();
     if tx.send(HolderCmd::KeepAlive(reply_tx)).await.is_ok() {
@@ -212,8 +213,8 @@ pub(super) async fn keepalive(s: &AppState, name: &str, token: u64, tx: mpsc::Se
 
 #[utoipa::path(post, path = "/v1/locks/{name}/release", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = HolderBody,
     responses((status = 200, description = "Released", body = Released),
-        (status = 400, description = "No lease id, or a malformed one (code bad_lease)", body = ErrorBody),
-        (status = 404, description = "Not held under that token and lease (code not_held)", body = ErrorBody)))]
+        (status = 400, description = "`bad_lease`: no lease id, or a malformed one", body = ErrorBody),
+        (status = 404, description = "`not_held`: not held under that token and lease (released, lost, expired)", body = ErrorBody)))]
 pub(super) async fn release(name: &str, token: u64, tx: mpsc::Sender<HolderCmd>) -> Response {
     let (reply_tx, reply_rx) = oneshot::channel();
     if tx.send(HolderCmd::Release(reply_tx)).await.is_ok() {
@@ -222,22 +223,21 @@ pub(super) async fn release(name: &str, token: u64, tx: mpsc::Sender<HolderCmd>)
                 tracing::debug!(name, token, "lock released by an HTTP client");
                 return (StatusCode::OK, Json(Released { name: name.to_owned(), token })).into_response();
             }
-            Ok(Err(e)) => {
-                return error_with_code(StatusCode::NOT_FOUND, "not_held", format!("lock {name} token {token}: {e}"))
-            }
+            Ok(Err(e)) => return error(ErrorCode::NotHeld, format!("lock {name} token {token}: {e}")),
             Err(_) => {}
         }
     }
     // The holder task ended in between: the lock was lost.
-    error_with_code(StatusCode::NOT_FOUND, "not_held", format!("lock {name} token {token} was lost"))
+    error(ErrorCode::NotHeld, format!("lock {name} token {token} was lost"))
 }
 
 #[utoipa::path(get, path = "/v1/locks/{name}", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")),
     responses((status = 200, description = "What this daemon holds of the lock, and its replicas here", body = LockView),
-        (status = 400, description = "Bad name", body = ErrorBody)))]
-pub(super) async fn get_lock(State(s): State<AppState>, Path(name): Path<String>) -> Response {
+        (status = 400, description = "`bad_name`", body = ErrorBody),
+        (status = 503, description = "`unresponsive`: the node stopped", body = ErrorBody)))]
+pub(super) async fn get_lock(State(s): State<AppState>, LockName(name): LockName, _: NoParams) -> Response {
     if sigma_behaviour::wire::validate_resource(&name).is_err() {
-        return error(StatusCode::BAD_REQUEST, format!("invalid lock name {name:?}"));
+        return error(ErrorCode::BadName, format!("invalid lock name {name:?}"));
     }
     let senders: Vec<(u64, mpsc::Sender<HolderCmd>)> =
         s.held.lock().values().filter(|e| e.name == name).map(|e| (e.token, e.tx.clone())).collect();
@@ -255,11 +255,11 @@ pub(super) async fn get_lock(State(s): State<AppState>, Path(name): Path<String>
     held.sort_by_key(|h| h.token);
     let status = match s.handle.status().await {
         Ok(st) => st,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => return error(ErrorCode::Unresponsive, e.to_string()),
     };
     let replicas = match s.handle.hosted_replicas(&name).await {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => return error(ErrorCode::Unresponsive, e.to_string()),
     };
     let view = LockView {
         held_by_this_node: status.locks_held.iter().any(|(n, _)| *n == name),
@@ -284,36 +284,41 @@ pub(super) async fn get_lock(State(s): State<AppState>, Path(name): Path<String>
 
 #[utoipa::path(get, path = "/v1/inspect/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")),
     responses((status = 200, description = "The lock seen from the hosts of all its replicas", body = sigma_node::inspect::Inspection),
-        (status = 400, description = "Bad name", body = ErrorBody)))]
-pub(super) async fn get_inspect(State(s): State<AppState>, Path(name): Path<String>) -> Response {
+        (status = 400, description = "`bad_name`", body = ErrorBody),
+        (status = 503, description = "`unresponsive`: the node stopped", body = ErrorBody)))]
+pub(super) async fn get_inspect(State(s): State<AppState>, LockName(name): LockName, _: NoParams) -> Response {
     match s.handle.inspect(&name).await {
         Ok(view) => (StatusCode::OK, Json(view)).into_response(),
-        Err(e @ LockError::BadName) => error(StatusCode::BAD_REQUEST, e.to_string()),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => error(ErrorCode::of_lock_error(&e), e.to_string()),
     }
 }
 
 #[utoipa::path(post, path = "/v1/revoke/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = RevokeBody,
     responses((status = 200, description = "The holder gave the lock up", body = sigma_node::inspect::Revoked),
-        (status = 404, description = "Not held under that token, or the holder refused", body = ErrorBody)))]
+        (status = 400, description = "`bad_name`, `bad_request` (a body that is not `{\"token\": N}`)", body = ErrorBody),
+        (status = 403, description = "`revoke_refused`: not revoked: an owner of the lock's replicas, which may hold it, refused (this node is not among its `--admin-peer`s)", body = ErrorBody),
+        (status = 404, description = "`not_held`: not held under that token by any owner of the lock's replicas", body = ErrorBody),
+        (status = 503, description = "`unresponsive`: an owner of the lock's replicas did not answer, or the node stopped", body = ErrorBody)))]
 pub(super) async fn post_revoke(
     State(s): State<AppState>,
     axum::Extension(peer): axum::Extension<serve::Peer>,
-    Path(name): Path<String>,
-    body: axum::body::Bytes,
+    LockName(name): LockName,
+    _: NoParams,
+    Body(body): Body,
 ) -> Response {
     let token = match serde_json::from_slice::<RevokeBody>(&body) {
         Ok(b) => b.token,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad revoke body (expected {{\"token\": N}}): {e}")),
+        Err(e) => return error(ErrorCode::BadRequest, format!("bad revoke body (expected {{\"token\": N}}): {e}")),
     };
     match s.handle.revoke(&name, token).await {
         Ok(done) => {
             tracing::warn!(name, token, holder = %done.holder, uid = ?peer.uid, "lock revoked through the API");
             (StatusCode::OK, Json(done)).into_response()
         }
-        Err(e @ RevokeError::NotFound { .. }) => error(StatusCode::NOT_FOUND, e.to_string()),
-        Err(e @ RevokeError::Lock(LockError::BadName)) => error(StatusCode::BAD_REQUEST, e.to_string()),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e @ RevokeError::NotFound { .. }) => error(ErrorCode::NotHeld, e.to_string()),
+        Err(e @ RevokeError::Refused { .. }) => error(ErrorCode::RevokeRefused, e.to_string()),
+        Err(e @ RevokeError::Unanswered { .. }) => error(ErrorCode::Unresponsive, e.to_string()),
+        Err(RevokeError::Lock(e)) => error(ErrorCode::of_lock_error(&e), e.to_string()),
     }
 }
 
@@ -323,7 +328,7 @@ pub(super) const PROBE_PATIENCE: Duration = Duration::from_secs(2);
 #[utoipa::path(get, path = "/healthz", tag = "node",
     responses((status = 200, description = "The daemon's event loop answers (liveness): restart it only on a 503 or no answer", body = Probe),
         (status = 503, description = "`unresponsive`: the event loop did not answer within 2 s, or the node stopped", body = ErrorBody)))]
-pub(super) async fn get_healthz(State(s): State<AppState>) -> Response {
+pub(super) async fn get_healthz(State(s): State<AppState>, _: NoParams) -> Response {
     match probe_status(&s).await {
         Ok(st) => (StatusCode::OK, Json(Probe { readiness: st.readiness })).into_response(),
         Err(unresponsive) => unresponsive,
@@ -335,25 +340,23 @@ pub(super) async fn get_healthz(State(s): State<AppState>) -> Response {
 pub(super) async fn probe_status(s: &AppState) -> Result<sigma_node::Status, Response> {
     match tokio::time::timeout(PROBE_PATIENCE, s.handle.status()).await {
         Ok(Ok(st)) => Ok(st),
-        Ok(Err(e)) => Err(error_with_code(StatusCode::SERVICE_UNAVAILABLE, "unresponsive", e.to_string())),
-        Err(_) => Err(error_with_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unresponsive",
-            format!("the event loop did not answer within {PROBE_PATIENCE:?}"),
-        )),
+        Ok(Err(e)) => Err(error(ErrorCode::Unresponsive, e.to_string())),
+        Err(_) => {
+            Err(error(ErrorCode::Unresponsive, format!("the event loop did not answer within {PROBE_PATIENCE:?}")))
+        }
     }
 }
 
 #[utoipa::path(get, path = "/readyz", tag = "node",
     responses((status = 200, description = "The peer serves and no new lock waits for a takeover delay: a lock taken now is granted at once (readiness)", body = Probe),
         (status = 503, description = "`not_ready` (joining, a minority, unreachable, leaving) or `held_back` (serving, but a new lock waits out the takeover delay); the message says which and for how long", body = ErrorBody)))]
-pub(super) async fn get_readyz(State(s): State<AppState>) -> Response {
+pub(super) async fn get_readyz(State(s): State<AppState>, _: NoParams) -> Response {
     let st = match probe_status(&s).await {
         Ok(st) => st,
         Err(unresponsive) => return unresponsive,
     };
     if !st.ready {
-        return error_with_code(StatusCode::SERVICE_UNAVAILABLE, "not_ready", st.readiness_detail);
+        return error(ErrorCode::NotReady, st.readiness_detail);
     }
     if st.held_back_ms > 0 {
         let msg = format!(
@@ -361,55 +364,63 @@ pub(super) async fn get_readyz(State(s): State<AppState>) -> Response {
              nothing until then)",
             st.held_back_ms
         );
-        return error_with_code(StatusCode::SERVICE_UNAVAILABLE, "held_back", msg);
+        return error(ErrorCode::HeldBack, msg);
     }
     (StatusCode::OK, Json(Probe { readiness: st.readiness })).into_response()
 }
 
 #[utoipa::path(get, path = "/v1/status", tag = "node",
-    responses((status = 200, description = "The node: peers, readiness, locks, state sizes", body = sigma_node::Status)))]
-pub(super) async fn get_status(State(s): State<AppState>) -> Response {
+    responses((status = 200, description = "The node: peers, readiness, locks, state sizes", body = sigma_node::Status),
+        (status = 503, description = "`unresponsive`: the node stopped", body = ErrorBody)))]
+pub(super) async fn get_status(State(s): State<AppState>, _: NoParams) -> Response {
     match s.handle.status().await {
         Ok(st) => (StatusCode::OK, Json(st)).into_response(),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => error(ErrorCode::Unresponsive, e.to_string()),
     }
 }
 
 #[utoipa::path(get, path = "/v1/admin/blocked", tag = "admin",
-    responses((status = 200, description = "Peers blocked now", body = PeerList)))]
-pub(super) async fn get_blocked(State(s): State<AppState>) -> Response {
+    responses((status = 200, description = "Peers blocked now", body = PeerList),
+        (status = 503, description = "`unresponsive`: the node stopped", body = ErrorBody)))]
+pub(super) async fn get_blocked(State(s): State<AppState>, _: NoParams) -> Response {
     block(s, Vec::new(), true).await
 }
 
 #[utoipa::path(post, path = "/v1/admin/block", tag = "admin", request_body = PeerList,
-    responses((status = 200, description = "Their connections closed and refused; the peers blocked afterwards", body = PeerList)))]
+    responses((status = 200, description = "Their connections closed and refused; the peers blocked afterwards", body = PeerList),
+        (status = 400, description = "`bad_request`: a body that is not `{\"peers\": [peer ids]}`", body = ErrorBody),
+        (status = 503, description = "`unresponsive`: the node stopped", body = ErrorBody)))]
 pub(super) async fn post_block(
     State(s): State<AppState>,
     axum::Extension(peer): axum::Extension<serve::Peer>,
-    body: axum::body::Bytes,
+    _: NoParams,
+    Body(body): Body,
 ) -> Response {
     match parse_peers(&body) {
         Ok(peers) => {
             tracing::info!(?peers, uid = ?peer.uid, "peers blocked through the API");
             block(s, peers, true).await
         }
-        Err(e) => error(StatusCode::BAD_REQUEST, e),
+        Err(e) => error(ErrorCode::BadRequest, e),
     }
 }
 
 #[utoipa::path(post, path = "/v1/admin/unblock", tag = "admin", request_body = PeerList,
-    responses((status = 200, description = "The peers blocked afterwards", body = PeerList)))]
+    responses((status = 200, description = "The peers blocked afterwards", body = PeerList),
+        (status = 400, description = "`bad_request`: a body that is not `{\"peers\": [peer ids]}`", body = ErrorBody),
+        (status = 503, description = "`unresponsive`: the node stopped", body = ErrorBody)))]
 pub(super) async fn post_unblock(
     State(s): State<AppState>,
     axum::Extension(peer): axum::Extension<serve::Peer>,
-    body: axum::body::Bytes,
+    _: NoParams,
+    Body(body): Body,
 ) -> Response {
     match parse_peers(&body) {
         Ok(peers) => {
             tracing::info!(?peers, uid = ?peer.uid, "peers unblocked through the API");
             block(s, peers, false).await
         }
-        Err(e) => error(StatusCode::BAD_REQUEST, e),
+        Err(e) => error(ErrorCode::BadRequest, e),
     }
 }
 
@@ -419,15 +430,18 @@ pub(super) fn parse_peers(body: &[u8]) -> Result<Vec<libp2p::PeerId>, String> {
     list.peers.iter().map(|p| p.parse().map_err(|e| format!("bad peer id {p:?}: {e}"))).collect()
 }
 #[utoipa::path(post, path = "/v1/admin/forget", tag = "admin", request_body = PeerList,
-    responses((status = 200, description = "Peers gone for good, taken out of this node's membership counts (only a peer not alive here, and not on the member list)", body = Forgotten)))]
+    responses((status = 200, description = "Peers gone for good, taken out of this node's membership counts (only a peer not alive here, and not on the member list)", body = Forgotten),
+        (status = 400, description = "`bad_request`: a body that is not `{\"peers\": [peer ids]}`", body = ErrorBody),
+        (status = 503, description = "`unresponsive`: the node stopped", body = ErrorBody)))]
 pub(super) async fn post_forget(
     State(s): State<AppState>,
     axum::Extension(peer): axum::Extension<serve::Peer>,
-    body: axum::body::Bytes,
+    _: NoParams,
+    Body(body): Body,
 ) -> Response {
     let peers = match parse_peers(&body) {
         Ok(peers) => peers,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return error(ErrorCode::BadRequest, e),
     };
     tracing::warn!(?peers, uid = ?peer.uid, "members forgotten through the API");
     match s.handle.forget_peers(peers).await {
@@ -441,7 +455,7 @@ pub(super) async fn post_forget(
             }
             (StatusCode::OK, Json(answer)).into_response()
         }
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => error(ErrorCode::Unresponsive, e.to_string()),
     }
 }
 
@@ -450,13 +464,14 @@ pub(super) async fn block(s: AppState, peers: Vec<libp2p::PeerId>, block: bool) 
     match s.handle.block_peers(peers, block).await {
         Ok(blocked) => (StatusCode::OK, Json(PeerList { peers: blocked.iter().map(ToString::to_string).collect() }))
             .into_response(),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => error(ErrorCode::Unresponsive, e.to_string()),
     }
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "node",
-    responses((status = 200, description = "Prometheus / OpenMetrics text", content_type = "application/openmetrics-text")))]
-pub(super) async fn get_metrics(State(s): State<AppState>) -> Response {
+    responses((status = 200, description = "Prometheus / OpenMetrics text", content_type = "application/openmetrics-text"),
+        (status = 500, description = "`internal`: the metrics did not encode", body = ErrorBody)))]
+pub(super) async fn get_metrics(State(s): State<AppState>, _: NoParams) -> Response {
     match s.handle.counters().await {
         Ok((c, t)) => s.metrics.set_snapshot(c, t),
         Err(e) => tracing::debug!(%e, "metrics: counters unavailable"),
@@ -464,14 +479,20 @@ pub(super) async fn get_metrics(State(s): State<AppState>) -> Response {
     s.metrics.set_http_locks_held(s.held.len());
     match metrics::encode(&s.registry) {
         Ok(text) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
-        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed"),
+        Err(_) => error(ErrorCode::Internal, "metrics encoding failed"),
     }
 }
 
-/// The API's OpenAPI 3.1 document, generated from the handlers and types above.
+/// The API's OpenAPI 3.1 document, generated from the handlers and types above, with
+/// what every route shares ([`Contract`]).
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    info(title = "sigma daemon API", description = "The local control API of a sigma peer (loopback only)."),
+    info(
+        title = "sigma daemon API",
+        description = "The local control API of a sigma peer (loopback only). Every error answer is an `ErrorBody` \
+                       whose `code` is an `ErrorCode`; each code has one status. A path not listed here answers 404 \
+                       `not_found`, a method a path does not list 405 `method_not_allowed`."
+    ),
     paths(
         acquire,
         keepalive,
@@ -488,9 +509,92 @@ pub(super) async fn get_metrics(State(s): State<AppState>) -> Response {
         get_healthz,
         get_readyz,
         get_openapi
-    )
+    ),
+    components(schemas(ErrorCode)),
+    modifiers(&Contract)
 )]
 pub struct ApiDoc;
+
+/// The security scheme of the lock routes' token (`--api-token-file`): needed only when
+/// the daemon has one.
+pub const API_TOKEN_SCHEME: &str = "api_token";
+/// The security scheme of the admin routes' token (`--admin-token-file`): always needed.
+pub const ADMIN_TOKEN_SCHEME: &str = "admin_token";
+
+/// What every route shares, added to each operation of the document: its bearer token
+/// (optional on the lock routes, required on the admin ones) and the errors of the
+/// [`gate`] and of the query check, which any route may answer.
+struct Contract;
+
+impl utoipa::Modify for Contract {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
+        let components = doc.components.get_or_insert_with(Default::default);
+        let bearer = |what: &str| {
+            let mut http = Http::new(HttpAuthScheme::Bearer);
+            http.description = Some(what.to_owned());
+            SecurityScheme::Http(http)
+        };
+        components.add_security_scheme(
+            API_TOKEN_SCHEME,
+            bearer("The daemon's API token (--api-token-file), if it has one: every route but the admin ones needs it then"),
+        );
+        components.add_security_scheme(
+            ADMIN_TOKEN_SCHEME,
+            bearer("The daemon's admin token (--admin-token-file): /v1/admin/* and /v1/revoke/* need it"),
+        );
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let admin = gate::Kind::of(&axum::http::Method::GET, path) == gate::Kind::Admin;
+            let operations = [(false, item.get.as_mut()), (true, item.post.as_mut())];
+            for (post, op) in operations.into_iter().filter_map(|(post, op)| Some((post, op?))) {
+                op.security = Some(if admin {
+                    vec![SecurityRequirement::new(ADMIN_TOKEN_SCHEME, Vec::<String>::new())]
+                } else {
+                    // Either none (a daemon without a token) or the API token.
+                    vec![
+                        SecurityRequirement::default(),
+                        SecurityRequirement::new(API_TOKEN_SCHEME, Vec::<String>::new()),
+                    ]
+                });
+                let mut shared = vec![
+                    (400, "`unknown_parameter`: a query parameter this route does not take"),
+                    (401, "`unauthorized`: no bearer token, or not the one this route needs"),
+                    (403, "`bad_host` (Host is not loopback), `bad_origin` (a web page)"),
+                    (503, "`busy`: too many requests of this kind at once: retry later"),
+                ];
+                if admin {
+                    shared.push((403, "`admin_disabled`: the daemon has no admin token"));
+                }
+                if post {
+                    shared.push((413, "`body_too_large`: a body larger than 64 KiB"));
+                    shared.push((
+                        415,
+                        "`bad_content_type`: neither `Content-Type: application/json` nor a `Sigma-Client` header",
+                    ));
+                }
+                for (status, what) in shared {
+                    add_error(op, status, what);
+                }
+            }
+        }
+    }
+}
+
+/// Declares the error answer `status` of `op` (with the [`ErrorBody`] schema), or adds
+/// `what` to the one it declares.
+fn add_error(op: &mut utoipa::openapi::path::Operation, status: u16, what: &str) {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    let responses = &mut op.responses.responses;
+    match responses.get_mut(&status.to_string()) {
+        Some(RefOr::T(known)) => known.description = format!("{}; {what}", known.description),
+        Some(RefOr::Ref(_)) => {}
+        None => {
+            let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build();
+            let response = ResponseBuilder::new().description(what).content("application/json", content).build();
+            responses.insert(status.to_string(), RefOr::T(response));
+        }
+    }
+}
 
 /// The OpenAPI document (`GET /v1/openapi.json`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
@@ -499,11 +603,11 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "node",
     responses((status = 200, description = "This document", content_type = "application/json")))]
-pub(super) async fn get_openapi() -> Response {
+pub(super) async fn get_openapi(_: NoParams) -> Response {
     (StatusCode::OK, Json(openapi())).into_response()
 }
 
-/// The API's routes over a node, behind the gate.
+/// The API's routes over a node, behind the gate; every error answer JSON.
 pub(super) fn router(state: AppState, gate: gate::Gate) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(get_openapi))
@@ -518,9 +622,12 @@ pub(super) fn router(state: AppState, gate: gate::Gate) -> Router {
         .route("/v1/admin/unblock", axum::routing::post(post_unblock))
         .route("/v1/admin/forget", axum::routing::post(post_forget))
         .route("/metrics", get(get_metrics))
+        .fallback(super::error::not_found)
+        .method_not_allowed_fallback(super::error::method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(gate, gate::check))
         .layer(axum::extract::DefaultBodyLimit::max(gate::MAX_BODY))
+        .layer(axum::middleware::from_fn(super::error::json_errors))
 }
 
 #[cfg(test)]
@@ -569,6 +676,35 @@ mod tests {
         let params: Vec<&str> =
             acquire["parameters"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
         assert_eq!(params, ["name", "timeout_ms", "ttl_ms", "n", "m", "min_peers"]);
+    }
+
+    #[test]
+    fn the_document_lists_every_error_code_and_the_bearer_schemes() {
+        let doc = serde_json::to_value(openapi()).unwrap();
+        let listed: Vec<&str> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let all: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(listed, all);
+        assert_eq!(doc["components"]["schemas"]["ErrorBody"]["required"], serde_json::json!(["error", "code"]));
+        for scheme in [API_TOKEN_SCHEME, ADMIN_TOKEN_SCHEME] {
+            assert_eq!(doc["components"]["securitySchemes"][scheme]["scheme"], "bearer", "{scheme}");
+        }
+        let revoke = &doc["paths"]["/v1/revoke/{name}"]["post"];
+        assert_eq!(revoke["security"], serde_json::json!([{ ADMIN_TOKEN_SCHEME: [] }]));
+        let status = &doc["paths"]["/v1/status"]["get"];
+        assert_eq!(status["security"], serde_json::json!([{}, { API_TOKEN_SCHEME: [] }]));
+        for code in ["400", "401", "403", "413", "415", "503"] {
+            let schema = &revoke["responses"][code]["content"]["application/json"]["schema"]["$ref"];
+            assert_eq!(schema, "#/components/schemas/ErrorBody", "revoke {code}");
+        }
+        for code in ["400", "401", "403", "503"] {
+            assert!(status["responses"][code].is_object(), "status {code}");
+        }
+        assert!(status["responses"]["413"].is_null(), "a GET reads no body");
     }
 
     #[test]

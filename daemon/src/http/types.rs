@@ -83,20 +83,6 @@ pub struct Released {
     pub token: u64,
 }
 
-/// Any error answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    /// What went wrong.
-    pub error: String,
-    /// A stable code where the client may act on it: `not_ready` (503: the node is
-    /// joining its swarm or reaches no majority of the peers it knows), `stopping` (503:
-    /// the daemon is stopping; a holder must stop using the lock), `not_held` (404),
-    /// `bad_lease` (400), `unresponsive` and `held_back` (503, the probes), and the
-    /// gate's codes ([`gate::Refusal`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<String>,
-}
-
 /// A lock held by the daemon for an HTTP client.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HeldView {

@@ -18,8 +18,8 @@
  * it (`lock.deadline`, on `performance.now()`), and `lock.lost` (an `AbortSignal`) is
  * aborted at that deadline unless a later renewal moved it on, whatever the daemon
  * answered meanwhile (busy, no answer in time); at once if the daemon says the lock is
- * gone (404), that it is stopping (503 `stopping`), or refuses the connection (it is not
- * running). Stop touching the resource when `lost` is aborted. The lease id the acquire
+ * gone (404 `not_held`), that it is stopping (503 `stopping`), or refuses the connection
+ * (it is not running). Stop touching the resource when `lost` is aborted. The lease id the acquire
  * answers is the secret that proves this client holds the lock; the fencing token
  * (`lock.token`, a `bigint`: it is a 64-bit integer) is public: pass it to the protected
  * resource.
@@ -40,19 +40,23 @@ export interface Options {
     api?: string;
     /** The client lease in ms; absent: {@link DEFAULT_TTL_MS}. */
     ttlMs?: number;
-    /** Give up the acquire after this many ms (a {@link SigmaError} with `isTimeout`); absent: wait as long as it takes. */
+    /** Give up the acquire after this many ms (a {@link SigmaError} with `isTimeout`: 423 `not_won`); absent: wait as long as it takes. */
     timeoutMs?: number;
     /** The bearer token's file, for a daemon run with `--api-token-file`; absent: `$SIGMA_API_TOKEN_FILE`, if set. */
     tokenFile?: string;
     /** Gives up a waiting acquire when aborted; `withLock` also passes it on to its function. */
     signal?: AbortSignal;
 }
-/** A refusal of the daemon: its HTTP status, the stable code of its body if any (`not_held`, `stopping`, `busy`, `not_ready`, `unauthorized`, …) and its message. */
+/** Every code of the daemon's error answers (`GET /v1/openapi.json` lists them; docs/operating.md, "Errors", says what to do on each), by HTTP status. */
+export declare const ERROR_CODES: readonly ["bad_request", "unknown_parameter", "bad_name", "bad_quorum", "bad_lease", "unauthorized", "admin_disabled", "bad_host", "bad_origin", "revoke_refused", "not_found", "not_held", "method_not_allowed", "lost", "body_too_large", "bad_content_type", "not_won", "internal", "not_ready", "held_back", "unresponsive", "stopping", "busy", "too_many_waiters", "too_many_locks"];
+/** Why the daemon refused a call. Act on it, never on the message. */
+export type ErrorCode = (typeof ERROR_CODES)[number];
+/** A refusal of the daemon: its HTTP status, the {@link ErrorCode} of its body (`undefined` from something that is not a sigma daemon, or a code this client does not know) and its message. */
 export declare class SigmaError extends Error {
     readonly status: number;
-    readonly code: string | undefined;
-    constructor(status: number, code: string | undefined, message: string);
-    /** The lock was not won within `timeoutMs`. */
+    readonly code: ErrorCode | undefined;
+    constructor(status: number, code: ErrorCode | undefined, message: string);
+    /** The lock was not won within `timeoutMs` (423 `not_won`). */
     get isTimeout(): boolean;
 }
 /** Why a lock was lost: the reason of `lock.lost`. Stop using the lock. */

@@ -18,8 +18,8 @@
  * it (`lock.deadline`, on `performance.now()`), and `lock.lost` (an `AbortSignal`) is
  * aborted at that deadline unless a later renewal moved it on, whatever the daemon
  * answered meanwhile (busy, no answer in time); at once if the daemon says the lock is
- * gone (404), that it is stopping (503 `stopping`), or refuses the connection (it is not
- * running). Stop touching the resource when `lost` is aborted. The lease id the acquire
+ * gone (404 `not_held`), that it is stopping (503 `stopping`), or refuses the connection
+ * (it is not running). Stop touching the resource when `lost` is aborted. The lease id the acquire
  * answers is the secret that proves this client holds the lock; the fencing token
  * (`lock.token`, a `bigint`: it is a 64-bit integer) is public: pass it to the protected
  * resource.
@@ -43,7 +43,38 @@ const ACQUIRE_SLACK_MS = 5000;
 const CALL_TIMEOUT_MS = 30_000;
 /** The shortest wait between renewals. */
 const MIN_WAIT_MS = 50;
-/** A refusal of the daemon: its HTTP status, the stable code of its body if any (`not_held`, `stopping`, `busy`, `not_ready`, `unauthorized`, …) and its message. */
+/** Every code of the daemon's error answers (`GET /v1/openapi.json` lists them; docs/operating.md, "Errors", says what to do on each), by HTTP status. */
+export const ERROR_CODES = [
+    "bad_request", // 400: a value, body or path that does not parse
+    "unknown_parameter", // 400: a query parameter the route does not take
+    "bad_name", // 400: not a lock name
+    "bad_quorum", // 400: a quorum the swarm cannot use
+    "bad_lease", // 400: no token and lease id
+    "unauthorized", // 401: no or the wrong bearer token
+    "admin_disabled", // 403: the daemon has no admin token
+    "bad_host", // 403: Host is not loopback
+    "bad_origin", // 403: a web page
+    "revoke_refused", // 403: the holder refused the revoke
+    "not_found", // 404: no such route
+    "not_held", // 404: not held: stop using the lock
+    "method_not_allowed", // 405
+    "lost", // 409: won, then lost before it was handed over
+    "body_too_large", // 413
+    "bad_content_type", // 415
+    "not_won", // 423: not won within the timeout
+    "internal", // 500
+    "not_ready", // 503: the node does not serve
+    "held_back", // 503: a new lock waits out the takeover delay
+    "unresponsive", // 503: the node did not answer, or stopped
+    "stopping", // 503: the daemon stops: a holder must stop using the lock
+    "busy", // 503: too many requests at once
+    "too_many_waiters", // 503: too many acquires wait for this lock
+    "too_many_locks", // 503: the daemon holds as many locks as it may
+];
+function isErrorCode(code) {
+    return ERROR_CODES.includes(code);
+}
+/** A refusal of the daemon: its HTTP status, the {@link ErrorCode} of its body (`undefined` from something that is not a sigma daemon, or a code this client does not know) and its message. */
 export class SigmaError extends Error {
     status;
     code;
@@ -53,9 +84,9 @@ export class SigmaError extends Error {
         this.code = code;
         this.name = "SigmaError";
     }
-    /** The lock was not won within `timeoutMs`. */
+    /** The lock was not won within `timeoutMs` (423 `not_won`). */
     get isTimeout() {
-        return this.status === 408;
+        return this.code === "not_won";
     }
 }
 /** Why a lock was lost: the reason of `lock.lost`. Stop using the lock. */
@@ -73,7 +104,7 @@ export function isUnreachable(err) {
 /** A renewal's error that means the lock is lost now: not held, the daemon stops, or it is not running. */
 function gone(err) {
     if (err instanceof SigmaError)
-        return err.status === 404 || err.code === "stopping";
+        return err.code === "not_held" || err.code === "stopping";
     return isUnreachable(err);
 }
 /**
@@ -163,7 +194,7 @@ class Client {
                     const status = res.statusCode ?? 500;
                     if (status >= 400) {
                         const message = typeof answer.error === "string" ? answer.error : (res.statusMessage ?? "");
-                        return reject(new SigmaError(status, typeof answer.code === "string" ? answer.code : undefined, message));
+                        return reject(new SigmaError(status, isErrorCode(answer.code) ? answer.code : undefined, message));
                     }
                     resolve(answer);
                 });

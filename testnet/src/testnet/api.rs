@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 use sigma_daemon::client::{AcquireOptions, Client, ClientError};
-use sigma_daemon::http::Acquired;
+use sigma_daemon::http::{Acquired, ErrorCode};
 
 /// An HTTP client for loopback APIs: never through a proxy from the environment, and
 /// with the `Sigma-Client` header the API's gate asks of every POST.
@@ -106,7 +106,7 @@ pub async fn completed(client: &reqwest::Client, api: SocketAddr, timeout: Durat
 pub enum Acquire {
     /// Got it.
     Granted(Acquired),
-    /// `408`: not within `timeout_ms`.
+    /// `423 not_won`: not within `timeout_ms`.
     TimedOut,
     /// Anything else: transport error, `503`, `409`, a bad answer.
     Failed(String),
@@ -114,13 +114,13 @@ pub enum Acquire {
 
 /// `POST /v1/locks/{name}/acquire?timeout_ms=`.
 ///
-/// The HTTP timeout is well above `timeout_ms`: the daemon must answer 408 itself, for a
+/// The HTTP timeout is well above `timeout_ms`: the daemon must answer 423 itself, for a
 /// connection dropped at the moment it wins would leave the lock held for nobody.
 pub async fn acquire(client: &reqwest::Client, api: SocketAddr, name: &str, timeout_ms: u64) -> Acquire {
     let opts = AcquireOptions { timeout: Some(Duration::from_millis(timeout_ms)), ..AcquireOptions::default() };
     match node(client, api).acquire(name, &opts).await {
         Ok(a) => Acquire::Granted(a),
-        Err(ClientError::Timeout) => Acquire::TimedOut,
+        Err(ClientError::Refused { code: ErrorCode::NotWon, .. }) => Acquire::TimedOut,
         Err(e) => Acquire::Failed(e.to_string()),
     }
 }
@@ -130,7 +130,8 @@ pub async fn acquire(client: &reqwest::Client, api: SocketAddr, name: &str, time
 pub enum Release {
     /// `200`.
     Released,
-    /// `404`: the daemon no longer held it (lost while held, e.g. its lease ran out).
+    /// `404 not_held`: the daemon no longer held it (lost while held, e.g. its lease ran
+    /// out).
     NotHeld,
     /// Transport error or anything else.
     Failed(String),
@@ -140,7 +141,7 @@ pub enum Release {
 pub async fn release(client: &reqwest::Client, api: SocketAddr, name: &str, token: u64, lease: &str) -> Release {
     match node(client, api).release(name, token, lease).await {
         Ok(_) => Release::Released,
-        Err(ClientError::NotFound(_)) => Release::NotHeld,
+        Err(ClientError::Refused { code: ErrorCode::NotHeld, .. }) => Release::NotHeld,
         Err(e) => Release::Failed(e.to_string()),
     }
 }

@@ -85,7 +85,7 @@ pub struct Target {
 /// Acquire and release outcomes.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Attempts {
-    /// Acquires answered 408.
+    /// Acquires answered 423 `not_won`.
     pub timeouts: u64,
     /// Acquires that failed otherwise (node down or paused, 503, …).
     pub errors: u64,
@@ -695,7 +695,7 @@ pub fn render(r: &RunReport) -> String {
     let a = &r.attempts;
     let _ = writeln!(
         s,
-        "acquire outcomes:        {} timed out (408), {} errors, {} through another node (failover)",
+        "acquire outcomes:        {} not won in time (423), {} errors, {} through another node (failover)",
         a.timeouts, a.errors, a.failovers
     );
     let _ = writeln!(

@@ -73,7 +73,7 @@ pub struct Counters {
     pub waiting: AtomicU64,
     /// Clients holding.
     pub holding: AtomicU64,
-    /// Acquires answered 408.
+    /// Acquires answered 423 `not_won`.
     pub timeouts: AtomicU64,
     /// Acquires failed otherwise (node down, 503, …).
     pub errors: AtomicU64,

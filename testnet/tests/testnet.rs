@@ -388,11 +388,11 @@ fn partition_split_and_isolate_cut_heal_and_pass() {
         "--clients",
         "8",
         "--duration",
-        "30",
+        "18",
         "--chaos",
         "partition,split,isolate",
         "--chaos-interval",
-        "4",
+        "3",
         "--cut",
         "5",
         "--seed",
@@ -406,7 +406,7 @@ fn partition_split_and_isolate_cut_heal_and_pass() {
     assert_eq!(out.status.code(), Some(0), "partition run must PASS:\n{text}");
     let r = read_json(&json);
     let fired: u64 = ["partition", "split", "isolate"].iter().map(|k| r["faults_fired"][k].as_u64().unwrap()).sum();
-    assert!(fired >= 2, "expected at least two cuts in 30 s at a 4 s mean (5 s each): {r}");
+    assert!(fired >= 2, "expected at least two cuts in 18 s at a 3 s mean (5 s each): {r}");
     assert_eq!(r["violations"], 0, "{r}");
     assert_eq!(r["token_regressions"], 0, "{r}");
     let unavailable = r["unavailability"].as_array().unwrap();

@@ -223,6 +223,10 @@ fn a_run_with_a_message_delay_prints_the_simulators_figure_beside_its_own() {
     assert!(fastest >= 60.0, "acquire p50 {fastest} ms: the delay did not hold the messages");
 }
 
+/// Crashes, restarts and a graceful restart (SIGTERM then a start, as `systemctl
+/// restart`) on 4 real nodes, with HTTP clients and two `sigma lock NAME -- CMD`
+/// holders: the run passes, every fault took effect, restarted nodes keep their
+/// identity, and no two commands of one lock ran at once.
 #[test]
 fn chaos_run_with_kill_and_restart_fires_and_passes() {
     let _serial = serial();
@@ -238,11 +242,13 @@ fn chaos_run_with_kill_and_restart_fires_and_passes() {
         "--clients",
         "6",
         "--duration",
-        "10",
+        "12",
         "--chaos",
-        "kill,restart",
+        "kill,restart,restart-graceful",
         "--chaos-interval",
         "1.5",
+        "--holders",
+        "2",
         "--seed",
         "7",
         "--dir",
@@ -256,7 +262,13 @@ fn chaos_run_with_kill_and_restart_fires_and_passes() {
     let kills = r["faults_fired"]["kill"].as_u64().unwrap();
     let restarts = r["faults_fired"]["restart"].as_u64().unwrap();
     assert!(kills >= 1, "no kill fired: {r}");
-    assert!(kills + restarts >= 2, "expected a kill and a restart in 10 s at a 1.5 s mean: {r}");
+    assert!(kills + restarts >= 2, "expected a kill and a restart in 12 s at a 1.5 s mean: {r}");
+    assert!(r["faults_fired"]["restart-graceful"].as_u64() >= Some(1), "no graceful restart fired: {r}");
+    // `sigma lock NAME -- CMD` holders beside the HTTP clients: their commands ran, and
+    // never two of one lock at once.
+    let holders = &r["holders"];
+    assert!(holders["commands"].as_u64() > Some(0), "no `sigma lock` command ran: {r}");
+    assert_eq!(holders["overlaps"], Value::Array(vec![]), "{r}");
     assert_eq!(r["violations"], 0, "{r}");
     assert_eq!(r["crashes"], Value::Array(vec![]), "{r}");
     assert!(r["entries"].as_u64().unwrap() > 0);

@@ -635,3 +635,54 @@ async fn the_first_lock_says_it_waits_for_the_takeover_delay() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
     assert_eq!(said.matches("waiting for lock first: this peer began serving recently").count(), 1, "{said}");
 }
+
+/// `sigma run --dev`: a lone development node with no takeover delay, so a newcomer's
+/// first lock is granted at once (`sigma lock --try` wins right after the daemon is up,
+/// where a fresh real node answers "takeover delay", as above); it says loudly what it
+/// is, and refuses the options of a real swarm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dev_node_grants_the_first_lock_at_once_and_says_what_it_is() {
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("dev.log");
+    let mut child = Command::new(SIGMA)
+        .args(["run", "--dev", "--api", "127.0.0.1:0"])
+        .env("XDG_STATE_HOME", dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut api, mut listen) = (String::new(), Vec::new());
+    let up = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(v) = line.strip_prefix("SIGMA_API=") {
+                api = v.to_owned();
+            } else if let Some(v) = line.strip_prefix("SIGMA_LISTEN=") {
+                listen.push(v.to_owned());
+            } else if line == "SIGMA_SERVING" {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(up, Ok(true), "the dev node did not serve:\n{said}");
+    assert!(said.contains("WARNING: development node (--dev)"), "{said}");
+    assert!(listen.iter().all(|a| a.starts_with("/ip4/127.0.0.1/tcp/")), "{listen:?}");
+    let started = Instant::now();
+    let tried = Command::new(SIGMA).args(["lock", "demo", "--try", "--api", &api, "--", "true"]).output().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(tried.status.code(), Some(0), "{}", String::from_utf8_lossy(&tried.stderr));
+    println!("first lock on a --dev node: {took:?} (a real node holds its first grants for its takeover delay)");
+    let status = get_json(&format!("http://{api}/v1/status")).await;
+    assert_eq!(status["held_back_ms"], 0, "{status}");
+    child.start_kill().unwrap();
+    for real in [["--key-file", "k"], ["--bootstrap", "/ip4/127.0.0.1/tcp/1"], ["--takeover-delay", "1s"]] {
+        let out = Command::new(SIGMA).args(["run", "--dev"]).args(real).output().await.unwrap();
+        assert_eq!(out.status.code(), Some(64), "--dev {real:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}

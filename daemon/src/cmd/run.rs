@@ -46,6 +46,16 @@ pub(crate) struct RunArgs {
     /// A new identity each run, kept nowhere (instead of the key file).
     #[arg(long, conflicts_with = "key_file", env = "SIGMA_EPHEMERAL_KEY")]
     pub(crate) ephemeral_key: bool,
+    /// A development node, to try the API and the CLI: one peer alone on 127.0.0.1 (a
+    /// random swarm key refuses every other peer), a throwaway identity, and no takeover
+    /// delay, so the first lock is granted at once. Not for real use: without the delay
+    /// a restarted node may grant a lock that a command of its previous run still holds.
+    #[arg(
+        long,
+        env = "SIGMA_DEV",
+        conflicts_with_all = ["bootstrap", "key_file", "ephemeral_key", "swarm_key", "allow_peer", "allow_peers_file", "takeover_delay", "listen", "external_address"]
+    )]
+    pub(crate) dev: bool,
     /// Closed membership: accept connections only from this peer (repeatable, or
     /// comma-separated; with --allow-peers-file, the union). This peer itself is always
     /// allowed. Given any allowed peer, every other peer is refused. Default: open.
@@ -289,10 +299,26 @@ pub(crate) fn lock_key_file(key: &std::path::Path) -> anyhow::Result<nix::fcntl:
     })
 }
 
-pub(crate) async fn run(args: RunArgs) -> anyhow::Result<u8> {
+/// The listen address of `--dev`: loopback TCP, a port of the system's choice.
+const DEV_LISTEN: &str = "/ip4/127.0.0.1/tcp/0";
+
+pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<u8> {
     init_tracing_as(args.log_format, "info");
     raise_open_file_limit();
-    let admission = membership_policy(&args)?;
+    if args.dev {
+        args.ephemeral_key = true;
+        args.takeover_delay = Some(Duration::ZERO);
+        args.listen = vec![DEV_LISTEN.parse().expect("a valid multiaddr")];
+    }
+    let mut admission = membership_policy(&args)?;
+    if args.dev {
+        let key = sigma_node::admission::new_swarm_key().context("no randomness for the --dev swarm key")?;
+        admission.swarm_key = Some(key);
+        let warning = "development node (--dev): alone on 127.0.0.1, a throwaway identity, no takeover delay. \
+                       Not for real use: a restart may grant a lock that a command of the previous run still holds";
+        eprintln!("WARNING: {warning}");
+        tracing::warn!("{warning}");
+    }
     let api_addr = http::ApiAddr::parse(&args.api)?;
     // The identity: the key file (default in the state directory), locked for as long
     // as this daemon runs; or a throwaway one.

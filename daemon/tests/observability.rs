@@ -102,7 +102,8 @@ async fn no_ansi_escapes_when_stderr_is_not_a_terminal() {
             run_args.join(" "),
             dir.path().join("key2").display()
         );
-        let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).env_remove("NO_COLOR").output().await.unwrap();
+        let out =
+            Command::new("script").args(["-qec", &cmd, "/dev/null"]).env_remove("NO_COLOR").output().await.unwrap();
         let tty = String::from_utf8_lossy(&out.stdout);
         assert!(tty.contains("\x1b["), "no colours on a terminal: {tty:?}");
     } else {
@@ -161,8 +162,7 @@ fn metric_names(expr: &str) -> Vec<String> {
     let mut rest = expr;
     while let Some(at) = ["sigma_", "process_", "libp2p_"].iter().filter_map(|p| rest.find(p)).min() {
         let before = rest[..at].chars().next_back();
-        let name: String =
-            rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let name: String = rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
         rest = &rest[at + name.len()..];
         // Part of another word (a label value such as `job="sigma_x"` is not a metric).
         if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '"') {
@@ -283,7 +283,10 @@ async fn alert_rules_and_dashboard_queries_pass_promtool() {
             .replace("$__range", "6h")
             .replace("$job", ".*")
             .replace("$instance", ".*");
-        rules.push_str(&format!("      - record: dashboard:query{i}\n        expr: {}\n", serde_json::to_string(&expr).unwrap()));
+        rules.push_str(&format!(
+            "      - record: dashboard:query{i}\n        expr: {}\n",
+            serde_json::to_string(&expr).unwrap()
+        ));
     }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dashboard-rules.yml");
@@ -300,7 +303,9 @@ async fn alert_rules_and_dashboard_queries_pass_promtool() {
 #[test]
 fn metric_names_in_promql() {
     assert_eq!(
-        metric_names(r#"histogram_quantile(0.99, sum by (le) (rate(sigma_acquire_duration_seconds_bucket{job="sigma_x"}[5m])))"#),
+        metric_names(
+            r#"histogram_quantile(0.99, sum by (le) (rate(sigma_acquire_duration_seconds_bucket{job="sigma_x"}[5m])))"#
+        ),
         ["sigma_acquire_duration_seconds_bucket"]
     );
     assert_eq!(metric_names("up{job=\"sigma\"} == 0"), Vec::<String>::new());

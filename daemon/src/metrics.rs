@@ -130,7 +130,7 @@ fn parse_stat(stat: &str) -> Option<(u64, u64, u64)> {
     Some((field(14)?, field(15)?, field(22)?))
 }
 
-/// The number of a `/proc/self/status` line, e.g. `VmRSS:	  1234 kB` → 1234.
+/// The number of a `/proc/self/status` line, e.g. `VmRSS:   1234 kB` → 1234.
 fn status_kb(status: &str, key: &str) -> Option<u64> {
     status.lines().find_map(|l| l.strip_prefix(key))?.split_whitespace().next()?.parse().ok()
 }

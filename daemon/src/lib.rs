@@ -7,3 +7,5 @@
 
 pub mod client;
 pub mod http;
+pub mod metrics;
+pub mod version;

@@ -24,7 +24,7 @@ use cmd::status::{locks, status, StatusArgs, StatusCmdArgs};
 use cmd::{Fail, EXIT_UNAVAILABLE, EXIT_USAGE};
 
 #[derive(Parser, Debug)]
-#[command(name = "sigma", version, about = "A Sigma distributed lock peer and its command line")]
+#[command(name = "sigma", version = sigma_daemon::version::line(), about = "A Sigma distributed lock peer and its command line")]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,

@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 
 mod daemon;
 
-use daemon::{get_text, PATIENCE, SIGMA};
+use daemon::{get_text, have_tool, PATIENCE, SIGMA};
 
 /// `sigma run ARGS` with a clean environment of SIGMA_* variables plus `env`; returns
 /// the child and its `SIGMA_…=` lines once it printed `SIGMA_READY`.
@@ -192,4 +192,156 @@ async fn the_systemd_unit_verifies_and_its_command_runs_as_systemd_runs_it() {
     assert!(state.join("key").exists(), "the key file in the state directory");
     let first = std::fs::read_to_string(&log).unwrap();
     assert!(first.lines().next().is_some_and(|l| l.starts_with('{')), "JSON logs from the shipped config: {first}");
+}
+
+/// The unit's sandbox: `systemd-analyze security` (offline, on the file) scores it 2.0
+/// or below ("OK"; 5.4 "MEDIUM" before the unit was hardened).
+#[tokio::test]
+async fn the_systemd_unit_is_sandboxed_to_an_exposure_of_2_or_less() {
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/sigma.service");
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(&unit)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("systemd-analyze: {e} (Debian: apt-get install systemd; .ci/run installs it)"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let overall = text
+        .lines()
+        .find_map(|l| l.split_once("Overall exposure level for sigma.service: ").map(|(_, v)| v.to_owned()))
+        .unwrap_or_else(|| panic!("no overall exposure in:\n{text}{}", String::from_utf8_lossy(&out.stderr)));
+    let score: f64 = overall.split_whitespace().next().and_then(|s| s.parse().ok()).expect("a score");
+    assert!(score <= 2.0, "exposure {overall}, above 2.0:\n{text}");
+}
+
+/// The system calls of a daemon at work (start, a lock through the API socket, a
+/// scrape, a clean stop), traced with strace, are all allowed by the unit's
+/// SystemCallFilter= lines (as `systemd-analyze syscall-filter` expands their groups):
+/// a call outside them would fail with EPERM under systemd. Needs strace, which
+/// .ci/run installs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_makes_only_system_calls_the_unit_allows() {
+    if !have_tool("strace", "Debian: apt-get install strace").await {
+        return;
+    }
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let unit = std::fs::read_to_string(deploy.join("sigma.service")).unwrap();
+    let listing = Command::new("systemd-analyze").args(["syscall-filter", "--no-pager"]).output().await.unwrap();
+    let groups = syscall_groups(&String::from_utf8_lossy(&listing.stdout));
+    let mut allowed = expand(&groups, "@default");
+    for line in unit.lines().filter_map(|l| l.strip_prefix("SystemCallFilter=")) {
+        let (deny, names) = match line.strip_prefix('~') {
+            Some(rest) => (true, rest),
+            None => (false, line),
+        };
+        for name in names.split_whitespace() {
+            let set = expand(&groups, name);
+            if deny {
+                allowed.retain(|c| !set.contains(c));
+            } else {
+                allowed.extend(set);
+            }
+        }
+    }
+    assert!(allowed.contains("epoll_wait") && !allowed.contains("setuid"), "the unit's filter: {allowed:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace");
+    let api = format!("unix:{}", dir.path().join("api.sock").display());
+    let mut cmd = Command::new("strace");
+    cmd.args(["-f", "-qq", "-o"])
+        .arg(&trace)
+        .args([SIGMA, "run", "--config"])
+        .arg(deploy.join("sigma.toml"))
+        .env("STATE_DIRECTORY", dir.path())
+        .env("SIGMA_LISTEN", "/ip4/127.0.0.1/tcp/0,/ip4/127.0.0.1/udp/0/quic-v1")
+        .env("SIGMA_API", &api)
+        .env("SIGMA_METRICS", "127.0.0.1:0")
+        .env("SIGMA_LEASE_MS", "1000")
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut strace = cmd.spawn().unwrap();
+    let mut lines = BufReader::new(strace.stdout.take().unwrap()).lines();
+    let mut metrics = String::new();
+    let ready = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(m) = line.strip_prefix("SIGMA_METRICS=") {
+                metrics = m.to_owned();
+            }
+            if line == "SIGMA_READY" {
+                return true;
+            }
+        }
+        false
+    };
+    assert!(tokio::time::timeout(PATIENCE, ready).await.unwrap_or(false), "sigma run under strace did not get ready");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    assert!(get_text(&format!("http://{metrics}/metrics")).await.contains("process_cpu_seconds_total"));
+    let out = Command::new(SIGMA)
+        .args(["lock", "traced", "--api", &api, "--timeout", "60s", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // strace's child is the daemon: a SIGTERM to it is a clean stop.
+    let tracer = strace.id().unwrap();
+    let children = std::fs::read_to_string(format!("/proc/{tracer}/task/{tracer}/children")).unwrap();
+    let daemon: i32 = children.split_whitespace().next().expect("strace's child").parse().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(tokio::time::timeout(PATIENCE, strace.wait()).await.unwrap().unwrap().success());
+
+    let trace = std::fs::read_to_string(&trace).unwrap();
+    let mut used = std::collections::BTreeSet::new();
+    for line in trace.lines() {
+        // "PID name(args…" (lines such as "PID +++ exited" or "--- SIGTERM" are not calls).
+        let Some((_, call)) = line.split_once(' ') else { continue };
+        let name: String = call.trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if !name.is_empty() && call.trim_start()[name.len()..].starts_with('(') {
+            used.insert(name);
+        }
+    }
+    assert!(used.len() > 20 && used.contains("epoll_wait"), "calls traced: {used:?}");
+    let refused: Vec<&String> = used.iter().filter(|c| !allowed.contains(*c)).collect();
+    assert!(refused.is_empty(), "system calls the unit's SystemCallFilter= refuses: {refused:?}");
+}
+
+/// `systemd-analyze syscall-filter`'s listing: each `@group` and its members (calls
+/// and other groups).
+fn syscall_groups(listing: &str) -> HashMap<String, Vec<String>> {
+    let mut groups: HashMap<String, Vec<String>> = HashMap::new();
+    let mut current = None;
+    for line in listing.lines() {
+        if line.starts_with('@') {
+            current = Some(line.trim().to_owned());
+            groups.entry(line.trim().to_owned()).or_default();
+        } else if let Some(group) = &current {
+            let item = line.trim();
+            if !item.is_empty() && !item.starts_with('#') {
+                groups.get_mut(group).unwrap().push(item.to_owned());
+            }
+        }
+    }
+    groups
+}
+
+fn expand(groups: &HashMap<String, Vec<String>>, name: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut todo = vec![name.to_owned()];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(n) = todo.pop() {
+        if !seen.insert(n.clone()) {
+            continue;
+        }
+        match groups.get(&n) {
+            Some(members) => todo.extend(members.iter().cloned()),
+            None if !n.starts_with('@') => {
+                out.insert(n);
+            }
+            None => panic!("unknown system call group {n}"),
+        }
+    }
+    out
 }

@@ -42,7 +42,7 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Vec<ReplicaInfo>>,
     },
     Counters {
-        reply: oneshot::Sender<(sigma_behaviour::Counters, sigma_behaviour::ReplicaTotals)>,
+        reply: oneshot::Sender<crate::metrics::Snapshot>,
     },
     Probe {
         name: String,

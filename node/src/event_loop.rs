@@ -183,7 +183,11 @@ impl EventLoop {
             }
             Command::Counters { reply } => {
                 let sigma = &self.swarm.behaviour().sigma;
-                let _ = reply.send((sigma.counters().clone(), sigma.replica_totals()));
+                let _ = reply.send(crate::metrics::Snapshot {
+                    counters: sigma.counters().clone(),
+                    replicas: sigma.replica_totals(),
+                    token_regressions: self.token_regressions,
+                });
             }
             Command::Probe { name, n, reply } => match self.sigma().probe(&name, n) {
                 Ok(id) => {

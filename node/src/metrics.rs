@@ -22,6 +22,7 @@
 //! | `sigma_messages_rejected_total` | counter | `reason` |
 //! | `sigma_inbound_failures_total`, `sigma_outbound_failures_total` | counter | `kind` |
 //! | `sigma_acquisitions_total`, `sigma_acquired_total`, `sigma_lost_total` | counter | |
+//! | `sigma_token_regressions_total` (a won token not above the last one seen here) | counter | |
 //! | `sigma_revoked_total` | counter | held locks revoked by an operator (`sigma release --token`) |
 //! | `sigma_completed_total`, `sigma_completed_messages_total` | counter | messages per CS entry = their ratio |
 //! | `sigma_acquire_duration_seconds` | histogram | `outcome` |
@@ -83,12 +84,24 @@ impl EncodeLabelSet for Label {
     }
 }
 
-type Snapshot = Arc<Mutex<Option<(Counters, ReplicaTotals)>>>;
+/// The node's counters, read once per scrape ([`NodeHandle::counters`](crate::NodeHandle::counters)).
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// The Sigma behaviour's counters.
+    pub counters: Counters,
+    /// Sums over the replicas hosted now.
+    pub replicas: ReplicaTotals,
+    /// Acquisitions through this node whose fencing token was not above the last one
+    /// it saw for the lock (`Status::token_regressions`; should stay 0).
+    pub token_regressions: u64,
+}
+
+type Shared = Arc<Mutex<Option<Snapshot>>>;
 
 /// Our metrics: cheap to clone, shared by the HTTP handlers.
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    snapshot: Snapshot,
+    snapshot: Shared,
     acquire_latency: Family<Label, Histogram, fn() -> Histogram>,
     http_locks_held: Gauge,
     client_leases_expired: prometheus_client::metrics::counter::Counter,
@@ -151,8 +164,8 @@ impl Metrics {
     }
 
     /// Stores the node's counters for the next encoding of the registry.
-    pub fn set_snapshot(&self, counters: Counters, totals: ReplicaTotals) {
-        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some((counters, totals));
+    pub fn set_snapshot(&self, snapshot: Snapshot) {
+        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
     }
 
     /// Records how long an acquisition took and how it ended.
@@ -191,7 +204,7 @@ impl Metrics {
 /// Encodes the last counter snapshot at scrape time.
 #[derive(Debug)]
 struct CounterCollector {
-    snapshot: Snapshot,
+    snapshot: Shared,
 }
 
 fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
@@ -225,7 +238,7 @@ fn labelled(
 impl Collector for CounterCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let guard = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((c, t)) = guard.as_ref() else { return Ok(()) };
+        let Some(Snapshot { counters: c, replicas: t, token_regressions }) = guard.as_ref() else { return Ok(()) };
         counter(&mut e, "replica_grants", "Votes granted by the replicas hosted here", t.grants)?;
         counter(&mut e, "replica_releases", "RELEASEs applied by the replicas hosted here", t.releases)?;
         counter(&mut e, "replica_yields", "YIELDs applied by the replicas hosted here", t.yields)?;
@@ -434,6 +447,12 @@ impl Collector for CounterCollector {
         counter(&mut e, "completed", "Acquisitions that won and finished", c.completed)?;
         counter(
             &mut e,
+            "token_regressions",
+            "Locks won through this peer whose fencing token was not above the last one it saw for the lock (should stay 0)",
+            *token_regressions,
+        )?;
+        counter(
+            &mut e,
             "completed_messages",
             "Protocol messages (REQUEST, YIELD, RELEASE, RESPONSE) of the finished acquisitions",
             c.completed_messages,
@@ -465,7 +484,7 @@ mod tests {
         c.rejected.insert("bad_resource", 2);
         c.acquired = 3;
         let t = ReplicaTotals { hosted: 4, grants: 5, ..ReplicaTotals::default() };
-        m.set_snapshot(c, t);
+        m.set_snapshot(Snapshot { counters: c, replicas: t, token_regressions: 0 });
         m.observe_acquire(Outcome::Acquired, Duration::from_millis(3));
         m.set_http_locks_held(1);
         let text = encode(&registry).unwrap();
@@ -477,6 +496,7 @@ mod tests {
             "sigma_replica_grants_total 5",
             "sigma_acquire_duration_seconds_count{outcome=\"acquired\"} 1",
             "sigma_http_locks_held 1",
+            "sigma_token_regressions_total 0",
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");
         }

@@ -413,8 +413,9 @@ impl NodeHandle {
         self.ask(|reply| Command::Inspect { name, reply }).await
     }
 
-    /// The behaviour's counters and the totals of the hosted replicas' counters.
-    pub async fn counters(&self) -> Result<(sigma_behaviour::Counters, sigma_behaviour::ReplicaTotals), NodeError> {
+    /// The behaviour's counters, the totals of the hosted replicas' counters and this
+    /// node's own (what `/metrics` serves).
+    pub async fn counters(&self) -> Result<crate::metrics::Snapshot, NodeError> {
         self.ask(|reply| Command::Counters { reply }).await
     }
 

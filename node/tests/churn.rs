@@ -67,8 +67,8 @@ async fn dump(handles: &[NodeHandle], name: &str) {
         for r in h.hosted_replicas(name).await.unwrap_or_default() {
             eprintln!("  replica {}: owner {:?} queue {:?}", r.index, r.owner, r.queue);
         }
-        if let Ok((c, t)) = h.counters().await {
-            eprintln!("  {c:?}\n  {t:?}");
+        if let Ok(s) = h.counters().await {
+            eprintln!("  {:?}\n  {:?}", s.counters, s.replicas);
         }
     }
 }
@@ -149,7 +149,7 @@ async fn locks_keep_being_granted_through_churn() {
         back_handle.hosted_replicas(&name).await.unwrap().len() > N - M
     })
     .await;
-    let (counters, _) = back_handle.counters().await.unwrap();
+    let counters = back_handle.counters().await.unwrap().counters;
     assert!(counters.replicas_created > (N - M) as u64, "restarted with empty memory: {counters:?}");
 
     // Fault 3: a fresh node (new identity) joins.

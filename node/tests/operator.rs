@@ -107,7 +107,7 @@ async fn inspect_from_any_node_and_revoke_only_where_the_holder_allows() {
     tokio::time::timeout(Duration::from_secs(5), theirs.lost()).await.expect("the holder is told");
     let after = h[1].try_lock("ops/y").await.unwrap().expect("free after the revoke");
     assert!(after.token() > theirs.token());
-    let counters = h[3].counters().await.unwrap().0;
+    let counters = h[3].counters().await.unwrap().counters;
     assert_eq!(counters.revoked, 1);
     after.release().await.unwrap();
 

@@ -137,7 +137,7 @@ async fn sum_counters(
 ) -> Result<[u64; 3]> {
     let mut sum = [0; 3];
     for h in handles {
-        let (c, _) = h.counters().await?;
+        let c = h.counters().await?.counters;
         for (s, v) in sum.iter_mut().zip(pick(&c)) {
             *s += v;
         }

@@ -83,11 +83,15 @@ pub(crate) fn init_tracing(default: &str) {
     init_tracing_as(LogFormat::Text, default);
 }
 
-/// Logs on stderr, filtered by RUST_LOG (else `default`), as text or JSON lines.
+/// Logs on stderr, filtered by RUST_LOG (else `default`), as text or JSON lines. Colours
+/// only on a terminal (and not with `$NO_COLOR`): a journal, a file or a pipe gets
+/// plain text, not escape sequences.
 pub(crate) fn init_tracing_as(format: LogFormat, default: &str) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -384,10 +384,12 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<u8> {
     }
 
     // One registry for /metrics: libp2p's metrics (prefix libp2p_), recorded by the
-    // node's event loop from the swarm's events, and ours (sigma_).
+    // node's event loop from the swarm's events, ours (sigma_), the build and the
+    // process (process_).
     let mut registry = Registry::default();
     let libp2p_metrics = sigma_node::Libp2pMetrics(Arc::new(libp2p::metrics::Metrics::new(&mut registry)));
     let metrics = Metrics::register(&mut registry);
+    sigma_daemon::metrics::register(&mut registry);
     // pnet cannot wrap QUIC: with a swarm key the default listens on TCP only (a QUIC
     // address given explicitly is refused by the node).
     let mut listen = args.listen;

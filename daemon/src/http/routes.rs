@@ -473,7 +473,7 @@ pub(super) async fn block(s: AppState, peers: Vec<libp2p::PeerId>, block: bool) 
         (status = 500, description = "`internal`: the metrics did not encode", body = ErrorBody)))]
 pub(super) async fn get_metrics(State(s): State<AppState>, _: NoParams) -> Response {
     match s.handle.counters().await {
-        Ok((c, t)) => s.metrics.set_snapshot(c, t),
+        Ok(snapshot) => s.metrics.set_snapshot(snapshot),
         Err(e) => tracing::debug!(%e, "metrics: counters unavailable"),
     }
     s.metrics.set_http_locks_held(s.held.len());

@@ -674,7 +674,8 @@ async fn a_dev_node_grants_the_first_lock_at_once_and_says_what_it_is() {
     assert!(said.contains("WARNING: development node (--dev)"), "{said}");
     assert!(listen.iter().all(|a| a.starts_with("/ip4/127.0.0.1/tcp/")), "{listen:?}");
     let started = Instant::now();
-    let tried = Command::new(SIGMA).args(["lock", "demo", "--try", "--api", &api, "--", "true"]).output().await.unwrap();
+    let tried =
+        Command::new(SIGMA).args(["lock", "demo", "--try", "--api", &api, "--", "true"]).output().await.unwrap();
     let took = started.elapsed();
     assert_eq!(tried.status.code(), Some(0), "{}", String::from_utf8_lossy(&tried.stderr));
     println!("first lock on a --dev node: {took:?} (a real node holds its first grants for its takeover delay)");
@@ -684,5 +685,61 @@ async fn a_dev_node_grants_the_first_lock_at_once_and_says_what_it_is() {
     for real in [["--key-file", "k"], ["--bootstrap", "/ip4/127.0.0.1/tcp/1"], ["--takeover-delay", "1s"]] {
         let out = Command::new(SIGMA).args(["run", "--dev"]).args(real).output().await.unwrap();
         assert_eq!(out.status.code(), Some(64), "--dev {real:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// `sigma status` of the daemon at `api`, as text.
+async fn status_text(api: &str) -> String {
+    let out = Command::new(SIGMA).args(["status", "--api", api]).output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_peers_show_each_others_names() {
+    // A bad name is a usage error that says what a name may be.
+    let out = Command::new(SIGMA).args(["run", "--name", "db 1\u{1b}"]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("1 to 32 characters"), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let a = daemon_with(dir.path(), "a", &[], &["--listen", "/ip4/127.0.0.1/tcp/0", "--name", "db-1"]).await;
+    let boot = vec![a.listen[0].clone()];
+    let b = daemon_with(dir.path(), "b", &boot, &["--listen", "/ip4/127.0.0.1/tcp/0", "--name", "db-2"]).await;
+    for (d, other, name) in [(&a, &b, "db-2"), (&b, &a, "db-1")] {
+        eventually(&format!("{} to know {name}", d.peer_id), || async move {
+            daemon::status(d).await["peer_names"][other.peer_id.to_string()] == name
+        })
+        .await;
+        let text = status_text(&d.api).await;
+        assert!(text.contains(&format!("{} ({name})", other.peer_id)), "{text}");
+    }
+    let st = daemon::status(&a).await;
+    assert_eq!(st["name"], "db-1", "{st}");
+    assert!(status_text(&a.api).await.contains("name:             db-1\n"));
+    let members = st["member_peers"].as_array().unwrap();
+    assert_eq!(members.len(), 1, "{st}");
+    assert_eq!(members[0]["peer"], b.peer_id.to_string(), "{st}");
+
+    // inspect names the holder (through b, held through a).
+    serving_with_members(&[&a, &b], 2).await;
+    let marker = dir.path().join("holding");
+    let script = format!("touch {}; exec sleep 30", marker.display());
+    let _holder = lock_cmd(&a.api, "named", &script).spawn().unwrap();
+    eventually("sigma lock to hold the lock", || {
+        let marker = marker.clone();
+        async move { marker.exists() }
+    })
+    .await;
+    let out = Command::new(SIGMA).args(["inspect", "named", "--api", &b.api]).output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("holder: {} (db-1) #", a.peer_id)), "{text}");
+}
+
+/// Waits until each of `nodes` serves with `members` members.
+async fn serving_with_members(nodes: &[&Daemon], members: u64) {
+    for d in nodes {
+        daemon::serving_with(d, members).await;
     }
 }

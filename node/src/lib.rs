@@ -35,6 +35,7 @@ mod guard;
 pub mod identity;
 pub mod inspect;
 pub mod metrics;
+pub mod names;
 mod node;
 mod swarm;
 

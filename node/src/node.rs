@@ -76,6 +76,10 @@ pub struct NodeConfig {
     /// Who may connect (an allow-list, a swarm key); default: anyone. With a swarm key,
     /// `listen` must hold TCP addresses only (the default's QUIC one is refused).
     pub admission: Admission,
+    /// A short label for people, shown by the other peers next to this node's id
+    /// (`sigma run --name`): 1 to 32 characters of `[A-Za-z0-9._-]`
+    /// ([`crate::names::validate_name`]). Not an identity: any peer may take any name.
+    pub name: Option<String>,
 }
 
 /// libp2p's metrics, shared with the registry that serves them.
@@ -106,6 +110,7 @@ impl Default for NodeConfig {
             release_grace: Duration::from_secs(1),
             libp2p_metrics: None,
             admission: Admission::default(),
+            name: None,
         }
     }
 }
@@ -140,6 +145,9 @@ impl Node {
     /// Kademlia bootstrap. Returns once every listener is up (joining the swarm goes on
     /// in the background: poll [`NodeHandle::status`] to see it).
     pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
+        if let Some(name) = &config.name {
+            crate::names::validate_name(name)?;
+        }
         let keypair = match &config.key_file {
             Some(path) => identity::load_or_create(path)?,
             None => Keypair::generate_ed25519(),
@@ -169,8 +177,15 @@ impl Node {
         }
         admission.log();
         let autonat = swarm::runs_autonat(config.listen.iter().chain(&config.external_addresses));
-        let mut swarm =
-            swarm::build(keypair, behaviour, &config.bounds, config.idle_connection_timeout, admission, autonat)?;
+        let mut swarm = swarm::build(
+            keypair,
+            behaviour,
+            &config.bounds,
+            config.idle_connection_timeout,
+            admission,
+            autonat,
+            config.name.as_deref(),
+        )?;
 
         let mut listeners = HashMap::new();
         for addr in &config.listen {
@@ -254,6 +269,7 @@ impl Node {
         event_loop.metrics = config.libp2p_metrics.clone().map(|m| m.0);
         event_loop.bootstrap_peers = bootstrap_peers;
         event_loop.listen_floor = listen_floor;
+        event_loop.name = config.name.clone();
         let task = tokio::spawn(event_loop.run());
         tracing::info!(peer = %local, "sigma node started");
         let quorum = (config.behaviour.protocol().n(), config.behaviour.protocol().m());
@@ -413,6 +429,14 @@ impl NodeHandle {
         self.ask(|reply| Command::Inspect { name, reply }).await
     }
 
+    /// The names `peers` announced (by peer id), for those that have one.
+    pub async fn peer_names(
+        &self,
+        peers: Vec<PeerId>,
+    ) -> Result<std::collections::BTreeMap<String, String>, NodeError> {
+        self.ask(|reply| Command::Names { peers, reply }).await
+    }
+
     /// The behaviour's counters and the totals of the hosted replicas' counters.
     pub async fn counters(&self) -> Result<(sigma_behaviour::Counters, sigma_behaviour::ReplicaTotals), NodeError> {
         self.ask(|reply| Command::Counters { reply }).await
@@ -428,7 +452,9 @@ impl NodeHandle {
             .await
             .map_err(|_| LockError::NodeStopped)?;
         let answers = rx.await.map_err(|_| LockError::NodeStopped)??;
-        let inspection = inspect::gather(name, self.quorum.1, &answers);
+        let mut inspection = inspect::gather(name, self.quorum.1, &answers);
+        let peers = inspection.peers().iter().filter_map(|p| p.parse().ok()).collect();
+        inspection.names = self.peer_names(peers).await.map_err(|_| LockError::NodeStopped)?;
         let Some(holder) = &inspection.holder else { return Ok(inspection) };
         let Ok(peer) = holder.acquisition.peer.parse::<PeerId>() else { return Ok(inspection) };
         let request = Request::Holding { resource: name.to_owned(), counter: holder.acquisition.counter };

@@ -99,8 +99,16 @@ pub(crate) fn render_status(v: &serde_json::Value) -> String {
         }
     };
     let num = |key: &str| v.get(key).map_or_else(|| "?".to_owned(), |x| x.to_string());
+    // A peer id with the name it announced, if any.
+    let who = |peer: &str| match v["peer_names"].get(peer).and_then(|n| n.as_str()) {
+        Some(name) => format!("{peer} ({name})"),
+        None => peer.to_owned(),
+    };
     let mut out = String::new();
     let _ = writeln!(out, "peer id:          {}", v.get("peer_id").and_then(|x| x.as_str()).unwrap_or("?"));
+    if let Some(name) = v.get("name").and_then(|x| x.as_str()) {
+        let _ = writeln!(out, "name:             {name}");
+    }
     let listen = str_list("listen_addrs");
     let _ = writeln!(
         out,
@@ -120,7 +128,7 @@ pub(crate) fn render_status(v: &serde_json::Value) -> String {
     let connected = str_list("connected_peers");
     let _ = writeln!(out, "connected peers:  {}", connected.len());
     for p in &connected {
-        let _ = writeln!(out, "                  {p}");
+        let _ = writeln!(out, "                  {}", who(p));
     }
     let _ = writeln!(out, "routable peers:   {}", num("routable_peers"));
     let ready = v.get("ready").and_then(serde_json::Value::as_bool);
@@ -136,7 +144,7 @@ pub(crate) fn render_status(v: &serde_json::Value) -> String {
         num("reachable_members"),
         num("members"),
     );
-    let departed = str_list("departed_members");
+    let departed: Vec<String> = str_list("departed_members").iter().map(|p| who(p)).collect();
     if !departed.is_empty() {
         let _ = writeln!(out, "departed peers:   {} (sigma admin forget, if gone for good)", departed.join(", "));
     }
@@ -199,5 +207,12 @@ mod tests {
         assert!(s.contains("connected peers:  2"), "{s}");
         assert!(s.contains("orders/42 (token 7)"), "{s}");
         assert!(s.contains("locks waited for: -"), "{s}");
+        assert!(!s.contains("name:"), "{s}");
+        let mut named = v.clone();
+        named["name"] = serde_json::json!("db-1");
+        named["peer_names"] = serde_json::json!({"B": "db-2"});
+        let s = render_status(&named);
+        assert!(s.contains("name:             db-1\n"), "{s}");
+        assert!(s.contains("                  A\n                  B (db-2)\n"), "{s}");
     }
 }

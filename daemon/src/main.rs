@@ -20,7 +20,7 @@ use cli::config_file;
 use cmd::admin::{forget_cmd, inspect, release_cmd, AdminCmd, InspectArgs, ReleaseArgs};
 use cmd::lock::{lock, LockArgs};
 use cmd::run::{run, RunArgs};
-use cmd::status::{locks, status, StatusArgs, StatusCmdArgs};
+use cmd::status::{locks, status, LocksArgs, StatusCmdArgs};
 use cmd::{Fail, EXIT_UNAVAILABLE, EXIT_USAGE};
 
 #[derive(Parser, Debug)]
@@ -64,8 +64,9 @@ enum Cmd {
     Lock(LockArgs),
     /// Show the local peer: id, addresses, peers, replicas, locks held and waited for.
     Status(StatusCmdArgs),
-    /// List the locks this peer holds (with their fencing tokens) and waits for.
-    Locks(StatusArgs),
+    /// List the locks this peer holds (with their fencing tokens) and waits for; with
+    /// --swarm, those held and waited for across the swarm.
+    Locks(LocksArgs),
     /// Show a lock as the whole swarm sees it: the holder (fencing token, validity), the
     /// waiters with their places in line, and each replica as its host answered.
     /// Changes nothing. Exit status 69 if the daemon cannot be reached.

@@ -743,3 +743,67 @@ async fn serving_with_members(nodes: &[&Daemon], members: u64) {
         daemon::serving_with(d, members).await;
     }
 }
+
+/// Three named daemons, each connected to the other two and serving.
+async fn named_swarm(dir: &Path) -> Vec<Daemon> {
+    let listen = ["--listen", "/ip4/127.0.0.1/tcp/0"];
+    let a = daemon_with(dir, "a", &[], &[&listen[..], &["--name", "db-1"]].concat()).await;
+    let boot = vec![a.listen[0].clone()];
+    let b = daemon_with(dir, "b", &boot, &[&listen[..], &["--name", "db-2"]].concat()).await;
+    let c = daemon_with(dir, "c", &boot, &[&listen[..], &["--name", "db-3"]].concat()).await;
+    serving_with_members(&[&a, &b, &c], 3).await;
+    vec![a, b, c]
+}
+
+/// `sigma lock NAME` through `api` holding until killed; returns once it holds.
+async fn hold(dir: &Path, api: &str, name: &str) -> tokio::process::Child {
+    let marker = dir.join(format!("holding-{name}"));
+    let script = format!("touch {}; exec sleep 60", marker.display());
+    let child = lock_cmd(api, name, &script).spawn().unwrap();
+    eventually(&format!("sigma lock to hold {name}"), || {
+        let marker = marker.clone();
+        async move { marker.exists() }
+    })
+    .await;
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_swarm_lists_the_locks_held_through_other_daemons() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = named_swarm(dir.path()).await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let _on_a = hold(dir.path(), &a.api, "held-a").await;
+    let _on_b = hold(dir.path(), &b.api, "held-b").await;
+    // b waits for a's lock.
+    let _waiting = lock_cmd_with(&b.api, "held-a", &["--timeout", "60s"], "true").spawn().unwrap();
+    let url = format!("http://{}/v1/swarm/locks", c.api);
+    eventually("b's wait for held-a to show", || {
+        let url = url.clone();
+        async move {
+            let v = get_json(&url).await;
+            v["locks"].as_array().into_iter().flatten().any(|l| l["name"] == "held-a" && l["waiters"][0].is_object())
+        }
+    })
+    .await;
+
+    let out = Command::new(SIGMA).args(["locks", "--swarm", "--api", &c.api]).output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line =
+        |name: &str| text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{text}"));
+    assert!(line("held-a").contains(&format!("{} (db-1)", a.peer_id)), "{text}");
+    assert!(line("held-a").ends_with(" 1"), "one waiter: {text}");
+    assert!(line("held-b").contains(&format!("{} (db-2)", b.peer_id)), "{text}");
+    assert!(line("held-b").ends_with(" 0"), "no waiter: {text}");
+    assert!(text.contains("3 of 3 peers answered"), "{text}");
+
+    let out = Command::new(SIGMA).args(["locks", "--swarm", "--json", "--api", &c.api]).output().await.unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let locks = v["locks"].as_array().unwrap();
+    let held_a = locks.iter().find(|l| l["name"] == "held-a").unwrap();
+    assert_eq!(held_a["holders"][0]["peer"], a.peer_id.to_string(), "{v}");
+    assert!(held_a["holders"][0]["token"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(held_a["waiters"][0]["peer"], b.peer_id.to_string(), "{v}");
+    assert_eq!(v["names"][b.peer_id.to_string()], "db-2", "{v}");
+}

@@ -34,6 +34,7 @@ mod event_loop;
 mod guard;
 pub mod identity;
 pub mod inspect;
+pub mod listing;
 pub mod metrics;
 pub mod names;
 mod node;

@@ -18,9 +18,10 @@ use crate::error::{LockError, NodeError, RevokeError};
 use crate::event_loop::EventLoop;
 use crate::guard::LockGuard;
 use crate::inspect::{self, Inspection, Revoked};
+use crate::listing::{self, SwarmLocks};
 use crate::{identity, swarm};
 use sigma_behaviour::addr::Scope;
-use sigma_behaviour::wire::{Reply, Request};
+use sigma_behaviour::wire::{LockEntry, Reply, Request};
 
 /// Capacity of the command queue between handles and the event loop.
 const COMMAND_QUEUE: usize = 1024;
@@ -502,6 +503,43 @@ impl NodeHandle {
         } else {
             RevokeError::NotFound { name, token }
         })
+    }
+
+    /// The locks held and waited for across the swarm: every alive member (at most
+    /// [`listing::MAX_ASKED`], this node included) is asked for its acquisitions, and
+    /// the answers are put together by lock name. A snapshot: see [`crate::listing`].
+    pub async fn swarm_locks(&self) -> Result<SwarmLocks, NodeError> {
+        let status = self.status().await?;
+        let alive = status.member_peers.iter().filter(|m| m.alive).map(|m| m.peer);
+        let mut peers: Vec<PeerId> = std::iter::once(self.peer_id).chain(alive).collect();
+        peers.truncate(listing::MAX_ASKED);
+        let asks = peers.into_iter().map(|peer| async move { (peer, self.locks_of(peer).await) });
+        let mut locks = listing::gather(futures::future::join_all(asks).await);
+        let listed = locks.peers().iter().filter_map(|p| p.parse().ok()).collect();
+        locks.names = self.peer_names(listed).await?;
+        Ok(locks)
+    }
+
+    /// What `peer` holds and waits for, at most [`listing::MAX_PAGES`] pages, with how
+    /// many were left out; `None` if it did not answer (or answered out of bounds).
+    async fn locks_of(&self, peer: PeerId) -> Option<(Vec<LockEntry>, u32)> {
+        let (mut entries, mut more, mut after) = (Vec::new(), 0, None);
+        for page in 0..listing::MAX_PAGES {
+            match self.ask_peer(peer, Request::Locks { after: after.take() }).await {
+                Ok(Some(Reply::Locks(list))) => {
+                    more = list.more;
+                    after = list.locks.last().map(|e| (e.resource.clone(), e.counter));
+                    entries.extend(list.locks);
+                    if more == 0 || after.is_none() {
+                        return Some((entries, 0));
+                    }
+                }
+                // A later page lost: what came, and how many were said to follow.
+                _ if page > 0 => break,
+                _ => return None,
+            }
+        }
+        Some((entries, more))
     }
 
     async fn ask_peer(&self, peer: PeerId, request: Request) -> Result<Option<Reply>, LockError> {

@@ -807,3 +807,98 @@ async fn locks_swarm_lists_the_locks_held_through_other_daemons() {
     assert_eq!(held_a["waiters"][0]["peer"], b.peer_id.to_string(), "{v}");
     assert_eq!(v["names"][b.peer_id.to_string()], "db-2", "{v}");
 }
+
+/// A lone named daemon that grants its first lock at once.
+async fn lone(dir: &Path, name: &str) -> Daemon {
+    let d =
+        daemon_with(dir, name, &[], &["--listen", "/ip4/127.0.0.1/tcp/0", "--takeover-delay", "0s", "--name", name])
+            .await;
+    serving_with_members(&[&d], 1).await;
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_prints_one_frame_as_text_when_not_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = lone(dir.path(), "solo").await;
+    let _held = hold(dir.path(), &d.api, "framed").await;
+    let out = Command::new(SIGMA).args(["top", "--api", &d.api]).output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!text.contains('\u{1b}'), "no terminal codes in a pipe: {text:?}");
+    assert!(text.starts_with("sigma top: solo ") && text.contains("  serving  "), "{text}");
+    assert!(text.contains("MEMBERS (1)") && text.contains("this peer"), "{text}");
+    let row = text.lines().find(|l| l.trim_start().starts_with("framed ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains("solo "), "the holder by its name: {text}");
+    assert!(text.trim_end().ends_with("q: quit"), "{text}");
+    // No daemon: exit 69, said on stderr.
+    let out = Command::new(SIGMA).args(["top", "--api", "127.0.0.1:9"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `tmux -L SOCKET ARGS`: a tmux server of the test's own.
+fn tmux(socket: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("tmux").arg("-L").arg(socket).args(args).env("TERM", "xterm").output().unwrap()
+}
+
+/// Polls the pane until `check` holds on its text; panics (with the pane) after PATIENCE.
+async fn pane_until(socket: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let out = tmux(socket, &["capture-pane", "-p", "-t", "top"]);
+        let pane = String::from_utf8_lossy(&out.stdout).into_owned();
+        if check(&pane) {
+            return pane;
+        }
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}; the pane:\n{pane}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_under_tmux_shows_a_lock_and_its_holder_and_quits_on_q() {
+    if !daemon::have_tool("tmux", "apt-get install tmux").await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = lone(dir.path(), "viewed").await;
+    let socket = format!("sigma-top-test-{}", std::process::id());
+    // After top: its exit status, and whether the terminal is back in cooked mode.
+    let shell = format!(
+        "{SIGMA} top --api {} --interval 200ms; echo \"exit=$?\"; stty -a | tr ' ' '\\n' | grep -x -- '-\\?icanon'; sleep 60",
+        d.api
+    );
+    struct Server(String);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = tmux(&self.0, &["kill-server"]);
+        }
+    }
+    let out = tmux(&socket, &["new-session", "-d", "-s", "top", "-x", "120", "-y", "30", &shell]);
+    assert!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
+    let _server = Server(socket.clone());
+    pane_until(&socket, "the first frame", |p| p.contains("sigma top: viewed") && p.contains("q: quit")).await;
+    let alternate = tmux(&socket, &["display-message", "-p", "-t", "top", "#{alternate_on}"]);
+    assert_eq!(String::from_utf8_lossy(&alternate.stdout).trim(), "1", "the view is on the alternate screen");
+
+    let _held = hold(dir.path(), &d.api, "watched").await;
+    let pane = pane_until(&socket, "the lock and its holder", |p| {
+        p.lines().any(|l| l.trim_start().starts_with("watched ") && l.contains("viewed "))
+    })
+    .await;
+    assert!(pane.contains("LOCKS (1 held"), "{pane}");
+
+    let out = tmux(&socket, &["send-keys", "-t", "top", "q"]);
+    assert!(out.status.success());
+    let pane = pane_until(&socket, "top to exit and stty to answer", |p| {
+        p.contains("exit=") && p.lines().any(|l| l.ends_with("icanon"))
+    })
+    .await;
+    assert!(pane.contains("exit=0"), "{pane}");
+    assert!(pane.lines().any(|l| l == "icanon"), "the terminal is back in canonical mode: {pane}");
+    assert!(!pane.contains("sigma top:"), "the view's screen is gone: {pane}");
+    let alternate = tmux(&socket, &["display-message", "-p", "-t", "top", "#{alternate_on}"]);
+    assert_eq!(String::from_utf8_lossy(&alternate.stdout).trim(), "0", "back from the alternate screen");
+    let cursor = tmux(&socket, &["display-message", "-p", "-t", "top", "#{cursor_flag}"]);
+    assert_eq!(String::from_utf8_lossy(&cursor.stdout).trim(), "1", "the cursor shown again");
+}

@@ -14,6 +14,7 @@ use clap::Args;
 use sigma_daemon::client::Client;
 use sigma_node::listing::SwarmLocks;
 use sigma_node::Status;
+use tokio::signal::unix::{signal, SignalKind};
 
 use super::api::{api_error, ApiArgs};
 use super::{init_tracing, parse_duration};
@@ -99,10 +100,18 @@ impl Drop for Screen {
 }
 
 async fn live(client: &Client, interval: Duration) -> anyhow::Result<u8> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
-    let (tx, mut keys) = tokio::sync::mpsc::channel(8);
+    let (tx, mut inputs) = tokio::sync::mpsc::channel(8);
+    // SIGTERM, SIGHUP, and SIGINT sent by another process (raw mode makes Ctrl-C a
+    // key): a clean quit, the terminal restored.
+    for kind in [SignalKind::terminate(), SignalKind::hangup(), SignalKind::interrupt()] {
+        let mut signal = signal(kind)?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            if signal.recv().await.is_some() {
+                let _ = tx.send(Input::Quit).await;
+            }
+        });
+    }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reader = {
         let stop = stop.clone();
@@ -111,7 +120,18 @@ async fn live(client: &Client, interval: Duration) -> anyhow::Result<u8> {
     let screen = Screen::enter()?;
     let result = async {
         loop {
-            let (status, locks) = fetch(client).await;
+            // A key is heard while the daemon is being asked, too.
+            let fetching = fetch(client);
+            tokio::pin!(fetching);
+            let (status, locks) = loop {
+                tokio::select! {
+                    fetched = &mut fetching => break fetched,
+                    input = inputs.recv() => match input {
+                        Some(Input::Redraw) => {}
+                        Some(Input::Quit) | None => return anyhow::Ok(0),
+                    },
+                }
+            };
             let (width, height) = crossterm::terminal::size().unwrap_or((80, 24));
             let lines = match &status {
                 Ok(status) => render(status, locks.as_ref().map_err(|e| e.to_string()), width.into(), height.into()),
@@ -120,12 +140,10 @@ async fn live(client: &Client, interval: Duration) -> anyhow::Result<u8> {
             screen.draw(&lines)?;
             tokio::select! {
                 () = tokio::time::sleep(interval) => {}
-                key = keys.recv() => match key {
+                input = inputs.recv() => match input {
                     Some(Input::Redraw) => {}
-                    Some(Input::Quit) | None => return anyhow::Ok(0),
+                    Some(Input::Quit) | None => return Ok(0),
                 },
-                _ = term.recv() => return Ok(0),
-                _ = hangup.recv() => return Ok(0),
             }
         }
     }
@@ -329,14 +347,14 @@ mod tests {
     fn a_frame_shows_the_peer_the_members_and_the_locks() {
         let lines = render(&status(), Ok(&locks()), 200, 100);
         let text = lines.join("\n");
-        assert!(lines[0].starts_with("sigma top: db-3 CvMB8b…nduDz  serving  members 2 of 3 reachable"), "{text}");
-        assert!(text.contains("db-3 CvMB8b…nduDz") && text.contains("this peer"), "{text}");
+        assert!(lines[0].starts_with("sigma top: db-3 CvMB8b…duDz  serving  members 2 of 3 reachable"), "{text}");
+        assert!(text.contains("db-3 CvMB8b…duDz") && text.contains("this peer"), "{text}");
         assert!(text.contains("db-1 DjufHc…Kn4e") && text.contains("alive"), "{text}");
-        assert!(text.contains("RmJNEk…4PMDm") && text.contains("departed"), "{text}");
+        assert!(text.contains("RmJNEk…PMDm") && text.contains("departed"), "{text}");
         assert!(text.contains("LOCKS (1 held, 1 waiting; 2 of 2 peers answered)"), "{text}");
         let row = lines.iter().find(|l| l.trim_start().starts_with("deploy")).expect("the lock's row");
         assert!(row.contains("db-1 DjufHc…Kn4e") && row.contains(" 77 ") && row.contains("2981 ms"), "{row}");
-        assert!(row.ends_with("1 (next: db-3 CvMB8b…nduDz)"), "{row}");
+        assert!(row.ends_with("1 (next: db-3 CvMB8b…duDz)"), "{row}");
         assert_eq!(lines.last().map(String::as_str), Some(HELP));
     }
 

@@ -15,12 +15,15 @@
 //! RESPONSEs to one client) goes as one request, answered by one [`Reply::Batch`] with a
 //! reply per item, in order.
 //!
-//! and three for operators, answered without changing any replica:
+//! and four for operators, answered without changing any replica:
 //! - [`Request::Inspect`]: the state of replica `index` (owner, lease, queue), answered
 //!   with [`Reply::Replica`] or a redirect;
 //! - [`Request::Holding`]: asks a lock's holder about its acquisition (token, validity);
 //! - [`Request::Revoke`]: asks a lock's holder to give the lock up (an operator's
-//!   break-lock); the holder decides whether the sender may (see `Config::admin`).
+//!   break-lock); the holder decides whether the sender may (see `Config::admin`);
+//! - [`Request::Locks`]: asks a peer for the locks it holds and waits for (`sigma locks
+//!   --swarm`), a page of at most [`MAX_LISTED_LOCKS`] at a time; the asker checks the
+//!   answer ([`LockList::is_valid`]) before using it.
 //!
 //! Everything here comes from remote peers and is untrusted: [`validate_resource`] and
 //! [`Request::validate`] are applied before anything reaches the core. Size limits are
@@ -58,6 +61,9 @@ pub const MAX_RESOURCE_LEN: usize = 200;
 pub const MAX_REDIRECT_ADDRS: usize = 8;
 /// Most waiters listed in a [`ReplicaState`] (the queue's length is always given).
 pub const MAX_INSPECT_QUEUE: usize = 16;
+/// Most acquisitions in one [`LockList`] (a page: ask again from the last for more). A
+/// full page of the longest names fits [`MAX_REPLY_BYTES`].
+pub const MAX_LISTED_LOCKS: usize = 128;
 
 /// A request between two sigma peers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,6 +127,14 @@ pub enum Request {
         /// The holder's fencing token.
         token: u64,
     },
+    /// Anyone → any peer: the acquisitions it took that hold or wait (`sigma locks
+    /// --swarm`). Answered with [`Reply::Locks`]: at most [`MAX_LISTED_LOCKS`], in
+    /// (lock name, counter) order, from the first after `after`.
+    Locks {
+        /// List from the first acquisition after this one (lock name, Lamport counter);
+        /// `None`: from the start.
+        after: Option<(String, u64)>,
+    },
     /// Several [`Request::Replica`], [`Request::Notify`], [`Request::Ping`] and
     /// [`Request::Inspect`] items for one peer (1 to
     /// [`MAX_BATCH`]), answered by a [`Reply::Batch`] with one reply per item, in order;
@@ -154,6 +168,42 @@ pub struct HoldingState {
     pub votes: u16,
 }
 
+/// One acquisition of the answering peer ([`Request::Locks`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockEntry {
+    /// Lock name.
+    pub resource: String,
+    /// The acquisition's Lamport counter (its client is the answering peer).
+    pub counter: u64,
+    /// Whether it holds the lock (else it waits).
+    pub held: bool,
+    /// Fencing token (0 while waiting).
+    pub token: u64,
+    /// How long exclusion is still guaranteed (ms; 0 while waiting).
+    pub valid_for_ms: u64,
+    /// Votes it holds.
+    pub votes: u16,
+    /// Its place in line (1 = next) while waiting; `None` until m replicas answered.
+    pub position: Option<u32>,
+}
+
+/// The answer to [`Request::Locks`]: a page of the answering peer's acquisitions.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockList {
+    /// At most [`MAX_LISTED_LOCKS`], in (lock name, counter) order.
+    pub locks: Vec<LockEntry>,
+    /// How many come after these (ask again after the last one for them).
+    pub more: u32,
+}
+
+impl LockList {
+    /// Within the bounds: at most [`MAX_LISTED_LOCKS`] entries, each a valid lock name.
+    /// A peer's answer that is not is dropped (as no answer) and counted.
+    pub fn is_valid(&self) -> bool {
+        self.locks.len() <= MAX_LISTED_LOCKS && self.locks.iter().all(|l| validate_resource(&l.resource).is_ok())
+    }
+}
+
 /// The reply to a [`Request`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
@@ -176,6 +226,8 @@ pub enum Reply {
     /// The answer to [`Request::Holding`]: `None` if the acquisition is not (or no
     /// longer) here.
     Holding(Option<HoldingState>),
+    /// The answer to [`Request::Locks`].
+    Locks(LockList),
     /// The answers to a [`Request::Batch`], one per item, in order.
     Batch(Vec<Reply>),
 }
@@ -365,6 +417,8 @@ impl Request {
                 validate_index(*index, *n)
             }
             Request::Holding { resource, .. } | Request::Revoke { resource, .. } => validate_resource(resource),
+            Request::Locks { after: Some((resource, _)) } => validate_resource(resource),
+            Request::Locks { after: None } => Ok(()),
             Request::Notify { resource, index, .. } => {
                 validate_resource(resource)?;
                 validate_index(*index, u16::try_from(MAX_REPLICAS).unwrap_or(u16::MAX))
@@ -396,6 +450,7 @@ impl Request {
             Request::Inspect { .. } => "inspect",
             Request::Holding { .. } => "holding",
             Request::Revoke { .. } => "revoke",
+            Request::Locks { .. } => "locks",
             Request::Batch(_) => "batch",
         }
     }
@@ -568,6 +623,38 @@ mod tests {
         let (len, back) = round_trip(FrameKind::Reply, &reply);
         assert!(len as u64 <= MAX_REPLY_BYTES, "{len} bytes");
         assert_eq!(back, reply, "read back through the size limit");
+    }
+
+    /// A full page of the swarm's locks, every name the longest and every number the
+    /// largest, fits the reply limit; a longer page or a bad name is not valid.
+    #[test]
+    fn a_full_lock_list_fits_the_reply_limit_and_more_is_not_valid() {
+        let entry = |i: usize| LockEntry {
+            resource: format!("{i:0>width$}", width = MAX_RESOURCE_LEN),
+            counter: u64::MAX,
+            held: true,
+            token: u64::MAX,
+            valid_for_ms: u64::MAX,
+            votes: u16::MAX,
+            position: Some(u32::MAX),
+        };
+        let list = LockList { locks: (0..MAX_LISTED_LOCKS).map(entry).collect(), more: u32::MAX };
+        assert!(list.is_valid());
+        let reply = Reply::Locks(list.clone());
+        let (len, back) = round_trip(FrameKind::Reply, &reply);
+        assert!(len as u64 <= MAX_REPLY_BYTES, "{len} bytes");
+        assert_eq!(back, reply, "read back through the size limit");
+        let mut long = list.clone();
+        long.locks.push(entry(0));
+        assert!(!long.is_valid());
+        let mut bad = list;
+        bad.locks[7].resource = "evil\u{1b}[2J".into();
+        assert!(!bad.is_valid());
+        assert!(Request::Locks { after: None }.validate().is_ok());
+        assert!(Request::Locks { after: Some(("a".into(), 1)) }.validate().is_ok());
+        assert_eq!(Request::Locks { after: Some(("".into(), 1)) }.validate(), Err(Rejection::BadResource));
+        let batch = Request::Batch(vec![Request::Locks { after: None }]);
+        assert_eq!(batch.validate(), Err(Rejection::BadBatch), "not an item of a batch");
     }
 
     /// The largest batch a peer sends (every item the largest of its kind) and the

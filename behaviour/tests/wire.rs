@@ -117,3 +117,58 @@ async fn unknown_protocol_version_is_not_spoken() {
     let r = exchange(&mut n, &mut p, vec![0xa0]).await;
     assert_eq!(r, Err("unsupported".to_string()));
 }
+
+/// A peer's answer to `Locks` (`sigma locks --swarm`) is checked before it is used: a
+/// page longer than the bound, or a name that is not a lock name (here with terminal
+/// escapes), counts as no answer, and is counted; a valid one comes through as sent.
+#[tokio::test]
+async fn a_lock_list_out_of_bounds_counts_as_no_answer() {
+    use sigma_behaviour::link;
+    let mut n = node();
+    n.listen().with_memory_addr_external().await;
+    let mut liar = Swarm::new_ephemeral_tokio(|_| link::Behaviour::new(link::Config::default(), Default::default()));
+    liar.connect(&mut n).await;
+    let liar_id = *liar.local_peer_id();
+    let entry = |name: String| wire::LockEntry {
+        resource: name,
+        counter: 1,
+        held: true,
+        token: 7,
+        valid_for_ms: 100,
+        votes: 2,
+        position: None,
+    };
+    let too_long = (0..=wire::MAX_LISTED_LOCKS).map(|i| entry(format!("l{i}"))).collect();
+    let answers = [
+        (wire::LockList { locks: too_long, more: 0 }, false),
+        (wire::LockList { locks: vec![entry("evil\u{1b}[2J".into())], more: 0 }, false),
+        (wire::LockList { locks: vec![entry("fine".into())], more: 3 }, true),
+    ];
+    for (answer, valid) in answers {
+        let id = n.behaviour_mut().ask(liar_id, wire::Request::Locks { after: None });
+        let exchange = async {
+            loop {
+                tokio::select! {
+                    e = liar.select_next_some() => if let SwarmEvent::Behaviour(link::Event::Message {
+                        message: link::Message::Request { request, channel }, ..
+                    }) = e {
+                        assert_eq!(request, wire::Request::Locks { after: None });
+                        liar.behaviour_mut().send_response(channel, wire::Reply::Locks(answer.clone()));
+                    },
+                    e = n.select_next_some() => if let SwarmEvent::Behaviour(Event::Answered { id: got, reply }) = e {
+                        assert_eq!(got, id);
+                        return reply;
+                    },
+                }
+            }
+        };
+        let reply = tokio::time::timeout(Duration::from_secs(20), exchange).await.expect("no answer in time");
+        if valid {
+            assert_eq!(reply, Some(wire::Reply::Locks(answer)));
+        } else {
+            assert_eq!(reply, None, "an answer out of bounds came through");
+        }
+    }
+    let counters = n.behaviour().counters();
+    assert_eq!(counters.outbound_failures.get("bad_reply"), Some(&2), "{:?}", counters.outbound_failures);
+}

@@ -270,6 +270,12 @@ impl Client {
         self.call(self.http.get(url).timeout(self.timeout)).await
     }
 
+    /// `GET /v1/swarm/locks`: the locks held and waited for across the swarm.
+    pub async fn swarm_locks(&self) -> Result<sigma_node::listing::SwarmLocks, ClientError> {
+        let url = format!("{}/v1/swarm/locks", self.base);
+        self.call(self.http.get(url).timeout(self.timeout)).await
+    }
+
     /// `POST /v1/revoke/{name}`: an operator's break-lock (see [`sigma_node::NodeHandle::revoke`]).
     pub async fn revoke(&self, name: &str, token: u64) -> Result<Revoked, ClientError> {
         let url = format!("{}/v1/revoke/{}", self.base, encode_name(name));

@@ -20,7 +20,8 @@ use cli::config_file;
 use cmd::admin::{forget_cmd, inspect, release_cmd, AdminCmd, InspectArgs, ReleaseArgs};
 use cmd::lock::{lock, LockArgs};
 use cmd::run::{run, RunArgs};
-use cmd::status::{locks, status, StatusArgs, StatusCmdArgs};
+use cmd::status::{locks, status, LocksArgs, StatusCmdArgs};
+use cmd::top::{top, TopArgs};
 use cmd::{Fail, EXIT_UNAVAILABLE, EXIT_USAGE};
 
 #[derive(Parser, Debug)]
@@ -64,8 +65,16 @@ enum Cmd {
     Lock(LockArgs),
     /// Show the local peer: id, addresses, peers, replicas, locks held and waited for.
     Status(StatusCmdArgs),
-    /// List the locks this peer holds (with their fencing tokens) and waits for.
-    Locks(StatusArgs),
+    /// List the locks this peer holds (with their fencing tokens) and waits for; with
+    /// --swarm, those held and waited for across the swarm.
+    Locks(LocksArgs),
+    /// A live view of this peer (name, id, serving state, members reachable), the
+    /// swarm's members (alive or departed), the replicas hosted here, and the locks held
+    /// and waited for across the swarm with their holders and queues, redrawn every
+    /// --interval; `q` or Ctrl-C quits. When stdout is not a terminal (or with --once)
+    /// it prints one frame as plain text and exits. Exit status 69 if the daemon
+    /// cannot be reached (for one frame).
+    Top(TopArgs),
     /// Show a lock as the whole swarm sees it: the holder (fencing token, validity), the
     /// waiters with their places in line, and each replica as its host answered.
     /// Changes nothing. Exit status 69 if the daemon cannot be reached.
@@ -158,6 +167,7 @@ fn main() -> ExitCode {
             Cmd::Lock(args) => lock(args).await,
             Cmd::Status(args) => status(args).await,
             Cmd::Locks(args) => locks(args).await,
+            Cmd::Top(args) => top(args).await,
             Cmd::Inspect(args) => inspect(args).await,
             Cmd::Release(args) => release_cmd(args).await,
             Cmd::Admin(AdminCmd::Forget { peers, api }) => forget_cmd(&peers, api).await,

@@ -674,7 +674,8 @@ async fn a_dev_node_grants_the_first_lock_at_once_and_says_what_it_is() {
     assert!(said.contains("WARNING: development node (--dev)"), "{said}");
     assert!(listen.iter().all(|a| a.starts_with("/ip4/127.0.0.1/tcp/")), "{listen:?}");
     let started = Instant::now();
-    let tried = Command::new(SIGMA).args(["lock", "demo", "--try", "--api", &api, "--", "true"]).output().await.unwrap();
+    let tried =
+        Command::new(SIGMA).args(["lock", "demo", "--try", "--api", &api, "--", "true"]).output().await.unwrap();
     let took = started.elapsed();
     assert_eq!(tried.status.code(), Some(0), "{}", String::from_utf8_lossy(&tried.stderr));
     println!("first lock on a --dev node: {took:?} (a real node holds its first grants for its takeover delay)");
@@ -685,4 +686,219 @@ async fn a_dev_node_grants_the_first_lock_at_once_and_says_what_it_is() {
         let out = Command::new(SIGMA).args(["run", "--dev"]).args(real).output().await.unwrap();
         assert_eq!(out.status.code(), Some(64), "--dev {real:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
+}
+
+/// `sigma status` of the daemon at `api`, as text.
+async fn status_text(api: &str) -> String {
+    let out = Command::new(SIGMA).args(["status", "--api", api]).output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_peers_show_each_others_names() {
+    // A bad name is a usage error that says what a name may be.
+    let out = Command::new(SIGMA).args(["run", "--name", "db 1\u{1b}"]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("1 to 32 characters"), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let a = daemon_with(dir.path(), "a", &[], &["--listen", "/ip4/127.0.0.1/tcp/0", "--name", "db-1"]).await;
+    let boot = vec![a.listen[0].clone()];
+    let b = daemon_with(dir.path(), "b", &boot, &["--listen", "/ip4/127.0.0.1/tcp/0", "--name", "db-2"]).await;
+    for (d, other, name) in [(&a, &b, "db-2"), (&b, &a, "db-1")] {
+        eventually(&format!("{} to know {name}", d.peer_id), || async move {
+            daemon::status(d).await["peer_names"][other.peer_id.to_string()] == name
+        })
+        .await;
+        let text = status_text(&d.api).await;
+        assert!(text.contains(&format!("{} ({name})", other.peer_id)), "{text}");
+    }
+    let st = daemon::status(&a).await;
+    assert_eq!(st["name"], "db-1", "{st}");
+    assert!(status_text(&a.api).await.contains("name:             db-1\n"));
+    let members = st["member_peers"].as_array().unwrap();
+    assert_eq!(members.len(), 1, "{st}");
+    assert_eq!(members[0]["peer"], b.peer_id.to_string(), "{st}");
+
+    // inspect names the holder (through b, held through a).
+    serving_with_members(&[&a, &b], 2).await;
+    let marker = dir.path().join("holding");
+    let script = format!("touch {}; exec sleep 30", marker.display());
+    let _holder = lock_cmd(&a.api, "named", &script).spawn().unwrap();
+    eventually("sigma lock to hold the lock", || {
+        let marker = marker.clone();
+        async move { marker.exists() }
+    })
+    .await;
+    let out = Command::new(SIGMA).args(["inspect", "named", "--api", &b.api]).output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("holder: {} (db-1) #", a.peer_id)), "{text}");
+}
+
+/// Waits until each of `nodes` serves with `members` members.
+async fn serving_with_members(nodes: &[&Daemon], members: u64) {
+    for d in nodes {
+        daemon::serving_with(d, members).await;
+    }
+}
+
+/// Three named daemons, each connected to the other two and serving.
+async fn named_swarm(dir: &Path) -> Vec<Daemon> {
+    let listen = ["--listen", "/ip4/127.0.0.1/tcp/0"];
+    let a = daemon_with(dir, "a", &[], &[&listen[..], &["--name", "db-1"]].concat()).await;
+    let boot = vec![a.listen[0].clone()];
+    let b = daemon_with(dir, "b", &boot, &[&listen[..], &["--name", "db-2"]].concat()).await;
+    let c = daemon_with(dir, "c", &boot, &[&listen[..], &["--name", "db-3"]].concat()).await;
+    serving_with_members(&[&a, &b, &c], 3).await;
+    vec![a, b, c]
+}
+
+/// `sigma lock NAME` through `api` holding until killed; returns once it holds.
+async fn hold(dir: &Path, api: &str, name: &str) -> tokio::process::Child {
+    let marker = dir.join(format!("holding-{name}"));
+    let script = format!("touch {}; exec sleep 60", marker.display());
+    let child = lock_cmd(api, name, &script).spawn().unwrap();
+    eventually(&format!("sigma lock to hold {name}"), || {
+        let marker = marker.clone();
+        async move { marker.exists() }
+    })
+    .await;
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_swarm_lists_the_locks_held_through_other_daemons() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = named_swarm(dir.path()).await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let _on_a = hold(dir.path(), &a.api, "held-a").await;
+    let _on_b = hold(dir.path(), &b.api, "held-b").await;
+    // b waits for a's lock.
+    let _waiting = lock_cmd_with(&b.api, "held-a", &["--timeout", "60s"], "true").spawn().unwrap();
+    let url = format!("http://{}/v1/swarm/locks", c.api);
+    eventually("b's wait for held-a to show", || {
+        let url = url.clone();
+        async move {
+            let v = get_json(&url).await;
+            v["locks"].as_array().into_iter().flatten().any(|l| l["name"] == "held-a" && l["waiters"][0].is_object())
+        }
+    })
+    .await;
+
+    let out = Command::new(SIGMA).args(["locks", "--swarm", "--api", &c.api]).output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line =
+        |name: &str| text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{text}"));
+    assert!(line("held-a").contains(&format!("{} (db-1)", a.peer_id)), "{text}");
+    assert!(line("held-a").ends_with(" 1"), "one waiter: {text}");
+    assert!(line("held-b").contains(&format!("{} (db-2)", b.peer_id)), "{text}");
+    assert!(line("held-b").ends_with(" 0"), "no waiter: {text}");
+    assert!(text.contains("3 of 3 peers answered"), "{text}");
+
+    let out = Command::new(SIGMA).args(["locks", "--swarm", "--json", "--api", &c.api]).output().await.unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let locks = v["locks"].as_array().unwrap();
+    let held_a = locks.iter().find(|l| l["name"] == "held-a").unwrap();
+    assert_eq!(held_a["holders"][0]["peer"], a.peer_id.to_string(), "{v}");
+    assert!(held_a["holders"][0]["token"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(held_a["waiters"][0]["peer"], b.peer_id.to_string(), "{v}");
+    assert_eq!(v["names"][b.peer_id.to_string()], "db-2", "{v}");
+}
+
+/// A lone named daemon that grants its first lock at once.
+async fn lone(dir: &Path, name: &str) -> Daemon {
+    let d =
+        daemon_with(dir, name, &[], &["--listen", "/ip4/127.0.0.1/tcp/0", "--takeover-delay", "0s", "--name", name])
+            .await;
+    serving_with_members(&[&d], 1).await;
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_prints_one_frame_as_text_when_not_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = lone(dir.path(), "solo").await;
+    let _held = hold(dir.path(), &d.api, "framed").await;
+    let out = Command::new(SIGMA).args(["top", "--api", &d.api]).output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!text.contains('\u{1b}'), "no terminal codes in a pipe: {text:?}");
+    assert!(text.starts_with("sigma top: solo ") && text.contains("  serving  "), "{text}");
+    assert!(text.contains("MEMBERS (1)") && text.contains("this peer"), "{text}");
+    let row = text.lines().find(|l| l.trim_start().starts_with("framed ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains("solo "), "the holder by its name: {text}");
+    assert!(text.trim_end().ends_with("q: quit"), "{text}");
+    // No daemon: exit 69, said on stderr.
+    let out = Command::new(SIGMA).args(["top", "--api", "127.0.0.1:9"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `tmux -L SOCKET ARGS`: a tmux server of the test's own.
+fn tmux(socket: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("tmux").arg("-L").arg(socket).args(args).env("TERM", "xterm").output().unwrap()
+}
+
+/// Polls the pane until `check` holds on its text; panics (with the pane) after PATIENCE.
+async fn pane_until(socket: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let out = tmux(socket, &["capture-pane", "-p", "-t", "top"]);
+        let pane = String::from_utf8_lossy(&out.stdout).into_owned();
+        if check(&pane) {
+            return pane;
+        }
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}; the pane:\n{pane}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_under_tmux_shows_a_lock_and_its_holder_and_quits_on_q() {
+    if !daemon::have_tool("tmux", "apt-get install tmux").await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = lone(dir.path(), "viewed").await;
+    let socket = format!("sigma-top-test-{}", std::process::id());
+    // After top: its exit status, and whether the terminal is back in cooked mode.
+    let shell = format!(
+        "{SIGMA} top --api {} --interval 200ms; echo \"exit=$?\"; stty -a | tr ' ' '\\n' | grep -x -- '-\\?icanon'; sleep 60",
+        d.api
+    );
+    struct Server(String);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = tmux(&self.0, &["kill-server"]);
+        }
+    }
+    let out = tmux(&socket, &["new-session", "-d", "-s", "top", "-x", "120", "-y", "30", &shell]);
+    assert!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
+    let _server = Server(socket.clone());
+    pane_until(&socket, "the first frame", |p| p.contains("sigma top: viewed") && p.contains("q: quit")).await;
+    let alternate = tmux(&socket, &["display-message", "-p", "-t", "top", "#{alternate_on}"]);
+    assert_eq!(String::from_utf8_lossy(&alternate.stdout).trim(), "1", "the view is on the alternate screen");
+
+    let _held = hold(dir.path(), &d.api, "watched").await;
+    let pane = pane_until(&socket, "the lock and its holder", |p| {
+        p.lines().any(|l| l.trim_start().starts_with("watched ") && l.contains("viewed "))
+    })
+    .await;
+    assert!(pane.contains("LOCKS (1 held"), "{pane}");
+
+    let out = tmux(&socket, &["send-keys", "-t", "top", "q"]);
+    assert!(out.status.success());
+    let pane = pane_until(&socket, "top to exit and stty to answer", |p| {
+        p.contains("exit=") && p.lines().any(|l| l.ends_with("icanon"))
+    })
+    .await;
+    assert!(pane.contains("exit=0"), "{pane}");
+    assert!(pane.lines().any(|l| l == "icanon"), "the terminal is back in canonical mode: {pane}");
+    assert!(!pane.contains("sigma top:"), "the view's screen is gone: {pane}");
+    let alternate = tmux(&socket, &["display-message", "-p", "-t", "top", "#{alternate_on}"]);
+    assert_eq!(String::from_utf8_lossy(&alternate.stdout).trim(), "0", "back from the alternate screen");
+    let cursor = tmux(&socket, &["display-message", "-p", "-t", "top", "#{cursor_flag}"]);
+    assert_eq!(String::from_utf8_lossy(&cursor.stdout).trim(), "1", "the cursor shown again");
 }

@@ -69,6 +69,11 @@ pub(crate) enum Command {
         block: bool,
         reply: oneshot::Sender<Vec<libp2p::PeerId>>,
     },
+    /// The names of these peers that have one (by peer id).
+    Names {
+        peers: Vec<libp2p::PeerId>,
+        reply: oneshot::Sender<std::collections::BTreeMap<String, String>>,
+    },
     /// The operator's word that peers are gone for good; answers each one's outcome.
     Forget {
         peers: Vec<libp2p::PeerId>,
@@ -89,6 +94,17 @@ pub struct WaitingLock {
     pub votes: usize,
 }
 
+/// A member of the swarm as this node sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MemberPeer {
+    /// Its peer id.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub peer: PeerId,
+    /// Alive here now (connected, or its heartbeat fresh); else departed.
+    pub alive: bool,
+}
+
 /// A snapshot of the node (`GET /v1/status`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -96,6 +112,9 @@ pub struct Status {
     /// This node.
     #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub peer_id: PeerId,
+    /// This node's name (`sigma run --name`), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Addresses it listens on.
     #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub listen_addrs: Vec<Multiaddr>,
@@ -147,6 +166,13 @@ pub struct Status {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub departed_members: Vec<libp2p::PeerId>,
+    /// The other members (present or departed), the first 256 in id order.
+    #[serde(default)]
+    pub member_peers: Vec<MemberPeer>,
+    /// The names the peers listed here announced (by peer id; a peer without a name,
+    /// or not yet identified, is not listed). Labels for people, not identities.
+    #[serde(default)]
+    pub peer_names: std::collections::BTreeMap<String, String>,
     /// Sizes of the per-lock and per-peer state (each bounded: ARCHITECTURE.md,
     /// "Bounded state").
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]

@@ -63,6 +63,9 @@ pub enum NodeError {
         /// Why.
         reason: String,
     },
+    /// The node's name ([`crate::NodeConfig::name`]) is not a valid peer name.
+    #[error(transparent)]
+    Name(#[from] crate::names::BadName),
     /// The node's event loop is not running (shut down, or dropped).
     #[error("the node is stopped")]
     Stopped,

@@ -13,9 +13,10 @@ use sigma_behaviour::{AcquisitionId, Event};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::command::{Command, ProbeReply, Status, SurveyReply, WaitingLock};
+use crate::command::{Command, MemberPeer, ProbeReply, Status, SurveyReply, WaitingLock};
 use crate::error::LockError;
 use crate::guard::{GuardState, LockGuard, Release};
+use crate::names::PeerNames;
 use crate::swarm::{NodeBehaviour, NodeBehaviourEvent};
 
 /// Capacity of the guards' release channel (a full one makes a dropped guard hand its
@@ -78,6 +79,10 @@ pub(crate) struct EventLoop {
     pub(crate) bootstrap_peers: Vec<(libp2p::PeerId, libp2p::Multiaddr)>,
     /// Listen addresses at least this wide count as external ([`crate::NodeConfig::external_addresses`]).
     pub(crate) listen_floor: Option<sigma_behaviour::addr::Scope>,
+    /// This node's name ([`crate::NodeConfig::name`]).
+    pub(crate) name: Option<String>,
+    /// The other peers' names, as their identify announced them.
+    names: PeerNames,
 }
 
 impl EventLoop {
@@ -109,6 +114,8 @@ impl EventLoop {
             bootstrap_peers: Vec::new(),
             listen_floor: None,
             metrics: None,
+            name: None,
+            names: PeerNames::default(),
         }
     }
 
@@ -213,6 +220,14 @@ impl EventLoop {
                 // Handled in `run`.
                 let _ = reply.send(());
             }
+            Command::Names { peers, reply } => {
+                let mut names = self.names.of(&peers);
+                let local = *self.swarm.local_peer_id();
+                if let (Some(name), true) = (&self.name, peers.contains(&local)) {
+                    names.insert(local.to_string(), name.clone());
+                }
+                let _ = reply.send(names);
+            }
             Command::Forget { peers, reply } => {
                 let _ = reply.send(self.sigma().forget(&peers));
             }
@@ -275,8 +290,16 @@ impl EventLoop {
         let readiness = sigma.readiness();
         let (reachable_members, members) = sigma.members();
         let sizes = sigma.state_sizes();
+        let departed_members = sigma.departed_members(256);
+        let member_peers: Vec<MemberPeer> =
+            sigma.member_list(256).into_iter().map(|(peer, alive)| MemberPeer { peer, alive }).collect();
+        let listed = connected_peers.iter().chain(&departed_members).chain(member_peers.iter().map(|m| &m.peer));
+        let peer_names = self.names.of(listed);
         Status {
             peer_id: *self.swarm.local_peer_id(),
+            name: self.name.clone(),
+            member_peers,
+            peer_names,
             listen_addrs: self.swarm.listeners().cloned().collect(),
             connected_peers,
             connections: self.swarm.network_info().connection_counters().num_established(),
@@ -294,7 +317,7 @@ impl EventLoop {
             members,
             reachable_members,
             takeover_delay_ms: u64::try_from(sigma.takeover_delay().as_millis()).unwrap_or(u64::MAX),
-            departed_members: sigma.departed_members(256),
+            departed_members,
             held_back_ms: u64::try_from(sigma.held_back().as_millis()).unwrap_or(u64::MAX),
         }
     }
@@ -313,7 +336,11 @@ impl EventLoop {
                 peer_id, info, ..
             })) => {
                 if info.protocols.contains(&sigma_behaviour::wire::PROTOCOL) {
-                    tracing::debug!(peer = %peer_id, addrs = ?info.listen_addrs, "identified a sigma peer");
+                    tracing::debug!(peer = %peer_id, addrs = ?info.listen_addrs, agent = %info.agent_version, "identified a sigma peer");
+                    // Room for a newcomer's name is made from peers neither connected nor members.
+                    let (swarm, names) = (&self.swarm, &mut self.names);
+                    let sigma = &swarm.behaviour().sigma;
+                    names.heard(peer_id, &info.agent_version, |p| swarm.is_connected(p) || sigma.is_member(p));
                     self.sigma().identified(&peer_id, &info.protocols, info.listen_addrs);
                 } else {
                     tracing::debug!(peer = %peer_id, agent = %info.agent_version, "peer does not speak sigma");

@@ -102,6 +102,9 @@ pub struct Inspection {
     pub waiters: Vec<WaiterRow>,
     /// Each replica.
     pub replicas: Vec<ReplicaRow>,
+    /// The names the peers listed here announced (by peer id), where known.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub names: std::collections::BTreeMap<String, String>,
 }
 
 fn acq(ts: &sigma_behaviour::proto::Timestamp<libp2p::PeerId>) -> AcquisitionRef {
@@ -174,7 +177,16 @@ pub fn gather(name: &str, m: usize, answers: &[ReplicaAnswer]) -> Inspection {
         })
         .collect();
     waiters.sort_by_key(|w| (w.position.is_none(), w.position, std::cmp::Reverse(w.replicas)));
-    Inspection { name: name.to_owned(), n: answers.len(), m, answered, holder, waiters, replicas }
+    Inspection {
+        name: name.to_owned(),
+        n: answers.len(),
+        m,
+        answered,
+        holder,
+        waiters,
+        replicas,
+        names: Default::default(),
+    }
 }
 
 impl Inspection {
@@ -187,6 +199,33 @@ impl Inspection {
             }
         }
         self
+    }
+
+    /// The peers listed here: the holder, the waiters, the replicas' hosts and owners.
+    pub fn peers(&self) -> Vec<String> {
+        let mut peers: Vec<String> = self
+            .holder
+            .iter()
+            .map(|h| h.acquisition.peer.clone())
+            .chain(self.waiters.iter().map(|w| w.acquisition.peer.clone()))
+            .chain(
+                self.replicas
+                    .iter()
+                    .flat_map(|r| [Some(r.host.clone()), r.owner.as_ref().map(|o| o.peer.clone())])
+                    .flatten(),
+            )
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers
+    }
+
+    /// `peer`, with its name if it has one.
+    fn who(&self, peer: &str) -> String {
+        match self.names.get(peer) {
+            Some(name) => format!("{peer} ({name})"),
+            None => peer.to_owned(),
+        }
     }
 
     /// A table for people, with a line per replica (`sigma inspect --replicas`).
@@ -207,8 +246,13 @@ impl Inspection {
         );
         match &self.holder {
             Some(h) => {
-                let _ =
-                    write!(out, "holder: {} #{} ({} replicas", h.acquisition.peer, h.acquisition.counter, h.replicas);
+                let _ = write!(
+                    out,
+                    "holder: {} #{} ({} replicas",
+                    self.who(&h.acquisition.peer),
+                    h.acquisition.counter,
+                    h.replicas
+                );
                 match (h.token, h.valid_for_ms) {
                     (Some(t), Some(v)) => {
                         let _ = write!(out, ", token {t}, valid for {v} ms");
@@ -228,7 +272,9 @@ impl Inspection {
                 let _ = writeln!(
                     out,
                     "  position {pos:>3}  {} #{}  (queued at {} replicas)",
-                    w.acquisition.peer, w.acquisition.counter, w.replicas
+                    self.who(&w.acquisition.peer),
+                    w.acquisition.counter,
+                    w.replicas
                 );
             }
         }
@@ -250,7 +296,7 @@ impl Inspection {
             };
             let held =
                 if r.held_back_ms > 0 { format!(" (grants held back {} ms)", r.held_back_ms) } else { String::new() };
-            let _ = writeln!(out, "  {:>2}  host {}  {what}{held}", r.index, r.host);
+            let _ = writeln!(out, "  {:>2}  host {}  {what}{held}", r.index, self.who(&r.host));
         }
         out
     }
@@ -342,6 +388,10 @@ mod tests {
         let i = i.with_holding(Some(&HoldingState { held: true, token: 42, valid_for_ms: 900, votes: 3 }));
         assert_eq!(i.holder.as_ref().and_then(|h| h.token), Some(42));
         assert!(i.render().contains("token 42"), "{}", i.render());
+        let mut i = i;
+        i.names.insert(a.to_string(), "db-1".to_owned());
+        assert!(i.render_with(false).contains(&format!("holder: {a} (db-1) #1")), "{}", i.render_with(false));
+        assert!(i.peers().contains(&host.to_string()) && i.peers().contains(&c.to_string()));
     }
 
     #[test]

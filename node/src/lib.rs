@@ -34,7 +34,9 @@ mod event_loop;
 mod guard;
 pub mod identity;
 pub mod inspect;
+pub mod listing;
 pub mod metrics;
+pub mod names;
 mod node;
 mod swarm;
 

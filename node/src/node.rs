@@ -18,9 +18,10 @@ use crate::error::{LockError, NodeError, RevokeError};
 use crate::event_loop::EventLoop;
 use crate::guard::LockGuard;
 use crate::inspect::{self, Inspection, Revoked};
+use crate::listing::{self, SwarmLocks};
 use crate::{identity, swarm};
 use sigma_behaviour::addr::Scope;
-use sigma_behaviour::wire::{Reply, Request};
+use sigma_behaviour::wire::{LockEntry, Reply, Request};
 
 /// Capacity of the command queue between handles and the event loop.
 const COMMAND_QUEUE: usize = 1024;
@@ -76,6 +77,10 @@ pub struct NodeConfig {
     /// Who may connect (an allow-list, a swarm key); default: anyone. With a swarm key,
     /// `listen` must hold TCP addresses only (the default's QUIC one is refused).
     pub admission: Admission,
+    /// A short label for people, shown by the other peers next to this node's id
+    /// (`sigma run --name`): 1 to 32 characters of `[A-Za-z0-9._-]`
+    /// ([`crate::names::validate_name`]). Not an identity: any peer may take any name.
+    pub name: Option<String>,
 }
 
 /// libp2p's metrics, shared with the registry that serves them.
@@ -106,6 +111,7 @@ impl Default for NodeConfig {
             release_grace: Duration::from_secs(1),
             libp2p_metrics: None,
             admission: Admission::default(),
+            name: None,
         }
     }
 }
@@ -140,6 +146,9 @@ impl Node {
     /// Kademlia bootstrap. Returns once every listener is up (joining the swarm goes on
     /// in the background: poll [`NodeHandle::status`] to see it).
     pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
+        if let Some(name) = &config.name {
+            crate::names::validate_name(name)?;
+        }
         let keypair = match &config.key_file {
             Some(path) => identity::load_or_create(path)?,
             None => Keypair::generate_ed25519(),
@@ -169,8 +178,15 @@ impl Node {
         }
         admission.log();
         let autonat = swarm::runs_autonat(config.listen.iter().chain(&config.external_addresses));
-        let mut swarm =
-            swarm::build(keypair, behaviour, &config.bounds, config.idle_connection_timeout, admission, autonat)?;
+        let mut swarm = swarm::build(
+            keypair,
+            behaviour,
+            &config.bounds,
+            config.idle_connection_timeout,
+            admission,
+            autonat,
+            config.name.as_deref(),
+        )?;
 
         let mut listeners = HashMap::new();
         for addr in &config.listen {
@@ -254,6 +270,7 @@ impl Node {
         event_loop.metrics = config.libp2p_metrics.clone().map(|m| m.0);
         event_loop.bootstrap_peers = bootstrap_peers;
         event_loop.listen_floor = listen_floor;
+        event_loop.name = config.name.clone();
         let task = tokio::spawn(event_loop.run());
         tracing::info!(peer = %local, "sigma node started");
         let quorum = (config.behaviour.protocol().n(), config.behaviour.protocol().m());
@@ -413,6 +430,14 @@ impl NodeHandle {
         self.ask(|reply| Command::Inspect { name, reply }).await
     }
 
+    /// The names `peers` announced (by peer id), for those that have one.
+    pub async fn peer_names(
+        &self,
+        peers: Vec<PeerId>,
+    ) -> Result<std::collections::BTreeMap<String, String>, NodeError> {
+        self.ask(|reply| Command::Names { peers, reply }).await
+    }
+
     /// The behaviour's counters, the totals of the hosted replicas' counters and this
     /// node's own (what `/metrics` serves).
     pub async fn counters(&self) -> Result<crate::metrics::Snapshot, NodeError> {
@@ -429,7 +454,9 @@ impl NodeHandle {
             .await
             .map_err(|_| LockError::NodeStopped)?;
         let answers = rx.await.map_err(|_| LockError::NodeStopped)??;
-        let inspection = inspect::gather(name, self.quorum.1, &answers);
+        let mut inspection = inspect::gather(name, self.quorum.1, &answers);
+        let peers = inspection.peers().iter().filter_map(|p| p.parse().ok()).collect();
+        inspection.names = self.peer_names(peers).await.map_err(|_| LockError::NodeStopped)?;
         let Some(holder) = &inspection.holder else { return Ok(inspection) };
         let Ok(peer) = holder.acquisition.peer.parse::<PeerId>() else { return Ok(inspection) };
         let request = Request::Holding { resource: name.to_owned(), counter: holder.acquisition.counter };
@@ -477,6 +504,43 @@ impl NodeHandle {
         } else {
             RevokeError::NotFound { name, token }
         })
+    }
+
+    /// The locks held and waited for across the swarm: every alive member (at most
+    /// [`listing::MAX_ASKED`], this node included) is asked for its acquisitions, and
+    /// the answers are put together by lock name. A snapshot: see [`crate::listing`].
+    pub async fn swarm_locks(&self) -> Result<SwarmLocks, NodeError> {
+        let status = self.status().await?;
+        let alive = status.member_peers.iter().filter(|m| m.alive).map(|m| m.peer);
+        let mut peers: Vec<PeerId> = std::iter::once(self.peer_id).chain(alive).collect();
+        peers.truncate(listing::MAX_ASKED);
+        let asks = peers.into_iter().map(|peer| async move { (peer, self.locks_of(peer).await) });
+        let mut locks = listing::gather(futures::future::join_all(asks).await);
+        let listed = locks.peers().iter().filter_map(|p| p.parse().ok()).collect();
+        locks.names = self.peer_names(listed).await?;
+        Ok(locks)
+    }
+
+    /// What `peer` holds and waits for, at most [`listing::MAX_PAGES`] pages, with how
+    /// many were left out; `None` if it did not answer (or answered out of bounds).
+    async fn locks_of(&self, peer: PeerId) -> Option<(Vec<LockEntry>, u32)> {
+        let (mut entries, mut more, mut after) = (Vec::new(), 0, None);
+        for page in 0..listing::MAX_PAGES {
+            match self.ask_peer(peer, Request::Locks { after: after.take() }).await {
+                Ok(Some(Reply::Locks(list))) => {
+                    more = list.more;
+                    after = list.locks.last().map(|e| (e.resource.clone(), e.counter));
+                    entries.extend(list.locks);
+                    if more == 0 || after.is_none() {
+                        return Some((entries, 0));
+                    }
+                }
+                // A later page lost: what came, and how many were said to follow.
+                _ if page > 0 => break,
+                _ => return None,
+            }
+        }
+        Some((entries, more))
     }
 
     async fn ask_peer(&self, peer: PeerId, request: Request) -> Result<Option<Reply>, LockError> {

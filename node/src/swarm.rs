@@ -125,21 +125,22 @@ impl NodeBehaviour {
     /// The behaviour for `keypair`'s peer, with `bounds` on its connections.
     pub fn bounded(keypair: &Keypair, config: sigma_behaviour::Config, bounds: &ConnectionBounds) -> Self {
         let local = keypair.public().to_peer_id();
-        let identify = identify::Behaviour::new(
-            identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), keypair.public())
-                .with_agent_version(format!("sigma-node/{}", env!("CARGO_PKG_VERSION")))
-                .with_interval(IDENTIFY_INTERVAL)
-                .with_hide_listen_addrs(true),
-        );
         NodeBehaviour {
             limits: bounds.limits(),
             memory: bounds.memory(),
             block: allow_block_list::Behaviour::default(),
             allow: Toggle::from(None),
             sigma: sigma_behaviour::Behaviour::new(keypair, config),
-            identify,
+            identify: identify_behaviour(keypair, None),
             autonat: Toggle::from(Some(autonat::Behaviour::new(local, autonat::Config::default()))),
         }
+    }
+
+    /// With a peer name, announced to the other peers in identify's agent version
+    /// ([`crate::names`]); `name` must pass [`crate::names::validate_name`].
+    pub fn with_name(mut self, keypair: &Keypair, name: &str) -> Self {
+        self.identify = identify_behaviour(keypair, Some(name));
+        self
     }
 
     /// Without AutoNAT (a node whose addresses are all loopback: `runs_autonat` in this
@@ -158,6 +159,16 @@ impl NodeBehaviour {
         self.allow = Toggle::from(Some(allow));
         self
     }
+}
+
+/// Identify, announcing the node's version and its name, if it has one.
+fn identify_behaviour(keypair: &Keypair, name: Option<&str>) -> identify::Behaviour {
+    identify::Behaviour::new(
+        identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), keypair.public())
+            .with_agent_version(crate::names::agent_version(name))
+            .with_interval(IDENTIFY_INTERVAL)
+            .with_hide_listen_addrs(true),
+    )
 }
 
 /// Whether a node runs AutoNAT, from its listen and given external addresses: not
@@ -192,11 +203,16 @@ pub(crate) fn build(
     idle_connection_timeout: Duration,
     admission: &Admission,
     autonat: bool,
+    name: Option<&str>,
 ) -> Result<Swarm<NodeBehaviour>, NodeError> {
     let tcp_config = tcp::Config::default().nodelay(true);
     let behaviour = |keypair: &Keypair| {
         let behaviour = NodeBehaviour::bounded(keypair, config, bounds);
         let behaviour = if autonat { behaviour } else { behaviour.without_autonat() };
+        let behaviour = match name {
+            Some(name) => behaviour.with_name(keypair, name),
+            None => behaviour,
+        };
         match &admission.allowed_peers {
             Some(peers) => behaviour.with_allowed_peers(keypair.public().to_peer_id(), peers.iter().copied()),
             None => behaviour,

@@ -6,7 +6,7 @@
 //! that a late grant to it is handed back.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::link::{OutboundFailure, RequestId};
 use libp2p::kad::KBucketKey;
@@ -167,6 +167,43 @@ impl Behaviour {
             position: a.client.position(),
             valid_until: a.client.valid_until().filter(|_| holding).map(|t| self.clock.instant(t)),
         })
+    }
+
+    /// A page of this peer's acquisitions that hold or wait, for [`Request::Locks`]: at
+    /// most [`wire::MAX_LISTED_LOCKS`] in (lock name, counter) order, from the first
+    /// after `after`. O(live acquisitions).
+    pub(super) fn lock_list(&self, after: Option<&(String, u64)>) -> wire::LockList {
+        let now = Instant::now();
+        let mut locks: Vec<wire::LockEntry> = self
+            .acquiring
+            .iter()
+            .filter_map(|(id, a)| {
+                let counter = a.client.ts().counter;
+                if after.is_some_and(|(name, c)| (a.resource.as_str(), counter) <= (name.as_str(), *c)) {
+                    return None;
+                }
+                let info = self.acquisition(*id)?;
+                let held = match info.phase {
+                    Phase::Holding => true,
+                    Phase::Waiting => false,
+                    Phase::Lost | Phase::Released => return None,
+                };
+                let valid_for = info.valid_until.map_or(0, |t| t.saturating_duration_since(now).as_millis());
+                Some(wire::LockEntry {
+                    resource: info.resource,
+                    counter,
+                    held,
+                    token: info.token,
+                    valid_for_ms: u64::try_from(valid_for).unwrap_or(u64::MAX),
+                    votes: u16::try_from(info.votes).unwrap_or(u16::MAX),
+                    position: info.position.filter(|_| !held),
+                })
+            })
+            .collect();
+        locks.sort_by(|a, b| (&a.resource, a.counter).cmp(&(&b.resource, b.counter)));
+        let more = locks.len().saturating_sub(wire::MAX_LISTED_LOCKS);
+        locks.truncate(wire::MAX_LISTED_LOCKS);
+        wire::LockList { locks, more: u32::try_from(more).unwrap_or(u32::MAX) }
     }
 
     /// Acquisitions in progress or held: (id, lock name, phase).
@@ -429,7 +466,7 @@ impl Behaviour {
             Reply::Rejected(r) => {
                 tracing::debug!(%peer, reason = r.as_str(), "sigma request rejected by peer");
             }
-            Reply::Ack | Reply::Replica(_) | Reply::Holding(_) | Reply::Batch(_) => {}
+            Reply::Ack | Reply::Replica(_) | Reply::Holding(_) | Reply::Locks(_) | Reply::Batch(_) => {}
         }
     }
 

@@ -88,8 +88,8 @@ impl Behaviour {
         self.hosting.state(key, self.clock.now())
     }
 
-    /// Answers a [`Request::Holding`] or [`Request::Revoke`] from `peer` (this peer for
-    /// the local application).
+    /// Answers a [`Request::Holding`], [`Request::Revoke`] or [`Request::Locks`] from
+    /// `peer` (this peer for the local application).
     pub(super) fn answer_operator(&mut self, peer: PeerId, request: Request) -> Reply {
         if let Err(r) = request.validate() {
             return Reply::Rejected(r);
@@ -117,6 +117,7 @@ impl Behaviour {
                     Reply::Rejected(Rejection::NotHolder)
                 }
             }
+            Request::Locks { after } => Reply::Locks(self.lock_list(after.as_ref())),
             _ => Reply::Rejected(Rejection::BadIndex),
         }
     }
@@ -233,7 +234,7 @@ impl Behaviour {
                         },
                     }
                 }
-                Request::Inspect { .. } | Request::Holding { .. } | Request::Revoke { .. }
+                Request::Inspect { .. } | Request::Holding { .. } | Request::Revoke { .. } | Request::Locks { .. }
                     if !self.take_token(peer) =>
                 {
                     Reply::Rejected(Rejection::RateLimited)
@@ -245,7 +246,9 @@ impl Behaviour {
                         None => Reply::Replica(self.replica_state(&key)),
                     }
                 }
-                request @ (Request::Holding { .. } | Request::Revoke { .. }) => self.answer_operator(peer, request),
+                request @ (Request::Holding { .. } | Request::Revoke { .. } | Request::Locks { .. }) => {
+                    self.answer_operator(peer, request)
+                }
                 Request::Ping { resource, index, .. } => {
                     match self.closer_live_peer(&ReplicaKey::new(&resource, index)) {
                         Some(closer) => {

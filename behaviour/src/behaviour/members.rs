@@ -53,6 +53,20 @@ impl Behaviour {
         departed
     }
 
+    /// Up to `most` members other than this peer (present or departed), in id order,
+    /// each with whether it is alive here now.
+    pub fn member_list(&self, most: usize) -> Vec<(PeerId, bool)> {
+        let mut members: Vec<PeerId> = self.membership.peers().copied().collect();
+        members.sort_unstable();
+        members.truncate(most);
+        members.into_iter().map(|p| (p, self.membership.is_alive(&p))).collect()
+    }
+
+    /// Whether `peer` is a member here (alive, or departed within the window).
+    pub fn is_member(&self, peer: &PeerId) -> bool {
+        self.membership.is_alive(peer) || self.membership.is_departed(peer)
+    }
+
     /// How long a replica started now would still grant nothing because serving began
     /// (the takeover delay after a start, a rejoin or a stall), if at all: new locks
     /// wait that long here. Zero when none is held back.

@@ -10,7 +10,7 @@ use libp2p::PeerId;
 
 use super::key::ReplicaKey;
 use super::outbox::{Pending, Sent};
-use super::types::{AcquireError, Event, ProbeId, ReplicaAnswer};
+use super::types::{AcquireError, Counters, Event, ProbeId, ReplicaAnswer};
 // Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
 // methods of one role, which coordinate that role's state with the others').
 use super::Behaviour;
@@ -69,9 +69,11 @@ impl Behaviour {
         Ok(id)
     }
 
-    /// Sends one question to `peer`: a [`Request::Holding`] or [`Request::Revoke`] (an
-    /// operator's tools). Asked of this peer, it is answered here at once. The answer
-    /// comes as [`Event::Answered`].
+    /// Sends one question to `peer`: a [`Request::Holding`], [`Request::Revoke`] or
+    /// [`Request::Locks`] (an operator's tools). Asked of this peer, it is answered
+    /// here at once. The answer comes as [`Event::Answered`]; a remote answer out of
+    /// bounds ([`wire::LockList::is_valid`]) comes as none (counted
+    /// `outbound_failures{bad_reply}`).
     pub fn ask(&mut self, peer: PeerId, request: Request) -> ProbeId {
         let id = ProbeId(self.next_id);
         self.next_id += 1;
@@ -132,6 +134,14 @@ impl Behaviour {
             }
             ProbeKind::Ask => {
                 self.probes.remove(&id);
+                let reply = match reply {
+                    Some(Reply::Locks(list)) if !list.is_valid() => {
+                        Counters::bump(&mut self.counters.outbound_failures, "bad_reply");
+                        tracing::debug!(%host, "a peer's list of locks is out of bounds: dropped");
+                        None
+                    }
+                    reply => reply,
+                };
                 self.events.push_back(Event::Answered { id, reply });
                 return;
             }

@@ -38,6 +38,12 @@ pub(crate) struct RunArgs {
     /// confirms public ones peers observe; a node with none hosts no replica.
     #[arg(long, value_name = "MULTIADDR", num_args = 1.., value_delimiter = ',', env = "SIGMA_EXTERNAL_ADDRESS")]
     pub(crate) external_address: Vec<Multiaddr>,
+    /// A short label for this peer, shown by the other peers next to its id (`sigma
+    /// status`, `inspect`, `locks --swarm`, `top`), e.g. db-1: 1 to 32 characters of
+    /// ASCII letters, digits, '.', '_' and '-'. A label for people, not an identity:
+    /// any peer may take any name.
+    #[arg(long, value_name = "NAME", value_parser = sigma_node::names::parse_name, env = "SIGMA_NAME")]
+    pub(crate) name: Option<String>,
     /// Persistent identity, created on first start [default: `key` in $STATE_DIRECTORY
     /// (systemd), else $XDG_STATE_HOME/sigma, else ~/.local/state/sigma]. A restart keeps
     /// the peer id others bootstrap from. Two daemons cannot share one key file.
@@ -413,6 +419,7 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<u8> {
             max_memory_bytes: args.max_memory_mb.map(|mb| mb.saturating_mul(1024 * 1024)),
         },
         admission,
+        name: args.name,
         ..NodeConfig::default()
     };
     let mut node = Node::start(config).await.context("cannot start the node")?;

@@ -25,6 +25,18 @@ pub(crate) struct StatusArgs {
     pub(crate) json: bool,
 }
 
+#[derive(Args, Debug)]
+pub(crate) struct LocksArgs {
+    #[command(flatten)]
+    pub(crate) base: StatusArgs,
+    /// The locks held and waited for across the swarm, one line each: name, holder
+    /// (peer and name), fencing token, validity, waiters. Every alive member is asked
+    /// for its own; a snapshot, which misses the locks of a peer that does not answer
+    /// (named at the end).
+    #[arg(long)]
+    pub(crate) swarm: bool,
+}
+
 /// `GET /v1/status` of the daemon at `api` (`what` names the command in errors).
 pub(crate) async fn fetch_status(api: &ApiArgs, what: &str) -> anyhow::Result<serde_json::Value> {
     init_tracing("warn");
@@ -56,7 +68,18 @@ pub(crate) async fn status(cmd: StatusCmdArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-pub(crate) async fn locks(args: StatusArgs) -> anyhow::Result<u8> {
+pub(crate) async fn locks(cmd: LocksArgs) -> anyhow::Result<u8> {
+    let args = cmd.base;
+    if cmd.swarm {
+        init_tracing("warn");
+        let locks = args.api.connect()?.swarm_locks().await.map_err(|e| api_error("locks --swarm", e))?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&locks)?);
+        } else {
+            print!("{}", locks.render());
+        }
+        return Ok(0);
+    }
     let v = fetch_status(&args.api, "locks").await?;
     let held = v.get("locks_held").cloned().unwrap_or_default();
     let waiting = v.get("waiting").cloned().unwrap_or_default();
@@ -99,8 +122,16 @@ pub(crate) fn render_status(v: &serde_json::Value) -> String {
         }
     };
     let num = |key: &str| v.get(key).map_or_else(|| "?".to_owned(), |x| x.to_string());
+    // A peer id with the name it announced, if any.
+    let who = |peer: &str| match v["peer_names"].get(peer).and_then(|n| n.as_str()) {
+        Some(name) => format!("{peer} ({name})"),
+        None => peer.to_owned(),
+    };
     let mut out = String::new();
     let _ = writeln!(out, "peer id:          {}", v.get("peer_id").and_then(|x| x.as_str()).unwrap_or("?"));
+    if let Some(name) = v.get("name").and_then(|x| x.as_str()) {
+        let _ = writeln!(out, "name:             {name}");
+    }
     let listen = str_list("listen_addrs");
     let _ = writeln!(
         out,
@@ -120,7 +151,7 @@ pub(crate) fn render_status(v: &serde_json::Value) -> String {
     let connected = str_list("connected_peers");
     let _ = writeln!(out, "connected peers:  {}", connected.len());
     for p in &connected {
-        let _ = writeln!(out, "                  {p}");
+        let _ = writeln!(out, "                  {}", who(p));
     }
     let _ = writeln!(out, "routable peers:   {}", num("routable_peers"));
     let ready = v.get("ready").and_then(serde_json::Value::as_bool);
@@ -136,7 +167,7 @@ pub(crate) fn render_status(v: &serde_json::Value) -> String {
         num("reachable_members"),
         num("members"),
     );
-    let departed = str_list("departed_members");
+    let departed: Vec<String> = str_list("departed_members").iter().map(|p| who(p)).collect();
     if !departed.is_empty() {
         let _ = writeln!(out, "departed peers:   {} (sigma admin forget, if gone for good)", departed.join(", "));
     }
@@ -199,5 +230,12 @@ mod tests {
         assert!(s.contains("connected peers:  2"), "{s}");
         assert!(s.contains("orders/42 (token 7)"), "{s}");
         assert!(s.contains("locks waited for: -"), "{s}");
+        assert!(!s.contains("name:"), "{s}");
+        let mut named = v.clone();
+        named["name"] = serde_json::json!("db-1");
+        named["peer_names"] = serde_json::json!({"B": "db-2"});
+        let s = render_status(&named);
+        assert!(s.contains("name:             db-1\n"), "{s}");
+        assert!(s.contains("                  A\n                  B (db-2)\n"), "{s}");
     }
 }

@@ -18,6 +18,7 @@
 //! | `GET /v1/locks/{name}` | | 200 [`LockView`]: locks held here for HTTP clients, this peer's replicas of the lock |
 //! | `GET /v1/inspect/{name}` | | 200 [`sigma_node::inspect::Inspection`]: the lock seen from the hosts of all its replicas (holder, token, validity, waiters and positions, each replica) |
 //! | `POST /v1/revoke/{name}` | [`RevokeBody`] `{"token": …}` | 200 [`sigma_node::inspect::Revoked`]: the holder gave it up; 404 not held under that token; 403 refused (the holder's `--admin-peer`) |
+//! | `GET /v1/swarm/locks` | | 200 [`sigma_node::listing::SwarmLocks`]: the locks held and waited for across the swarm (every alive member asked) |
 //! | `GET /v1/status` | | 200 the node's [`sigma_node::Status`] |
 //! | `GET /healthz` | | 200 [`Probe`] while the event loop answers; 503 `unresponsive` |
 //! | `GET /readyz` | | 200 [`Probe`] when serving with nothing held back; 503 `not_ready` or `held_back` |

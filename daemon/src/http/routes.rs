@@ -293,6 +293,16 @@ pub(super) async fn get_inspect(State(s): State<AppState>, LockName(name): LockN
     }
 }
 
+#[utoipa::path(get, path = "/v1/swarm/locks", tag = "operators",
+    responses((status = 200, description = "The locks held and waited for across the swarm: every alive member (at most 256, this node included) asked for its own; a snapshot, which misses the locks of a peer that did not answer (listed in `unanswered`)", body = sigma_node::listing::SwarmLocks),
+        (status = 503, description = "`unresponsive`: the node stopped", body = ErrorBody)))]
+pub(super) async fn get_swarm_locks(State(s): State<AppState>, _: NoParams) -> Response {
+    match s.handle.swarm_locks().await {
+        Ok(locks) => (StatusCode::OK, Json(locks)).into_response(),
+        Err(e) => error(ErrorCode::Unresponsive, e.to_string()),
+    }
+}
+
 #[utoipa::path(post, path = "/v1/revoke/{name}", tag = "operators", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = RevokeBody,
     responses((status = 200, description = "The holder gave the lock up", body = sigma_node::inspect::Revoked),
         (status = 400, description = "`bad_name`, `bad_request` (a body that is not `{\"token\": N}`)", body = ErrorBody),
@@ -499,6 +509,7 @@ pub(super) async fn get_metrics(State(s): State<AppState>, _: NoParams) -> Respo
         release,
         get_lock,
         get_inspect,
+        get_swarm_locks,
         post_revoke,
         get_status,
         get_metrics,
@@ -613,6 +624,7 @@ pub(super) fn router(state: AppState, gate: gate::Gate) -> Router {
         .route("/v1/openapi.json", get(get_openapi))
         .route("/v1/locks/{*path}", get(get_lock).post(post_lock))
         .route("/v1/inspect/{*name}", get(get_inspect))
+        .route("/v1/swarm/locks", get(get_swarm_locks))
         .route("/v1/revoke/{*name}", axum::routing::post(post_revoke))
         .route("/v1/status", get(get_status))
         .route("/healthz", get(get_healthz))
@@ -655,6 +667,7 @@ mod tests {
             "/v1/openapi.json",
             "/v1/revoke/{name}",
             "/v1/status",
+            "/v1/swarm/locks",
         ];
         want.sort_unstable();
         assert_eq!(paths, want);
@@ -669,6 +682,7 @@ mod tests {
             "LockView",
             "Inspection",
             "Status",
+            "SwarmLocks",
         ] {
             assert!(schemas.contains_key(t), "schema {t} missing: {:?}", schemas.keys().collect::<Vec<_>>());
         }

@@ -17,11 +17,14 @@ use tokio::process::{Child, Command};
 /// fail. CI installs the tools (.ci/run) and does not set it.
 pub const SKIP_MISSING_TOOLS: &str = "SIGMA_SKIP_MISSING_TOOLS";
 
-/// Whether `program --version` runs. If it does not, the test fails saying how to get it
-/// (`install`), unless [`SKIP_MISSING_TOOLS`] is set: then false, and the test skips.
+/// Whether `program --version` (or `program -V`, tmux's) runs. If it does not, the test
+/// fails saying how to get it (`install`), unless [`SKIP_MISSING_TOOLS`] is set: then
+/// false, and the test skips.
 pub async fn have_tool(program: &str, install: &str) -> bool {
-    if Command::new(program).arg("--version").output().await.is_ok_and(|o| o.status.success()) {
-        return true;
+    for flag in ["--version", "-V"] {
+        if Command::new(program).arg(flag).output().await.is_ok_and(|o| o.status.success()) {
+            return true;
+        }
     }
     let missing = format!("{program} is not installed ({install})");
     if std::env::var_os(SKIP_MISSING_TOOLS).is_some_and(|v| !v.is_empty()) {

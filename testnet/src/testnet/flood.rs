@@ -92,7 +92,7 @@ pub async fn run(
                         Reply::Responses(_) => "accepted".to_owned(),
                         Reply::Redirect { .. } => "redirected".to_owned(),
                         Reply::Rejected(r) => format!("rejected:{}", r.as_str()),
-                        Reply::Ack | Reply::Replica(_) | Reply::Holding(_) => "ack".to_owned(),
+                        Reply::Ack | Reply::Replica(_) | Reply::Holding(_) | Reply::Locks(_) => "ack".to_owned(),
                         Reply::Batch(_) => "batch".to_owned(),
                     };
                     *report.answers.entry(kind).or_default() += 1;

@@ -30,8 +30,13 @@
 //!   meets that peer at once (if reachable) and completes its bootstrap; each time it
 //!   is connected to a serving peer it takes that peer's gossip table: the heartbeat
 //!   records of the members alive there, with their owners' proofs
-//!   (`Membership::heard_record`), then `joined_through`. A kill drops a peer's state;
-//!   a restart is a join of a killed peer (a new incarnation, empty replicas).
+//!   (`Membership::heard_record`), then `joined_through` with that peer's pending
+//!   changes (`Membership::joint_newcomers`). A kill drops a peer's state; a restart is
+//!   a join of a killed peer (a new incarnation, empty replicas).
+//! - **Tables** (the joint quorum, `Bounds::joint`): p hears q's own table, the members
+//!   alive at q that q counts (`Membership::counted_by`), at the latest one liveness
+//!   timeout after it holds something that ends a joint quorum of p's, or earlier within
+//!   the `hears` budget. The initial peers start with every table heard.
 //! - **Hosting**, as the behaviour's `handle_replica`: a peer hosts a key while it serves
 //!   and knows no alive member closer (`Membership::closest_alive`); a replica it starts
 //!   is held until `Membership::hold_until` (its serving began, or a closer member
@@ -213,7 +218,7 @@ fn joins_before_the_cut_is_noticed_grow_no_minority_fine_slots() {
     assert_eq!(r.excused, 0);
 }
 
-/// The known gap's joins and cut at t = 10 s only, through P0 and isolating P0, P3 and
+/// Joins before the cut at t = 10 s only, through P0 and isolating P0, P3 and
 /// P4, with two early meetings and two early tables (a peer hears another's table, and
 /// so what it counts, before the liveness timeout): the orders of meetings and tables
 /// that a search with every one at the deadline does not reach.
@@ -250,7 +255,7 @@ fn without_the_joint_quorum_early_meetings_and_tables_are_caught() {
 
 /// Candidate rule 4 (docs/notes/2026-11-28-joins-before-a-cut.md), in the model only
 /// (`Bounds::acks`): a newcomer counts only once a strict majority of the view it
-/// joined listed it in a table sent while serving. The known gap's configuration.
+/// joined listed it in a table sent while serving. Joins before a cut is noticed.
 fn rule_4(joint: bool) -> Bounds {
     Bounds { gap: true, acks: true, joint, ..joins_during_a_split() }
 }

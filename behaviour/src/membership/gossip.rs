@@ -259,8 +259,8 @@ impl Membership {
     /// members of `peer`'s view not pending ([`Membership::inherit_joints`]). It keeps
     /// `peer`'s takeover delay (`delay`, [`Membership::members_delay`] there) for one
     /// membership window. A peer not joining ignores it; so does one that could not
-    /// record the joint quorums (more pending than [`MAX_JOINTS`](super::MAX_JOINTS)):
-    /// it waits for another table.
+    /// record the joint quorums (more pending than [`MAX_JOINTS`](super::MAX_JOINTS), or
+    /// every member named pending): it waits for another table.
     pub fn joined_through(
         &mut self,
         peer: PeerId,
@@ -269,7 +269,16 @@ impl Membership {
         delay: Option<Duration>,
         now: Time,
     ) {
-        if !self.needs_voucher() || (!self.joint_off && pending.len() >= super::MAX_JOINTS) {
+        if !self.needs_voucher() {
+            return;
+        }
+        let members: Vec<PeerId> = members.into_iter().collect();
+        let tracked = !self.joint_off && self.fixed.is_none();
+        if tracked
+            && (pending.len() >= super::MAX_JOINTS
+                || std::iter::once(&peer).chain(&members).all(|p| pending.contains(p)))
+        {
+            // Too many changes to record, or no member the view had before them.
             return;
         }
         self.vouched = true;

@@ -923,6 +923,13 @@ mod tests {
         assert_eq!(e.joints_pending(), 1, "C has not counted E");
         e.counted_by(&c, [], true);
         assert_eq!(e.joints_pending(), 0);
+        // A table whose every member is pending names no view to hold them to.
+        let mut f = view(true);
+        f.connected(a, S);
+        f.bootstrapped();
+        f.heard(d, (1, 1), Duration::ZERO, S, None);
+        f.joined_through(a, [d], &[a, d], None, S);
+        assert_eq!(f.readiness(), Readiness::Joining, "not joined through it");
     }
 
     /// At most [`MAX_JOINTS`] joint quorums are pending: a newcomer past them is not

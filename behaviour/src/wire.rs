@@ -356,6 +356,12 @@ pub struct Beat {
     /// authenticates it). Absent from peers from before signed heartbeats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proof: Option<crate::liveness::Proof>,
+    /// The sender counts this member toward its majority (docs/design/membership.md,
+    /// "Joins before a cut: a joint quorum"): the sender's word of itself, taken only
+    /// from its own table, never relayed. Absent (not counted) from peers from before
+    /// the field and in the sender's own beat.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 /// A gossip exchange: the sender's own heartbeat and those of the members alive to it;
@@ -379,6 +385,13 @@ pub struct Gossip {
     /// (docs/design/membership.md, "Leaving and forgetting"). Absent from older peers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leaves: Vec<crate::liveness::Leave>,
+    /// The changes of the sender's view not yet known to every member there: the
+    /// newcomers whose joint quorum is pending at the sender, and the sender itself
+    /// while its own join is (docs/design/membership.md, "Joins before a cut: a joint
+    /// quorum"). A peer joining through the sender takes them over as joint quorums of
+    /// its own. At most `membership::MAX_JOINTS`; absent from older peers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joints: Vec<PeerId>,
 }
 
 /// Most leaves in one gossip message.
@@ -391,7 +404,9 @@ fn serving_if_absent() -> bool {
 impl Gossip {
     /// Within the bounds (an oversized table is ignored and counted).
     pub fn is_valid(&self) -> bool {
-        self.beats.len() <= MAX_GOSSIP_BEATS && self.leaves.len() <= MAX_GOSSIP_LEAVES
+        self.beats.len() <= MAX_GOSSIP_BEATS
+            && self.leaves.len() <= MAX_GOSSIP_LEAVES
+            && self.joints.len() <= crate::membership::MAX_JOINTS
     }
 }
 
@@ -753,6 +768,7 @@ mod tests {
             age_ms: u32::MAX,
             delay_ms: Some(u64::MAX),
             proof: Some(proof.clone()),
+            counted: true,
         };
         let leaves = (0..MAX_GOSSIP_LEAVES)
             .map(|_| crate::liveness::Leave {
@@ -766,6 +782,7 @@ mod tests {
             serving: true,
             delay_ms: Some(u64::MAX),
             leaves,
+            joints: (0..crate::membership::MAX_JOINTS).map(|_| PeerId::random()).collect(),
         };
         assert!(full.is_valid());
         let mut codec = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default()
@@ -776,8 +793,13 @@ mod tests {
         assert!(len <= MAX_GOSSIP_BYTES, "{len} bytes");
         buf.set_position(0);
         assert_eq!(block_on(codec.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap(), full);
-        let over =
-            Gossip { beats: (0..=MAX_GOSSIP_BEATS).map(beat).collect(), serving: true, delay_ms: None, leaves: vec![] };
+        let over = Gossip {
+            beats: (0..=MAX_GOSSIP_BEATS).map(beat).collect(),
+            serving: true,
+            delay_ms: None,
+            leaves: vec![],
+            joints: vec![],
+        };
         assert!(!over.is_valid());
     }
 
@@ -792,20 +814,30 @@ mod tests {
         struct Before {
             beats: Vec<Beat>,
         }
-        let beats =
-            vec![Beat { peer: PeerId::random(), incarnation: 1, counter: 2, age_ms: 3, delay_ms: None, proof: None }];
+        let beats = vec![Beat {
+            peer: PeerId::random(),
+            incarnation: 1,
+            counter: 2,
+            age_ms: 3,
+            delay_ms: None,
+            proof: None,
+            counted: false,
+        }];
         let mut old = libp2p::request_response::cbor::codec::Codec::<Before, Before>::default();
         let mut new = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default();
         let mut buf = futures::io::Cursor::new(Vec::new());
         block_on(old.write_request(&GOSSIP_PROTOCOL, &mut buf, Before { beats: beats.clone() })).unwrap();
         buf.set_position(0);
         let read = block_on(new.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap();
-        assert_eq!(read, Gossip { beats: beats.clone(), serving: true, delay_ms: None, leaves: vec![] });
+        assert_eq!(
+            read,
+            Gossip { beats: beats.clone(), serving: true, delay_ms: None, leaves: vec![], joints: vec![] }
+        );
         let mut buf = futures::io::Cursor::new(Vec::new());
         block_on(new.write_request(
             &GOSSIP_PROTOCOL,
             &mut buf,
-            Gossip { beats: beats.clone(), serving: false, delay_ms: Some(1), leaves: vec![] },
+            Gossip { beats: beats.clone(), serving: false, delay_ms: Some(1), leaves: vec![], joints: vec![] },
         ))
         .unwrap();
         buf.set_position(0);

@@ -144,7 +144,8 @@ pub struct Status {
     /// majority of the peers it knows. Locks are won only through serving nodes.
     pub ready: bool,
     /// `serving`, `joining`, `unreachable` (no external address: hosts no replica, its
-    /// locks are served by the others) or `minority`.
+    /// locks are served by the others), `leaving`, `minority` or `joint` (a majority of
+    /// its members, not of those it knew before a recent join).
     pub readiness: String,
     /// Why, in words.
     pub readiness_detail: String,

@@ -405,6 +405,18 @@ impl Collector for CounterCollector {
         )?;
         gauge(
             &mut e,
+            "joint",
+            "1 while this peer reaches a majority of its members but not of those it counted before a recent join (docs/design/membership.md)",
+            u64::from(c.joint),
+        )?;
+        gauge(
+            &mut e,
+            "joints_pending",
+            "Newcomers counted here that not every member counted before them is known to count yet",
+            c.joints_pending as u64,
+        )?;
+        gauge(
+            &mut e,
             "members",
             "Known sigma peers (present or departed within the membership window), this one included",
             c.members as u64,

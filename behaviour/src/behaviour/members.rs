@@ -75,6 +75,14 @@ impl Behaviour {
         self.membership.hold_until(now, |_| false).map_or(Duration::ZERO, |t| t.saturating_sub(now))
     }
 
+    /// Joint quorums pending here: newcomers this peer counts that not every member it
+    /// counted before them is known to count yet (docs/design/membership.md, "Joins
+    /// before a cut: a joint quorum"). While one is pending, this peer serves only if
+    /// it also reaches a strict majority of those members ([`Readiness::Joint`]).
+    pub fn joints_pending(&self) -> usize {
+        self.membership.joints_pending()
+    }
+
     /// The takeover delay in force.
     pub fn takeover_delay(&self) -> Duration {
         self.membership.delay()
@@ -185,7 +193,8 @@ impl Behaviour {
         let now = self.clock.now();
         self.housekeeping(now);
         let Some(leave) = self.gossip.chain.leave() else { return 0 };
-        let table = wire::Gossip { beats: Vec::new(), serving: false, delay_ms: None, leaves: vec![leave] };
+        let table =
+            wire::Gossip { beats: Vec::new(), serving: false, delay_ms: None, leaves: vec![leave], joints: vec![] };
         let targets: Vec<PeerId> = self
             .connections
             .peers()
@@ -260,22 +269,24 @@ impl Behaviour {
         let own_delay = self.membership.own_delay();
         let own_proof = self.gossip.chain.proof(own.1);
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let beats = std::iter::once((self.local, own, Duration::ZERO, Some(own_delay), own_proof.as_ref()))
+        let beats = std::iter::once((self.local, own, Duration::ZERO, Some(own_delay), own_proof.as_ref(), false))
             .chain(self.membership.beats(now, reply_to))
             .take(wire::MAX_GOSSIP_BEATS)
-            .map(|(peer, (incarnation, counter), age, delay, proof)| wire::Beat {
+            .map(|(peer, (incarnation, counter), age, delay, proof, counted)| wire::Beat {
                 peer,
                 incarnation,
                 counter,
                 age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
                 delay_ms: delay.map(ms),
                 proof: proof.cloned(),
+                counted,
             })
             .collect();
         let leaves = self.membership.leaves().take(wire::MAX_GOSSIP_LEAVES).cloned().collect();
         wire::Gossip {
             beats,
             serving: self.membership.serving(),
+            joints: self.membership.joint_newcomers().map(|p| p.copied().unwrap_or(self.local)).collect(),
             delay_ms: Some(ms(self.membership.members_delay())),
             leaves,
         }
@@ -332,11 +343,17 @@ impl Behaviour {
         for p in woke {
             self.hand_over_to(p);
         }
+        // The members `peer` counts, in its own words: its table came over its own
+        // connection (a joint quorum here may wait for them; docs/design/membership.md).
+        let me = gossip.beats.iter().any(|b| b.counted && b.peer == self.local);
+        let counted =
+            gossip.beats.iter().filter(|b| b.counted && b.peer != peer && b.peer != self.local).map(|b| b.peer);
+        self.membership.counted_by(&peer, counted, me);
         if gossip.serving && self.membership.needs_voucher() {
             let was_ready = self.membership.ready();
             let named = gossip.beats.iter().map(|b| b.peer).filter(|p| *p != self.local);
             let delay = gossip.delay_ms.map(Duration::from_millis);
-            self.membership.joined_through(peer, named, delay, now);
+            self.membership.joined_through(peer, named, &gossip.joints, delay, now);
             if !was_ready && self.membership.ready() {
                 tracing::info!(through = %peer, "joined the swarm: ready");
             }

@@ -230,6 +230,8 @@ impl Behaviour {
         c.stalls = self.membership.stalls();
         c.serving = self.membership.serving();
         c.joining = !self.membership.ready();
+        c.joint = matches!(self.membership.readiness(), crate::membership::Readiness::Joint { .. });
+        c.joints_pending = self.membership.joints_pending();
         (c.reachable_members, c.members) = self.members();
         for (kind, n) in [("malformed", &self.codec_stats.malformed), ("oversized", &self.codec_stats.oversized)] {
             let n = n.load(Ordering::Relaxed);

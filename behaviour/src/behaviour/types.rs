@@ -283,6 +283,12 @@ pub struct Counters {
     pub serving: bool,
     /// Gauge: still joining the swarm.
     pub joining: bool,
+    /// Gauge: not serving for want of a majority of the members counted before a
+    /// recent join ([`Readiness::Joint`](crate::Readiness::Joint)).
+    pub joint: bool,
+    /// Gauge: joint quorums pending (newcomers counted here that not every earlier
+    /// member is known to count yet).
+    pub joints_pending: usize,
     /// Gauge: known sigma peers, this one included.
     pub members: usize,
     /// Gauge: of which connected, this one included.

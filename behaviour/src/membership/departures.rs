@@ -72,6 +72,7 @@ impl Membership {
 
     /// Takes `peer` out of the counts (alive and counted), as a departure now.
     pub(super) fn remove_from_counts(&mut self, peer: &PeerId, now: Time) {
+        self.joint_gone(peer);
         let Some(m) = self.members.get_mut(peer) else { return };
         if m.alive {
             m.alive = false;
@@ -103,6 +104,7 @@ impl Membership {
             .filter(|(p, m)| !m.alive && !fixed.as_ref().is_some_and(|l| l.contains(*p)))
             .min_by_key(|(_, m)| (m.counted, m.left_at));
         if let Some((&peer, _)) = oldest {
+            self.joint_gone(&peer);
             self.members_delay_stale = true;
             if self.members.remove(&peer).is_some_and(|m| m.counted) {
                 self.counted -= 1;

@@ -119,6 +119,7 @@ impl Membership {
             Some(m) if beat > m.beat && m.left.as_ref().is_none_or(|l| beat.0 > l.incarnation) => {
                 // A later incarnation of a member that left is a newcomer.
                 m.left = None;
+                let restarted = m.beat != (0, 0) && beat.0 > m.beat.0 && m.counts != 0;
                 let first = m.beat == (0, 0) && !m.up && !m.seen;
                 let was = m.alive;
                 m.beat = beat;
@@ -128,6 +129,9 @@ impl Membership {
                 }
                 if !first {
                     m.fresh_until = Some(at + self.gossip_liveness);
+                }
+                if restarted {
+                    self.joint_restarted(&peer);
                 }
                 self.recount(peer, now);
                 !was && self.is_alive(&peer)
@@ -165,23 +169,25 @@ impl Membership {
         }
         m.alive = alive;
         m.left_at = now;
+        let (counted, views) = (m.counted, m.views);
         if alive {
             m.seen = true;
             if let Some(d) = m.delay {
                 self.members_delay = self.members_delay.max(d);
             }
-            if !m.counted && admits {
-                m.counted = true;
-                self.counted += 1;
-            }
-            if m.counted {
+            if counted {
                 self.up += 1;
+                self.joint_reach(views, true);
             } else {
                 self.pending += 1;
+                if admits {
+                    self.admit(&peer);
+                }
             }
         } else {
-            if m.counted {
+            if counted {
                 self.up -= 1;
+                self.joint_reach(views, false);
             } else {
                 self.pending -= 1;
             }
@@ -203,6 +209,20 @@ impl Membership {
             Some(list) => list.contains(peer),
             None => self.count_every_newcomer || self.majority(),
         }
+    }
+
+    /// Counts newcomer `peer` by this peer's own rule (rule 1: alive here while this
+    /// peer has a majority), after recording its joint quorum. Answers false, counting
+    /// nothing, when no joint quorum can be recorded now (every slot taken).
+    pub(super) fn admit(&mut self, peer: &PeerId) -> bool {
+        if self.members.get(peer).is_none_or(|m| m.counted) {
+            return true;
+        }
+        if !self.start_joint(peer) {
+            return false;
+        }
+        self.count(peer);
+        true
     }
 
     /// Counts `peer` toward the majority (it is known here).
@@ -229,20 +249,36 @@ impl Membership {
     }
 
     /// `peer`, which serves (its gossip says so), sent a table naming `members` (the
-    /// members alive there, which it counts). A joining peer joins through it: it
-    /// counts `peer` and those members, heard of or alive, so that its first majority
-    /// is one of a serving peer's members and not of whoever it happens to reach; it
-    /// is ready once a bootstrap has completed too. It keeps `peer`'s takeover delay
-    /// (`delay`, [`Membership::members_delay`] there) for one membership window. A peer
-    /// not joining ignores it.
+    /// members alive there, which it counts), of which `pending` are changes not yet
+    /// known there to every member (newcomers with a joint quorum pending there, and
+    /// `peer` itself if its own join is: [`Membership::joint_newcomers`]). A joining peer
+    /// joins through it: it counts `peer` and those members, heard of or alive, so that
+    /// its first majority is one of a serving peer's members and not of whoever it
+    /// happens to reach; it is ready once a bootstrap has completed too. It takes over
+    /// the pending changes as joint quorums of its own, and one for its own join: the
+    /// members of `peer`'s view not pending ([`Membership::inherit_joints`]). It keeps
+    /// `peer`'s takeover delay (`delay`, [`Membership::members_delay`] there) for one
+    /// membership window. A peer not joining ignores it; so does one that could not
+    /// record the joint quorums (more pending than [`MAX_JOINTS`](super::MAX_JOINTS), or
+    /// every member named pending): it waits for another table.
     pub fn joined_through(
         &mut self,
         peer: PeerId,
         members: impl IntoIterator<Item = PeerId>,
+        pending: &[PeerId],
         delay: Option<Duration>,
         now: Time,
     ) {
         if !self.needs_voucher() {
+            return;
+        }
+        let members: Vec<PeerId> = members.into_iter().collect();
+        let tracked = !self.joint_off && self.fixed.is_none();
+        if tracked
+            && (pending.len() >= super::MAX_JOINTS
+                || std::iter::once(&peer).chain(&members).all(|p| pending.contains(p)))
+        {
+            // Too many changes to record, or no member the view had before them.
             return;
         }
         self.vouched = true;
@@ -259,6 +295,7 @@ impl Membership {
         for p in members {
             self.count(&p);
         }
+        self.inherit_joints(pending);
         self.join_if_done();
     }
 
@@ -274,8 +311,9 @@ impl Membership {
         self.beat
     }
 
-    /// The heartbeats to gossip, with their ages, their members' own takeover delays
-    /// and their proofs: those of the members alive here whose beat is proven
+    /// The heartbeats to gossip, with their ages, their members' own takeover delays,
+    /// their proofs and whether this peer counts them: those of the members alive here
+    /// whose beat is proven
     /// (this peer's own is [`Membership::own_beat`], age 0). In the reply to gossip
     /// request `reply_to` ([`Membership::next_exchange`]), only those the request did not
     /// already hold as new: the requester ends up with the same table as if it had been
@@ -285,13 +323,13 @@ impl Membership {
         &self,
         now: Time,
         reply_to: Option<u64>,
-    ) -> impl Iterator<Item = (PeerId, Beat, Duration, Option<Duration>, Option<&Proof>)> + '_ {
+    ) -> impl Iterator<Item = (PeerId, Beat, Duration, Option<Duration>, Option<&Proof>, bool)> + '_ {
         self.members
             .iter()
             .filter(move |(_, m)| {
                 m.alive && m.beat != (0, 0) && m.proof.is_some() && reply_to.is_none_or(|x| m.echoed != x)
             })
-            .map(move |(p, m)| (*p, m.beat, now.saturating_sub(m.beat_at), m.delay, m.proof.as_ref()))
+            .map(move |(p, m)| (*p, m.beat, now.saturating_sub(m.beat_at), m.delay, m.proof.as_ref(), m.counted))
     }
 
     /// Numbers a gossip request about to be merged (see [`Membership::heard`]).

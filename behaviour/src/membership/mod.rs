@@ -43,7 +43,9 @@ use crate::proto::Time;
 
 mod departures;
 mod gossip;
+mod joint;
 pub use gossip::Record;
+pub use joint::MAX_JOINTS;
 
 /// Most members remembered; beyond it the longest-departed is forgotten first (and, to
 /// stay on the safe side, counts as a departure that has just happened).
@@ -76,6 +78,16 @@ pub enum Readiness {
         /// Members, this peer included.
         members: usize,
     },
+    /// Reaches a strict majority of its members, but only `reachable` of the `of`
+    /// members of the view before a change not yet known to all of them (a newcomer it
+    /// counts, or its own join: the joint quorum, docs/design/membership.md): e.g. a
+    /// peer cut off with peers that joined it just before the cut.
+    Joint {
+        /// Reachable members of that earlier view, this peer included if it is one.
+        reachable: usize,
+        /// Members of that earlier view still members, this peer included if it is one.
+        of: usize,
+    },
 }
 
 impl Readiness {
@@ -87,6 +99,7 @@ impl Readiness {
             Readiness::Unreachable => "unreachable",
             Readiness::Leaving => "leaving",
             Readiness::Minority { .. } => "minority",
+            Readiness::Joint { .. } => "joint",
         }
     }
 }
@@ -105,6 +118,11 @@ impl std::fmt::Display for Readiness {
             Readiness::Minority { reachable, members } => {
                 write!(f, "reaches {reachable} of {members} known peers (itself included): no strict majority")
             }
+            Readiness::Joint { reachable, of } => write!(
+                f,
+                "reaches {reachable} of the {of} peers of its view before a recent join: no strict majority of \
+                 them, and they do not all count the newcomer yet"
+            ),
         }
     }
 }
@@ -161,6 +179,10 @@ struct Member {
     fresh_until: Option<Time>,
     /// Its Kademlia key (placement compares distances on every request).
     key: KBucketKey<PeerId>,
+    /// Bit i: a member of the view of pending joint quorum i ([`joint`]).
+    views: u64,
+    /// Bit i: known, from its own table, to count the newcomer of joint quorum i.
+    counts: u64,
     /// The last gossip request ([`Membership::next_exchange`]) whose table held this
     /// member's heartbeat at least as new as ours: the reply to it leaves the member out.
     echoed: u64,
@@ -187,6 +209,8 @@ impl Member {
             beat_at: now,
             fresh_until: None,
             key: KBucketKey::from(peer),
+            views: 0,
+            counts: 0,
             echoed: 0,
             delay: None,
             proof: None,
@@ -267,6 +291,11 @@ pub struct Membership {
     leaving: bool,
     /// Test-only planted fault: rule 1 broken ([`Membership::with_fault_counting_every_newcomer`]).
     count_every_newcomer: bool,
+    /// The joint quorums of newcomers this peer counted, by slot ([`joint`]); trailing
+    /// free slots are dropped.
+    joints: Vec<Option<joint::Joint>>,
+    /// Test-only: the joint quorum off ([`Membership::without_joint_quorum`]).
+    joint_off: bool,
 }
 
 impl Membership {
@@ -302,6 +331,8 @@ impl Membership {
             forgotten: Vec::new(),
             leaving: false,
             count_every_newcomer: false,
+            joints: Vec::new(),
+            joint_off: false,
         }
     }
 
@@ -388,6 +419,11 @@ impl Membership {
     /// Whether `peer` is alive here (connected, or its heartbeat fresh).
     pub fn is_alive(&self, peer: &PeerId) -> bool {
         self.members.get(peer).is_some_and(|m| m.alive)
+    }
+
+    /// Whether this peer counts `peer` toward its majority (as its gossip table says).
+    pub fn is_counted(&self, peer: &PeerId) -> bool {
+        self.members.get(peer).is_some_and(|m| m.counted)
     }
 
     /// Whether `peer` was alive here and is not now (departed within the window, or
@@ -477,18 +513,20 @@ impl Membership {
             return Readiness::Unreachable;
         }
         let (reachable, members) = (self.reachable() + 1, self.members());
-        if 2 * reachable > members {
-            Readiness::Serving
-        } else {
-            Readiness::Minority { reachable, members }
+        if 2 * reachable <= members {
+            return Readiness::Minority { reachable, members };
+        }
+        match self.joint_unmet() {
+            Some((reachable, of)) => Readiness::Joint { reachable, of },
+            None => Readiness::Serving,
         }
     }
 
-    /// Joined, and a majority of the members (this peer included) reachable: no island,
-    /// whether or not this peer can be dialled (an unreachable peer's acquisitions are
-    /// served by the others).
+    /// Joined, and a majority of the members (this peer included) reachable, and of
+    /// the view of every pending joint quorum: no island, whether or not this peer can
+    /// be dialled (an unreachable peer's acquisitions are served by the others).
     pub fn majority(&self) -> bool {
-        !self.joining && 2 * (self.reachable() + 1) > self.members()
+        !self.joining && 2 * (self.reachable() + 1) > self.members() && self.joint_unmet().is_none()
     }
 
     /// Whether other peers can dial this one: a peer that cannot serves nothing (and
@@ -528,6 +566,21 @@ impl Membership {
             if self.readiness() == Readiness::Serving {
                 let window = self.window;
                 let before = self.members.len();
+                let fixed = &self.fixed;
+                let gone: Vec<PeerId> = self
+                    .members
+                    .iter()
+                    .filter(|(p, m)| {
+                        !self.joints.is_empty()
+                            && !m.alive
+                            && now.saturating_sub(m.left_at) >= window
+                            && !fixed.as_ref().is_some_and(|l| l.contains(*p))
+                    })
+                    .map(|(p, _)| *p)
+                    .collect();
+                for p in gone {
+                    self.joint_gone(&p);
+                }
                 let forgotten = &mut self.forgotten;
                 let fixed = &self.fixed;
                 self.members.retain(|p, m| {
@@ -557,13 +610,16 @@ impl Membership {
             }
         }
         let serving = self.readiness() == Readiness::Serving;
-        if self.fixed.is_none() && self.pending > 0 && self.majority() {
-            // A majority again: the newcomers that came while it had none are counted
-            // now (alive, they add as many to the reachable as to the members).
+        if self.fixed.is_none() && self.pending > 0 && self.majority() && self.joint_room() {
+            // A majority again (or room for a joint quorum again): the newcomers that
+            // came while it had none are counted now (alive, they add as many to the
+            // reachable as to the members), each with its joint quorum.
             let newcomers: Vec<PeerId> =
                 self.members.iter().filter(|(_, m)| m.alive && !m.counted).map(|(p, _)| *p).collect();
             for p in newcomers {
-                self.count(&p);
+                if !self.admit(&p) {
+                    break;
+                }
             }
         }
         match (self.serving_since, serving) {
@@ -610,6 +666,14 @@ mod tests {
         Membership::new(joining, 60 * S, 10 * S, 3 * S)
     }
 
+    /// Each of `peers` sends its own table, listing the others as members it counts
+    /// (a swarm whose gossip has gone round).
+    fn tabled(m: &mut Membership, peers: &[PeerId]) {
+        for p in peers {
+            m.counted_by(p, peers.iter().copied().filter(|q| q != p), false);
+        }
+    }
+
     #[test]
     fn a_one_node_swarm_serves_and_holds_its_first_replicas_one_delay() {
         let mut m = view(false);
@@ -646,7 +710,7 @@ mod tests {
         m.tick(S);
         assert_eq!(m.readiness(), Readiness::Joining, "no serving peer heard yet");
         assert_eq!(m.uncounted(), 1, "a peer that does not serve counts no newcomer");
-        m.joined_through(p, [], None, S);
+        m.joined_through(p, [], &[], None, S);
         m.tick(S);
         assert_eq!(m.readiness(), Readiness::Serving);
         assert!(m.serving());
@@ -684,11 +748,208 @@ mod tests {
         a.tick(5 * S);
         assert!(a.serving());
         assert_eq!((a.reachable() + 1, a.members(), a.uncounted()), (5, 5, 0));
-        // Counted now: they are members like the others (a cut of A with them is 3 of 5).
+        // Counted now, each with its joint quorum: until B and C count them too, a cut
+        // of A with them is not a majority of the members A counted before them.
+        assert_eq!(a.joints_pending(), 3, "C (met after B at the start), D and E");
         a.disconnected(b, 6 * S);
         a.disconnected(c, 6 * S);
-        assert!(!a.tick(6 * S));
-        assert_eq!(a.readiness(), Readiness::Serving, "A, D and E: 3 of 5 counted while A served");
+        assert!(a.tick(6 * S), "serving stopped");
+        assert_eq!(a.readiness(), Readiness::Joint { reachable: 1, of: 2 }, "A and B, before C");
+        // B and C count them (their tables say so): they are members like the others,
+        // and a cut of A with them is 3 of 5 (B and C reach 2 of 5).
+        a.connected(b, 7 * S);
+        a.connected(c, 7 * S);
+        tabled(&mut a, &[b, c, d, e]);
+        assert_eq!(a.joints_pending(), 0);
+        a.disconnected(b, 8 * S);
+        a.disconnected(c, 8 * S);
+        a.tick(8 * S);
+        assert_eq!(a.readiness(), Readiness::Serving, "A, D and E: 3 of 5, the change known to B and C");
+    }
+
+    /// Issue 40's known gap: D and E join A just before the cut {A, D, E} | {B, C}, while
+    /// A still serves, and A counts them. Each has its joint quorum, the members A
+    /// counted just before it; A reaches 3 of 5 once it notices the cut, but 1 of the 3
+    /// of its view before D: it stops serving (B and C, 2 of 3, serve). Healed, it
+    /// serves again under the takeover delay, as after any stop.
+    #[test]
+    fn a_newcomer_counted_while_serving_needs_a_majority_of_the_view_before_it() {
+        let mut a = view(false);
+        let (b, c, d, e) = (PeerId::random(), PeerId::random(), PeerId::random(), PeerId::random());
+        a.connected(b, Duration::ZERO);
+        a.connected(c, Duration::ZERO);
+        tabled(&mut a, &[b, c]);
+        a.tick(Duration::ZERO);
+        assert_eq!((a.serving(), a.joints_pending()), (true, 0));
+        a.connected(d, S);
+        a.connected(e, S);
+        a.tick(S);
+        assert_eq!((a.reachable() + 1, a.members(), a.joints_pending()), (5, 5, 2), "counted while serving");
+        // The cut, noticed.
+        a.disconnected(b, 2 * S);
+        a.disconnected(c, 2 * S);
+        assert!(a.tick(2 * S), "serving stopped: the owner drops its replicas");
+        assert_eq!(a.readiness(), Readiness::Joint { reachable: 1, of: 3 });
+        assert!(!a.majority(), "no newcomer is counted meanwhile");
+        let f = PeerId::random();
+        a.connected(f, 3 * S);
+        a.tick(3 * S);
+        assert_eq!((a.members(), a.uncounted()), (5, 1));
+        assert!(a.readiness().to_string().contains("1 of the 3 peers of its view before a recent join"));
+        // Healed: serving again, one takeover delay before any replica grants.
+        a.connected(b, 4 * S);
+        a.connected(c, 4 * S);
+        assert!(!a.tick(4 * S));
+        assert!(a.serving());
+        assert_eq!(a.hold_until(4 * S, |_| false), Some(14 * S), "resumed under the delay");
+        assert_eq!((a.members(), a.uncounted(), a.joints_pending()), (6, 0, 3), "F counted now, with its own");
+    }
+
+    /// A member leaves a newcomer's joint quorum only by its own table (one that came
+    /// over its own connection) listing the newcomer as counted: a table of another
+    /// peer says nothing of it, a relayed heartbeat neither, and a restart of the member
+    /// undoes what it said.
+    #[test]
+    fn a_joint_quorum_shrinks_only_by_the_members_own_tables() {
+        let mut a = view(false);
+        let mut members = signed(3);
+        let (b, c, d) = (members[0].0, members[1].0, members[2].0);
+        a.connected(b, Duration::ZERO);
+        a.connected(c, Duration::ZERO);
+        tabled(&mut a, &[b, c]);
+        a.tick(Duration::ZERO);
+        a.connected(d, S);
+        a.tick(S);
+        assert_eq!(a.joints_pending(), 1);
+        assert!(a.awaits(&b, Some(&d)) && a.awaits(&c, Some(&d)) && !a.awaits(&d, Some(&d)));
+        // D's own table, and B's naming what C counts, do not speak for C.
+        a.counted_by(&d, [b, c], false);
+        a.counted_by(&b, [c, d], false);
+        assert!(!a.awaits(&b, Some(&d)), "B counts D, in its own words");
+        assert!(a.awaits(&c, Some(&d)), "nobody speaks for C but C");
+        relayed(&mut a, &mut members[1], 1, S, None).unwrap();
+        relayed(&mut a, &mut members[1], 2, S, None).unwrap();
+        assert!(a.awaits(&c, Some(&d)), "C's heartbeat relayed by someone says nothing of what C counts");
+        // B restarts: what it said is void.
+        a.heard(b, (1, 1), Duration::ZERO, S, None);
+        a.heard(b, (1, 2), Duration::ZERO, S, None);
+        assert!(!a.awaits(&b, Some(&d)), "B's beats, first heard and advancing");
+        a.heard(b, (2, 1), Duration::ZERO, S, None);
+        assert!(a.awaits(&b, Some(&d)), "a later incarnation of B has not counted D yet");
+        a.counted_by(&b, [d], false);
+        a.counted_by(&c, [d], false);
+        assert_eq!(a.joints_pending(), 0, "the whole view counts D");
+        // With C cut off now, A and B are 2 of 3 of the old view and 3 of 4 members.
+        a.disconnected(c, 2 * S);
+        a.tick(2 * S);
+        assert!(a.serving());
+    }
+
+    /// A joint quorum's view loses the members that are no longer members here (an
+    /// operator's forget, a signed leave, the window), and it ends when its newcomer is
+    /// no longer a member.
+    #[test]
+    fn a_joint_quorum_follows_members_that_are_forgotten() {
+        let mut a = view(false);
+        let mut members = signed(2);
+        let (b, c) = (members[0].0, members[1].0);
+        let (d, e) = (PeerId::random(), PeerId::random());
+        a.connected(b, Duration::ZERO);
+        a.connected(c, Duration::ZERO);
+        tabled(&mut a, &[b, c]);
+        a.connected(d, S);
+        a.connected(e, S);
+        a.tick(S);
+        assert_eq!(a.joints_pending(), 2);
+        // C killed; the operator forgets it: it leaves both views.
+        a.disconnected(c, 2 * S);
+        a.tick(2 * S);
+        assert_eq!(a.forget(&c, 2 * S), Ok(()));
+        a.counted_by(&b, [d, e], false);
+        a.counted_by(&d, [e], false);
+        assert_eq!(a.joints_pending(), 0, "B counts both, D counts E: nobody else is left to wait for");
+        // A leave: B's signed leave takes it out of the view of a newer newcomer.
+        let f = PeerId::random();
+        a.connected(f, 3 * S);
+        a.tick(3 * S);
+        assert_eq!(a.joints_pending(), 1);
+        let wall = liveness::wall_ms();
+        relayed(&mut a, &mut members[0], 1, 3 * S, None).unwrap();
+        assert_eq!(a.heard_leave(&members[0].1.leave().unwrap(), wall, 3 * S), Ok(true));
+        a.counted_by(&d, [f], false);
+        a.counted_by(&e, [f], false);
+        assert_eq!(a.joints_pending(), 0, "B is out of F's view");
+        // A newcomer forgotten: its joint quorum ends with it.
+        let g = PeerId::random();
+        a.connected(g, 4 * S);
+        a.tick(4 * S);
+        assert_eq!(a.joints_pending(), 1);
+        a.disconnected(g, 5 * S);
+        a.tick(5 * S);
+        assert_eq!(a.forget(&g, 5 * S), Ok(()));
+        assert_eq!(a.joints_pending(), 0);
+    }
+
+    /// A joining peer takes its voucher's view as its own, and with it the changes of
+    /// that view not yet known to every member there (the voucher's newcomers with a
+    /// joint quorum pending, the voucher's own join) and its own join: each a joint
+    /// quorum of the view's other members. Joined through A, which counts D with a joint
+    /// quorum pending, E needs a majority of A, B and C until each of them counts D and E.
+    #[test]
+    fn a_joining_peer_takes_over_its_vouchers_pending_changes() {
+        let (a, b, c, d) = (PeerId::random(), PeerId::random(), PeerId::random(), PeerId::random());
+        let mut e = view(true);
+        e.connected(a, S);
+        e.bootstrapped();
+        for p in [b, c, d] {
+            e.heard(p, (1, 1), Duration::ZERO, S, None);
+        }
+        e.joined_through(a, [b, c, d], &[d], None, S);
+        assert_eq!(e.joints_pending(), 2, "D's, and its own join");
+        e.connected(d, S);
+        e.tick(S);
+        assert_eq!(e.readiness(), Readiness::Joint { reachable: 1, of: 3 }, "3 of 5 members, 1 of A, B and C");
+        for p in [b, c] {
+            e.heard(p, (1, 2), Duration::ZERO, 2 * S, None);
+        }
+        e.tick(2 * S);
+        assert!(e.serving());
+        assert!(e.awaits(&b, Some(&d)) && e.awaits(&b, None), "B counts neither yet");
+        assert!(!e.awaits(&d, None), "D is not of the view");
+        for p in [a, b] {
+            e.counted_by(&p, [d], true);
+        }
+        e.counted_by(&c, [d], false);
+        assert_eq!(e.joints_pending(), 1, "C has not counted E");
+        e.counted_by(&c, [], true);
+        assert_eq!(e.joints_pending(), 0);
+        // A table whose every member is pending names no view to hold them to.
+        let mut f = view(true);
+        f.connected(a, S);
+        f.bootstrapped();
+        f.heard(d, (1, 1), Duration::ZERO, S, None);
+        f.joined_through(a, [d], &[a, d], None, S);
+        assert_eq!(f.readiness(), Readiness::Joining, "not joined through it");
+    }
+
+    /// At most [`MAX_JOINTS`] joint quorums are pending: a newcomer past them is not
+    /// counted (alive, uncounted) until one ends.
+    #[test]
+    fn joint_quorums_are_bounded_and_a_newcomer_past_them_waits() {
+        let mut a = view(false);
+        let b = PeerId::random();
+        a.connected(b, Duration::ZERO);
+        let newcomers: Vec<PeerId> = (0..=MAX_JOINTS).map(|_| PeerId::random()).collect();
+        for x in &newcomers {
+            a.connected(*x, S);
+        }
+        a.tick(S);
+        assert_eq!((a.joints_pending(), a.uncounted()), (MAX_JOINTS, 1));
+        assert!(a.serving(), "every view reached");
+        a.counted_by(&b, [newcomers[0]], false);
+        assert_eq!(a.joints_pending(), MAX_JOINTS - 1, "the first one's view was A and B");
+        a.tick(2 * S);
+        assert_eq!((a.joints_pending(), a.uncounted()), (MAX_JOINTS, 0), "the last one counted now");
     }
 
     /// A joining peer counts the peer it joined through and the members that peer named:
@@ -702,7 +963,7 @@ mod tests {
         for p in [b, c] {
             d.heard(p, (1, 1), Duration::ZERO, Duration::ZERO, None);
         }
-        d.joined_through(a, [b, c], Some(66 * S), Duration::ZERO);
+        d.joined_through(a, [b, c], &[], Some(66 * S), Duration::ZERO);
         assert_eq!(d.delay(), 66 * S, "the delay in force where it joined");
         assert_eq!(d.members_delay(), 10 * S, "not handed on to its own joiners");
         d.tick(Duration::ZERO);
@@ -713,7 +974,7 @@ mod tests {
         // Only the first serving peer heard vouches; later ones are ordinary gossip.
         let x = PeerId::random();
         d.heard(x, (1, 1), Duration::ZERO, S, None);
-        d.joined_through(x, [], Some(600 * S), S);
+        d.joined_through(x, [], &[], Some(600 * S), S);
         assert_eq!(d.members(), 4);
         assert_eq!(d.delay(), 66 * S);
         // Kept for one membership window.
@@ -826,6 +1087,7 @@ mod tests {
         for p in &peers {
             m.connected(*p, Duration::ZERO);
         }
+        tabled(&mut m, &peers);
         for t in 0..=20 {
             m.tick(t * S); // past the start delay
         }

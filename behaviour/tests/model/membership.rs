@@ -128,14 +128,14 @@ pub struct Bounds {
     /// take a table (stays joining). Acks travel in tables: a peer hears the ack sets
     /// of a peer it met and reaches within the liveness timeout (`hears` early).
     pub acks: bool,
-    /// Early table deliveries in all (rule 4: a peer hears another's acks before the
-    /// liveness timeout).
+    /// Early table deliveries in all (a peer hears another's table before the liveness
+    /// timeout: what it counts, for the joint quorum, and with rule 4 its acks).
     pub hears: u8,
-    /// With `acks`, a joint quorum (model only): a peer that counts a newcomer x serves
-    /// only while it also reaches a strict majority of the view x joined, until it
-    /// knows that every member of that view counts x (counts travel in tables as acks
-    /// do). Applied through `Membership::set_dialable` (not serving, and a restart
-    /// under the takeover delay when it holds again).
+    /// The joint quorum, as `Membership` builds it (on unless turned off with
+    /// `Membership::without_joint_quorum`): a peer that counts a newcomer x by rule 1
+    /// serves only while it also reaches a strict majority of the members it counted
+    /// just before x, until each of them is known, from a table heard from that peer
+    /// itself (`Hear`, through `Membership::counted_by`), to count x.
     pub joint: bool,
     pub fault: Option<Fault>,
     /// The adversary (cuts, heals, kills, joins) and the applications (releases) act
@@ -170,7 +170,7 @@ impl Bounds {
             gap: false,
             acks: false,
             hears: 0,
-            joint: false,
+            joint: true,
             fault: None,
             slot: Duration::from_millis(500),
             boots: 0,
@@ -220,10 +220,6 @@ struct Peer {
     replicas: BTreeMap<u8, Hosted>,
     /// Rule 4: `acks[x]`, the peers known here to have listed newcomer x while serving.
     acks: [u8; MAX_PEERS],
-    /// Joint quorum: `counts[x]`, the peers known here to count newcomer x.
-    counts: [u8; MAX_PEERS],
-    /// Joint quorum: serving vetoed (`set_dialable(false)`).
-    veto: bool,
     /// Rule 4: met peers this one's `Membership` was told of (`connected`).
     told: u8,
 }
@@ -344,6 +340,7 @@ impl Model {
     fn fresh(&self, joining: bool, incarnation: u8) -> Membership {
         let m =
             Membership::new(joining, HOUR, self.delay, HOUR).with_gossip(Duration::ZERO, incarnation_ms(incarnation));
+        let m = if self.b.joint { m } else { m.without_joint_quorum() };
         match self.b.fault {
             Some(Fault::CountNewcomersWithoutMajority) => m.with_fault_counting_every_newcomer(),
             _ => m,
@@ -470,7 +467,7 @@ fn cut_fields(s: &str, names: &[&str]) -> String {
 fn membership_fp(p: &Peer) -> u128 {
     let mut text = format!("{} {} {} ", p.up, p.incarnation, p.conn);
     if p.acks != [0; MAX_PEERS] || p.told != p.conn {
-        let _ = write!(text, "{:?} {:?} {} {} ", p.acks, p.counts, p.veto, p.told);
+        let _ = write!(text, "{:?} {} ", p.acks, p.told);
     }
     if p.up {
         text.push_str(&canonical(&format!("{:?}", p.membership)));
@@ -515,8 +512,6 @@ impl State {
                 conn: 0,
                 replicas: BTreeMap::new(),
                 acks: [0; MAX_PEERS],
-                counts: [0; MAX_PEERS],
-                veto: false,
                 told: 0,
             })
             .collect();
@@ -533,6 +528,14 @@ impl State {
             }
             peer.membership.tick(zero);
             assert!(peer.membership.serving());
+        }
+        // Every table heard: the joint quorums of their first meetings are over.
+        for (p, peer) in peers.iter_mut().enumerate().take(b.initial) {
+            for q in (0..b.initial).filter(|&q| q != p) {
+                let counted: Vec<PeerId> = (0..b.initial).filter(|&x| x != q).map(|x| model.ids[x]).collect();
+                peer.membership.counted_by(&model.ids[q], counted, true);
+            }
+            assert_eq!(peer.membership.joints_pending(), 0);
         }
         let clients = (0..b.homes.len())
             .map(|c| Client::new(model.cfg.clone(), LamportClock::new().stamp(START, c as Id), START))
@@ -737,7 +740,7 @@ impl State {
                         Ok(())
                     }
                     Due::Hear(p, q) => {
-                        self.hear(p as usize, q as usize);
+                        self.hear(model, p as usize, q as usize);
                         Ok(())
                     }
                     Due::Replica(p, k) => {
@@ -775,7 +778,7 @@ impl State {
             }
             Action::Hear(p, q) => {
                 self.used.hears += 1;
-                self.hear(p as usize, q as usize);
+                self.hear(model, p as usize, q as usize);
                 Ok(())
             }
             Action::Kill(p) => {
@@ -784,8 +787,6 @@ impl State {
                 peer.conn = 0;
                 peer.told = 0;
                 peer.acks = [0; MAX_PEERS];
-                peer.counts = [0; MAX_PEERS];
-                peer.veto = false;
                 peer.replicas.clear();
                 self.used.kills += 1;
                 self.touch_m(p as usize);
@@ -802,15 +803,12 @@ impl State {
                     conn: 0,
                     replicas: BTreeMap::new(),
                     acks: [0; MAX_PEERS],
-                    counts: [0; MAX_PEERS],
-                    veto: false,
                     told: 0,
                 };
                 // Rule 4: a new incarnation is a newcomer, acked afresh.
                 self.views[p] = 0;
                 for peer in &mut self.peers {
                     peer.acks[p] = 0;
-                    peer.counts[p] = 0;
                 }
                 self.gossip.retain(|&(a, b), _| a as usize != p && b as usize != p);
                 self.touch_m(p);
@@ -820,7 +818,7 @@ impl State {
                     self.connect(model, boot, p);
                     if model.b.acks {
                         // The bootstrap peer's table: the acks it knows.
-                        self.hear(p, boot);
+                        self.hear(model, p, boot);
                         self.admit(model, p);
                     }
                     self.peers[p].membership.bootstrapped();
@@ -840,7 +838,7 @@ impl State {
             }
         };
         self.settle(model);
-        self.reconcile(join_peer);
+        self.reconcile(model, join_peer);
         let result = result.and_then(|()| self.deliver_all(model, out));
         self.forget_unreferenced_grants();
         for p in 0..self.peers.len() {
@@ -900,46 +898,30 @@ impl State {
         any
     }
 
-    /// Joint quorum: records what p counts, and vetoes its serving (`set_dialable`)
-    /// unless it reaches a majority of the view of every newcomer it counts that it
-    /// does not know counted by that whole view. Whether anything changed.
-    fn joint(&mut self, model: &Model, p: usize) -> bool {
-        let n = self.peers.len();
-        let peer = &self.peers[p];
-        let mut counts = peer.counts;
-        for (x, c) in counts.iter_mut().enumerate().take(n) {
-            let counted = (peer.told & (1 << x) != 0) || (x == p && peer.membership.ready());
-            if counted && self.newcomer(model, x) && self.views[x] != 0 {
-                *c |= 1 << p;
-            }
-        }
-        let reach = (1u8 << p) | (peer.conn & peer.told);
-        let ok = (0..n).all(|x| {
-            let v = self.views[x];
-            let counted = counts[x] & (1 << p) != 0;
-            !counted || counts[x] & v == v || 2 * (reach & v).count_ones() > v.count_ones()
-        });
-        let changed = counts != peer.counts || peer.veto == ok;
-        if changed {
-            let peer = &mut self.peers[p];
-            peer.counts = counts;
-            peer.veto = !ok;
-            peer.membership.set_dialable(ok);
-            self.touch_m(p);
-        }
-        changed
-    }
-
-    /// Rule 4: p hears q's table: the acks q knows.
-    fn hear(&mut self, p: usize, q: usize) {
+    /// p hears q's own table: the members alive at q that q counts
+    /// (`Membership::counted_by`, for the joint quorum), and with rule 4 the acks q knows.
+    fn hear(&mut self, model: &Model, p: usize, q: usize) {
         for x in 0..self.peers.len() {
             let a = self.peers[q].acks[x];
             self.peers[p].acks[x] |= a;
-            let c = self.peers[q].counts[x];
-            self.peers[p].counts[x] |= c;
         }
+        let m = &self.peers[q].membership;
+        let counted: Vec<PeerId> = m.alive().filter(|id| m.is_counted(id)).copied().collect();
+        let me = counted.contains(&model.ids[p]);
+        self.peers[p].membership.counted_by(&model.ids[q], counted, me);
         self.gossip.remove(&(p as u8, q as u8));
         self.touch_m(p);
+    }
+
+    /// Whether q's table would tell p something: acks p lacks (rule 4), or that q counts
+    /// a newcomer whose joint quorum at p waits for q (p itself, for its own join).
+    fn news(&self, model: &Model, p: usize, q: usize) -> bool {
+        let n = self.peers.len();
+        let (mp, mq) = (&self.peers[p].membership, &self.peers[q].membership);
+        let me = &model.ids[p];
+        (0..n).any(|x| self.peers[q].acks[x] & !self.peers[p].acks[x] != 0)
+            || mq.alive().any(|x| mq.is_counted(x) && mp.awaits(&model.ids[q], Some(x)))
+            || (mq.is_alive(me) && mq.is_counted(me) && mp.awaits(&model.ids[q], None))
     }
 
     fn meet_now(&mut self, model: &Model, p: usize, q: usize) {
@@ -964,7 +946,7 @@ impl State {
     }
 
     /// Brings the pending notices and meetings up to date with the links.
-    fn reconcile(&mut self, join_peer: Option<u8>) {
+    fn reconcile(&mut self, model: &Model, join_peer: Option<u8>) {
         let n = self.peers.len();
         let now = self.now;
         for p in 0..n {
@@ -988,14 +970,10 @@ impl State {
                         self.meet.remove(&key);
                     }
                 }
-                // Rule 4: p hears the acks of a peer it met and reaches within the
-                // liveness timeout.
+                // p hears the table of a peer it met and reaches within the liveness
+                // timeout (a later table only keeps a joint quorum longer).
                 let both = self.peers[p].conn & (1 << q) != 0 && self.peers[q].conn & (1 << p) != 0;
-                let news = (0..n).any(|x| {
-                    self.peers[q].acks[x] & !self.peers[p].acks[x] != 0
-                        || self.peers[q].counts[x] & !self.peers[p].counts[x] != 0
-                });
-                if self.link(p, q) && both && news {
+                if self.link(p, q) && both && self.news(model, p, q) {
                     self.gossip.entry(key).or_insert(now + LIVENESS);
                 } else {
                     self.gossip.remove(&key);
@@ -1048,13 +1026,6 @@ impl State {
                         changed = true;
                     }
                 }
-                if model.b.joint {
-                    for p in 0..self.peers.len() {
-                        if self.peers[p].up && self.joint(model, p) {
-                            changed = true;
-                        }
-                    }
-                }
             }
             for p in 0..self.peers.len() {
                 if !self.peers[p].up || !self.peers[p].membership.needs_voucher() {
@@ -1084,6 +1055,8 @@ impl State {
                     self.peers[q].membership.alive().copied().filter(|id| *id != model.ids[p]).collect();
                 let delay = self.peers[q].membership.members_delay();
                 let from = model.ids[q];
+                let pending: Vec<PeerId> =
+                    self.peers[q].membership.joint_newcomers().map(|x| *x.unwrap_or(&from)).collect();
                 let wall = WALL_MS + now.as_millis() as u64;
                 let mut introduced = 0;
                 for id in &named {
@@ -1100,7 +1073,7 @@ impl State {
                     let m = &mut self.peers[p].membership;
                     m.heard_record(record, &from, now, wall, None, &mut introduced).expect("a proven beat");
                 }
-                self.peers[p].membership.joined_through(from, named, Some(delay), now);
+                self.peers[p].membership.joined_through(from, named, &pending, Some(delay), now);
                 self.touch_m(p);
                 changed = true;
             }
@@ -1362,6 +1335,7 @@ impl State {
             let r = match m.readiness() {
                 Readiness::Serving => "serving".to_string(),
                 Readiness::Minority { reachable, members } => format!("minority {reachable}/{members}"),
+                Readiness::Joint { reachable, of } => format!("joint {reachable}/{of}"),
                 other => other.as_str().to_string(),
             };
             let hosts: Vec<String> = peer
@@ -1376,10 +1350,11 @@ impl State {
                 .collect();
             let _ = writeln!(
                 out,
-                "        P{p}: {r} (members {}, reachable {}, uncounted {}), met {}, hosts [{}]{}",
+                "        P{p}: {r} (members {}, reachable {}, uncounted {}, joint quorums {}), met {}, hosts [{}]{}",
                 m.members(),
                 m.reachable() + 1,
                 m.uncounted(),
+                m.joints_pending(),
                 bits(peer.conn),
                 hosts.join(", "),
                 if model.b.acks {

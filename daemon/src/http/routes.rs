@@ -359,7 +359,7 @@ pub(super) async fn probe_status(s: &AppState) -> Result<sigma_node::Status, Res
 
 #[utoipa::path(get, path = "/readyz", tag = "node",
     responses((status = 200, description = "The peer serves and no new lock waits for a takeover delay: a lock taken now is granted at once (readiness)", body = Probe),
-        (status = 503, description = "`not_ready` (joining, a minority, unreachable, leaving) or `held_back` (serving, but a new lock waits out the takeover delay); the message says which and for how long", body = ErrorBody)))]
+        (status = 503, description = "`not_ready` (joining, a minority, a joint quorum not reached, unreachable, leaving) or `held_back` (serving, but a new lock waits out the takeover delay); the message says which and for how long", body = ErrorBody)))]
 pub(super) async fn get_readyz(State(s): State<AppState>, _: NoParams) -> Response {
     let st = match probe_status(&s).await {
         Ok(st) => st,

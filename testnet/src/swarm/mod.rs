@@ -314,7 +314,9 @@ impl Net {
         for readiness in futures::future::join_all(asks).await {
             match readiness {
                 Some(Readiness::Joining) => why.0 += 1,
-                Some(Readiness::Minority { .. }) => why.1 += 1,
+                // Short of a joint quorum: a majority of its members, not of its view
+                // before a recent join; counted with the minority.
+                Some(Readiness::Minority { .. } | Readiness::Joint { .. }) => why.1 += 1,
                 _ => {}
             }
         }
@@ -465,7 +467,8 @@ pub struct Report {
     /// Serving at the end, of the live peers.
     pub serving_end: usize,
     pub live_end: usize,
-    /// Of the live peers that did not serve at the end: still joining, in a minority.
+    /// Of the live peers that did not serve at the end: still joining, in a minority
+    /// (or short of a joint quorum).
     pub joining_end: usize,
     pub minority_end: usize,
     /// Each peer's view at the end: members, and of them alive (this peer included).

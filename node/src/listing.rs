@@ -181,27 +181,9 @@ impl SwarmLocks {
             out.push_str("no locks held or waited for\n");
         } else {
             let head = ["LOCK", "HOLDER", "TOKEN", "VALID FOR", "WAITERS"].map(str::to_owned);
-            let mut widths = [0usize; 5];
-            for row in std::iter::once(&head).chain(&rows) {
-                for (w, cell) in widths.iter_mut().zip(row) {
-                    *w = (*w).max(cell.chars().count());
-                }
-            }
-            for row in std::iter::once(&head).chain(&rows) {
-                let line = format!(
-                    "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  {:>w4$}",
-                    row[0],
-                    row[1],
-                    row[2],
-                    row[3],
-                    row[4],
-                    w0 = widths[0],
-                    w1 = widths[1],
-                    w2 = widths[2],
-                    w3 = widths[3],
-                    w4 = widths[4]
-                );
-                let _ = writeln!(out, "{}", line.trim_end());
+            let table: Vec<[String; 5]> = std::iter::once(head).chain(rows).collect();
+            for line in aligned(&table, [false, false, true, true, true]) {
+                let _ = writeln!(out, "{line}");
             }
         }
         let _ = writeln!(out, "{} of {} peers answered", self.answered, self.asked);
@@ -213,6 +195,32 @@ impl SwarmLocks {
         }
         out
     }
+}
+
+/// Rows of five cells as lines of aligned columns, two spaces apart (`right`: which
+/// columns align right), with no trailing spaces: the tables of `sigma locks --swarm`
+/// and `sigma top`. Widths count characters; the cells are ASCII.
+pub fn aligned(rows: &[[String; 5]], right: [bool; 5]) -> Vec<String> {
+    let mut widths = [0usize; 5];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    rows.iter()
+        .map(|row| {
+            let cells: Vec<String> = (0..5)
+                .map(|i| {
+                    if right[i] {
+                        format!("{:>w$}", row[i], w = widths[i])
+                    } else {
+                        format!("{:<w$}", row[i], w = widths[i])
+                    }
+                })
+                .collect();
+            cells.join("  ").trim_end().to_owned()
+        })
+        .collect()
 }
 
 #[cfg(test)]

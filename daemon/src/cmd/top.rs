@@ -271,25 +271,8 @@ pub(crate) fn render(status: &Status, locks: Result<&SwarmLocks, String>, width:
             if rows.len() == 1 {
                 lines.push("  none held or waited for".to_owned());
             } else {
-                let mut widths = [0usize; 5];
-                for row in &rows {
-                    for (w, cell) in widths.iter_mut().zip(row) {
-                        *w = (*w).max(cell.chars().count());
-                    }
-                }
-                for row in &rows {
-                    lines.push(format!(
-                        "  {:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  {}",
-                        row[0],
-                        row[1],
-                        row[2],
-                        row[3],
-                        row[4],
-                        w0 = widths[0],
-                        w1 = widths[1],
-                        w2 = widths[2],
-                        w3 = widths[3],
-                    ));
+                for line in sigma_node::listing::aligned(&rows, [false, false, true, true, false]) {
+                    lines.push(format!("  {line}"));
                 }
             }
             for p in &locks.unanswered {

@@ -565,34 +565,25 @@ impl Membership {
             }
             if self.readiness() == Readiness::Serving {
                 let window = self.window;
-                let before = self.members.len();
                 let fixed = &self.fixed;
                 let gone: Vec<PeerId> = self
                     .members
                     .iter()
                     .filter(|(p, m)| {
-                        !self.joints.is_empty()
-                            && !m.alive
+                        !m.alive
                             && now.saturating_sub(m.left_at) >= window
                             && !fixed.as_ref().is_some_and(|l| l.contains(*p))
                     })
                     .map(|(p, _)| *p)
                     .collect();
-                for p in gone {
-                    self.joint_gone(&p);
-                }
-                let forgotten = &mut self.forgotten;
-                let fixed = &self.fixed;
-                self.members.retain(|p, m| {
-                    let keep = m.alive
-                        || now.saturating_sub(m.left_at) < window
-                        || fixed.as_ref().is_some_and(|l| l.contains(p));
-                    if !keep && m.known() {
-                        forgotten.push(*p);
+                for p in &gone {
+                    // Out of the joint quorums first: that reads its part in them.
+                    self.joint_gone(p);
+                    if self.members.remove(p).is_some_and(|m| m.known()) {
+                        self.forgotten.push(*p);
                     }
-                    keep
-                });
-                if self.members.len() != before {
+                }
+                if !gone.is_empty() {
                     self.counted = self.members.values().filter(|m| m.counted).count();
                     self.members_delay_stale = true;
                 }

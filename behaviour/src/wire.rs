@@ -18,7 +18,8 @@
 //! and four for operators, answered without changing any replica:
 //! - [`Request::Inspect`]: the state of replica `index` (owner, lease, queue), answered
 //!   with [`Reply::Replica`] or a redirect;
-//! - [`Request::Holding`]: asks a lock's holder about its acquisition (token, validity);
+//! - [`Request::Holding`]: asks a lock's holder about its acquisition (token, validity,
+//!   the value attached to it);
 //! - [`Request::Revoke`]: asks a lock's holder to give the lock up (an operator's
 //!   break-lock); the holder decides whether the sender may (see `Config::admin`);
 //! - [`Request::Locks`]: asks a peer for the locks it holds and waits for (`sigma locks
@@ -61,6 +62,8 @@ pub const MAX_RESOURCE_LEN: usize = 200;
 pub const MAX_REDIRECT_ADDRS: usize = 8;
 /// Most waiters listed in a [`ReplicaState`] (the queue's length is always given).
 pub const MAX_INSPECT_QUEUE: usize = 16;
+/// Largest value a holder attaches to its lock ([`HoldingState::value`]), in bytes.
+pub const MAX_VALUE_LEN: usize = 4096;
 /// Most acquisitions in one [`LockList`] (a page: ask again from the last for more). A
 /// full page of the longest names fits [`MAX_REPLY_BYTES`].
 pub const MAX_LISTED_LOCKS: usize = 128;
@@ -166,6 +169,25 @@ pub struct HoldingState {
     pub valid_for_ms: u64,
     /// Votes it holds.
     pub votes: u16,
+    /// The value its holder attached (at most [`MAX_VALUE_LEN`] bytes); absent from a
+    /// peer that predates values, or when none was attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_bytes::ByteBuf>,
+    /// How many times the value was set (1 for the value given at acquire; 0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub value_version: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+impl HoldingState {
+    /// Whether a remote peer's answer keeps within the bounds (an asker drops one
+    /// that does not).
+    pub fn is_valid(&self) -> bool {
+        self.value.as_ref().is_none_or(|v| v.len() <= MAX_VALUE_LEN)
+    }
 }
 
 /// One acquisition of the answering peer ([`Request::Locks`]).

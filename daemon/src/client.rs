@@ -42,7 +42,8 @@ use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde::de::DeserializeOwned;
 
 use crate::http::{
-    gate, Acquired, ApiAddr, ErrorBody, Forgotten, HolderBody, KeptAlive, LockView, PeerList, Released, RevokeBody,
+    gate, AcquireBody, Acquired, ApiAddr, ErrorBody, Forgotten, HolderBody, KeptAlive, LockView, PeerList, Released,
+    RevokeBody, ValueBody, ValueSet,
 };
 use sigma_node::inspect::{Inspection, Revoked};
 use sigma_node::Status;
@@ -152,6 +153,78 @@ pub struct AcquireOptions {
     pub quorum: Option<(usize, usize)>,
     /// Votes from at least this many distinct peers; `None`: the daemon's.
     pub min_peers: Option<usize>,
+    /// A value to attach to the lock once held (at most 4096 bytes; sent as text when
+    /// it is UTF-8, else as base64).
+    pub value: Option<Vec<u8>>,
+}
+
+/// The JSON fields of a value: `value` for text, `value_base64` for other bytes.
+fn value_fields(value: &[u8]) -> (Option<String>, Option<String>) {
+    sigma_node::value::to_fields(value)
+}
+
+/// Server-sent events of one kind from the daemon (`GET /v1/watch/{name}`,
+/// `GET /v1/observe/{name}`), read as they come: each is a `T`; the daemon's error
+/// event ends the stream with [`ClientError::Refused`].
+#[derive(Debug)]
+pub struct Events<T> {
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+    api: ApiAddr,
+    ended: bool,
+    _kind: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> Events<T> {
+    /// The next event, or `None` once the stream ended.
+    pub async fn next(&mut self) -> Option<Result<T, ClientError>> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            if let Some(event) = self.take_event() {
+                let (kind, data) = event;
+                match kind.as_str() {
+                    "error" => {
+                        self.ended = true;
+                        return Some(Err(match serde_json::from_str::<ErrorBody>(&data) {
+                            Ok(b) => ClientError::Refused { code: b.code, message: b.error },
+                            Err(e) => ClientError::Decode(e.to_string()),
+                        }));
+                    }
+                    _ if data.is_empty() => continue, // a keep-alive comment
+                    _ => return Some(serde_json::from_str(&data).map_err(|e| ClientError::Decode(e.to_string()))),
+                }
+            }
+            match self.resp.chunk().await {
+                Ok(Some(chunk)) => self.buf.extend_from_slice(&chunk),
+                Ok(None) => {
+                    self.ended = true;
+                    return None;
+                }
+                Err(source) => {
+                    self.ended = true;
+                    return Some(Err(ClientError::Unreachable { api: self.api.clone(), source }));
+                }
+            }
+        }
+    }
+
+    /// The first whole event in the buffer: (event name, data lines joined).
+    fn take_event(&mut self) -> Option<(String, String)> {
+        let end = self.buf.windows(2).position(|w| w == b"\n\n")?;
+        let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+        let text = String::from_utf8_lossy(&block);
+        let (mut kind, mut data) = (String::from("message"), Vec::new());
+        for line in text.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                kind = v.trim_start().to_owned();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+            }
+        }
+        Some((kind, data.join("\n")))
+    }
 }
 
 /// A client of one daemon's API. Cheap to clone.
@@ -238,10 +311,54 @@ impl Client {
             url = format!("{url}?{}", query.join("&"));
         }
         let mut request = self.http.post(url);
+        if let Some(value) = &opts.value {
+            let (value, value_base64) = value_fields(value);
+            request = request.json(&AcquireBody { value, value_base64 });
+        }
         if let Some(t) = opts.timeout {
             request = request.timeout(t + ACQUIRE_SLACK);
         }
         self.call(request).await
+    }
+
+    /// `POST /v1/locks/{name}/value`: replaces the value of a held lock (`lease`:
+    /// [`Acquired::lease`]); answers its version.
+    pub async fn set_value(&self, name: &str, token: u64, lease: &str, value: &[u8]) -> Result<ValueSet, ClientError> {
+        let (text, base64) = value_fields(value);
+        let body = ValueBody { token, lease: lease.to_owned(), value: text, value_base64: base64 };
+        let request = self.http.post(self.lock_url(name, Some("value"))).json(&body);
+        self.call(request.timeout(self.timeout)).await
+    }
+
+    /// `GET /v1/watch/{name}`: the lock's states as they change (see
+    /// [`sigma_node::watch`] for what a watcher is promised); `interval`: how often the
+    /// daemon inspects it (default 500 ms).
+    pub async fn watch(
+        &self,
+        name: &str,
+        interval: Option<Duration>,
+    ) -> Result<Events<sigma_node::watch::LockState>, ClientError> {
+        self.events("watch", name, interval).await
+    }
+
+    /// `GET /v1/observe/{name}`: the lock's leaders (its holders with their values),
+    /// each once and in token order.
+    pub async fn observe(
+        &self,
+        name: &str,
+        interval: Option<Duration>,
+    ) -> Result<Events<sigma_node::inspect::HolderView>, ClientError> {
+        self.events("observe", name, interval).await
+    }
+
+    async fn events<T>(&self, route: &str, name: &str, interval: Option<Duration>) -> Result<Events<T>, ClientError> {
+        let mut url = format!("{}/v1/{route}/{}", self.base, encode_name(name));
+        if let Some(i) = interval {
+            url = format!("{url}?interval_ms={}", i.as_millis());
+        }
+        // No deadline on the whole call: the stream lasts as long as the watcher wants.
+        let resp = self.send(self.http.get(url), self.token.as_ref()).await?;
+        Ok(Events { resp, buf: Vec::new(), api: self.api.clone(), ended: false, _kind: std::marker::PhantomData })
     }
 
     /// `POST /v1/locks/{name}/keepalive`: renews the client lease of a held lock

@@ -18,10 +18,11 @@ mod cmd;
 mod heap;
 use cli::config_file;
 use cmd::admin::{forget_cmd, inspect, release_cmd, AdminCmd, InspectArgs, ReleaseArgs};
-use cmd::lock::{lock, LockArgs};
+use cmd::lock::{elect, lock, ElectArgs, LockArgs};
 use cmd::run::{run, RunArgs};
 use cmd::status::{locks, status, LocksArgs, StatusCmdArgs};
 use cmd::top::{top, TopArgs};
+use cmd::watch::{observe, watch, WatchArgs};
 use cmd::{Fail, EXIT_UNAVAILABLE, EXIT_USAGE};
 
 #[derive(Parser, Debug)]
@@ -63,6 +64,19 @@ enum Cmd {
     /// it) when --timeout runs out; 69 if the daemon cannot be reached; 64 for a bad lock
     /// name or quorum or a usage error; 126/127 if the command cannot be started.
     Lock(LockArgs),
+    /// Leader election: campaign for NAME with VALUE (e.g. this candidate's address),
+    /// lead while the command runs, resign when it ends: `sigma lock NAME --value VALUE
+    /// [-- CMD]`, with the same options, environment and exit status. `sigma observe
+    /// NAME` prints each leader's value.
+    Elect(ElectArgs),
+    /// Follow a lock: a line each time it changes (held, free or unknown; holder, fencing
+    /// token, value, waiters), the first at once, until interrupted. Each holder comes
+    /// once and in token order; a change shows within about --interval. Exit status 69 if
+    /// the daemon cannot be reached.
+    Watch(WatchArgs),
+    /// Follow an election: each leader's value (see `sigma elect`), a line each time
+    /// the leader or its value changes, once and in token order, until interrupted.
+    Observe(WatchArgs),
     /// Show the local peer: id, addresses, peers, replicas, locks held and waited for.
     Status(StatusCmdArgs),
     /// List the locks this peer holds (with their fencing tokens) and waits for; with
@@ -165,6 +179,9 @@ fn main() -> ExitCode {
         match cli.command {
             Cmd::Run(args) => run(*args).await,
             Cmd::Lock(args) => lock(args).await,
+            Cmd::Elect(args) => elect(args).await,
+            Cmd::Watch(args) => watch(args).await,
+            Cmd::Observe(args) => observe(args).await,
             Cmd::Status(args) => status(args).await,
             Cmd::Locks(args) => locks(args).await,
             Cmd::Top(args) => top(args).await,
@@ -201,13 +218,13 @@ mod tests {
         let cli = Cli::try_parse_from(["sigma", "lock", "x", "--timeout", "2s", "--", "sh", "-c", "true"]).unwrap();
         match cli.command {
             Cmd::Lock(a) => {
-                assert_eq!(a.timeout, Some(Duration::from_secs(2)));
+                assert_eq!(a.opts.timeout, Some(Duration::from_secs(2)));
                 assert_eq!(a.command, ["sh", "-c", "true"]);
             }
             other => panic!("{other:?}"),
         }
         match Cli::try_parse_from(["sigma", "lock", "x"]).unwrap().command {
-            Cmd::Lock(a) => assert!(a.command.is_empty() && !a.try_once, "no command: hold until a signal"),
+            Cmd::Lock(a) => assert!(a.command.is_empty() && !a.opts.try_once, "no command: hold until a signal"),
             other => panic!("{other:?}"),
         }
         assert!(Cli::try_parse_from(["sigma", "lock", "x", "--try", "--timeout", "1s"]).is_err(), "--try or --timeout");

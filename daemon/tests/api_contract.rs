@@ -428,7 +428,12 @@ async fn every_route_answers_the_errors_it_declares_and_no_other() {
     .await;
     w.expect(Req::new("POST", acquire).query("timeout_ms=20000"), 503, "too_many_waiters").await;
     waiting.abort();
-    for action in ["keepalive", "release"] {
+    let too_long = serde_json::json!({ "value": "x".repeat(4097) });
+    w.expect(Req::new("POST", acquire).query("timeout_ms=200").body(too_long), 400, "bad_value").await;
+    let both =
+        serde_json::json!({ "token": held["token"], "lease": held["lease"], "value": "a", "value_base64": "YQ==" });
+    w.expect(Req::new("POST", "/v1/locks/{name}/value").body(both), 400, "bad_value").await;
+    for action in ["keepalive", "release", "value"] {
         let t = format!("/v1/locks/{{name}}/{action}");
         w.expect(Req::new("POST", &t), 400, "bad_lease").await;
         let stranger = serde_json::json!({ "token": held["token"], "lease": "0".repeat(32) });

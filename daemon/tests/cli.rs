@@ -902,3 +902,130 @@ async fn top_under_tmux_shows_a_lock_and_its_holder_and_quits_on_q() {
     let cursor = tmux(&socket, &["display-message", "-p", "-t", "top", "#{cursor_flag}"]);
     assert_eq!(String::from_utf8_lossy(&cursor.stdout).trim(), "1", "the cursor shown again");
 }
+
+/// The next line of a command's stdout within [`PATIENCE`].
+async fn next_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    who: &str,
+) -> String {
+    match tokio::time::timeout(PATIENCE, lines.next_line()).await {
+        Ok(Ok(Some(line))) => line,
+        other => panic!("{who}: no line: {other:?}"),
+    }
+}
+
+/// `sigma elect`, `sigma observe` and `sigma watch` end to end: two candidates lead in
+/// turn; the observer prints each leader's value once, in order; the watcher's lines
+/// show the lock free, each holder with its token and value, and the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_observe_and_watch_through_the_cli() {
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let d = lone(dir.path(), "elect").await;
+    let api = d.api.as_str();
+    let follow = |cmd: &str, json: bool| {
+        let mut c = Command::new(SIGMA);
+        c.args([cmd, "jobs/leader", "--api", api, "--interval", "100ms"]);
+        if json {
+            c.arg("--json");
+        }
+        let mut child = c.stdout(Stdio::piped()).kill_on_drop(true).spawn().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, lines)
+    };
+    let (_observer, mut observed) = follow("observe", false);
+    let (_watcher, mut watched) = follow("watch", true);
+    let first: Value = serde_json::from_str(&next_line(&mut watched, "watch").await).unwrap();
+    assert_eq!((first["seq"].as_u64(), first["state"].as_str()), (Some(1), Some("free")), "{first}");
+
+    // Candidate A leads for a while; B campaigns meanwhile and leads once A resigns.
+    let elect = |value: &str, script: &str| {
+        Command::new(SIGMA)
+            .args(["elect", "jobs/leader", value, "--api", api, "--grace", "500ms", "--", "sh", "-c", script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let a = elect("10.0.0.1:8080", "sleep 1.5; echo a $SIGMA_FENCING_TOKEN");
+    assert_eq!(next_line(&mut observed, "observe").await, "10.0.0.1:8080");
+    let b = elect("10.0.0.2:8080", "sleep 1; echo b $SIGMA_FENCING_TOKEN");
+    assert_eq!(next_line(&mut observed, "observe").await, "10.0.0.2:8080", "each leader once, in order");
+    let (a, b) = (a.wait_with_output().await.unwrap(), b.wait_with_output().await.unwrap());
+    assert!(a.status.success() && b.status.success(), "{a:?} {b:?}");
+    let token = |out: &std::process::Output| -> u64 {
+        String::from_utf8_lossy(&out.stdout).split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert!(token(&b) > token(&a));
+
+    // The watcher saw A hold with its value, B wait, B hold, then the lock free.
+    let mut seen: Vec<Value> = vec![first];
+    while seen.last().is_some_and(|s| s["state"] != "free" || seen.len() < 3) {
+        seen.push(serde_json::from_str(&next_line(&mut watched, "watch").await).unwrap());
+    }
+    let held: Vec<(u64, &str)> = seen
+        .iter()
+        .filter(|s| s["state"] == "held")
+        .map(|s| (s["holder"]["token"].as_u64().unwrap(), s["holder"]["value"].as_str().unwrap()))
+        .collect();
+    assert!(held.contains(&(token(&a), "10.0.0.1:8080")) && held.contains(&(token(&b), "10.0.0.2:8080")), "{seen:#?}");
+    assert!(held.windows(2).all(|w| w[0].0 <= w[1].0), "in token order: {held:?}");
+    assert!(seen.iter().any(|s| s["state"] == "held" && s["waiters"] == 1), "B seen waiting: {seen:#?}");
+    assert!(seen.iter().enumerate().all(|(i, s)| s["seq"] == i as u64 + 1), "numbered: {seen:#?}");
+
+    // Usage errors: no value, a value too long.
+    let out = Command::new(SIGMA).args(["elect", "x", "--api", api]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
+    let long = "x".repeat(4097);
+    let out =
+        Command::new(SIGMA).args(["lock", "x", "--value", &long, "--api", api, "--", "true"]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("at most 4096 bytes") && stderr.contains("bad_value"), "{stderr}");
+}
+
+/// The value over HTTP: attached at acquire, replaced under the lease, read by inspect,
+/// refused when too long, given twice or not base64, or for a lease that does not hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_with_the_lock_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = lone(dir.path(), "value").await;
+    let base = format!("http://{}/v1/locks/cfg%2Fprimary", d.api);
+    let post = |url: String, body: Value| async move {
+        let resp = http().post(url).json(&body).send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json::<Value>().await.unwrap())
+    };
+    let (status, acquired) = post(format!("{base}/acquire"), serde_json::json!({"value": "db-1:5432"})).await;
+    assert_eq!(status, 200, "{acquired}");
+    let (token, lease) = (acquired["token"].as_u64().unwrap(), acquired["lease"].as_str().unwrap().to_owned());
+    let inspect = format!("http://{}/v1/inspect/cfg%2Fprimary", d.api);
+    let seen = get_json(&inspect).await;
+    assert_eq!(
+        (seen["holder"]["value"].as_str(), seen["holder"]["value_version"].as_u64()),
+        (Some("db-1:5432"), Some(1))
+    );
+
+    let set = |body: Value| post(format!("{base}/value"), body);
+    let (status, answer) = set(serde_json::json!({"token": token, "lease": lease, "value_base64": "/wBB"})).await;
+    assert_eq!((status, answer["value_version"].as_u64()), (200, Some(2)), "{answer}");
+    let seen = get_json(&inspect).await;
+    assert_eq!((seen["holder"]["value_base64"].as_str(), seen["holder"].get("value")), (Some("/wBB"), None), "{seen}");
+
+    let refusals = [
+        (serde_json::json!({"token": token, "lease": lease, "value": "x".repeat(4097)}), 400, "bad_value"),
+        (serde_json::json!({"token": token, "lease": lease, "value": "a", "value_base64": "YQ=="}), 400, "bad_value"),
+        (serde_json::json!({"token": token, "lease": lease, "value_base64": "not base64!"}), 400, "bad_value"),
+        (serde_json::json!({"token": token, "lease": "0".repeat(32), "value": "a"}), 404, "not_held"),
+        (serde_json::json!({"token": token, "value": "a"}), 400, "bad_lease"),
+    ];
+    for (body, want_status, want_code) in refusals {
+        let (status, answer) = set(body.clone()).await;
+        assert_eq!((status, answer["code"].as_str()), (want_status, Some(want_code)), "{body}: {answer}");
+    }
+    let (status, answer) = post(format!("{base}/acquire?timeout_ms=100"), serde_json::json!({"vaule": "x"})).await;
+    assert_eq!((status, answer["code"].as_str()), (400, Some("bad_request")), "{answer}");
+    // None of it changed the value.
+    assert_eq!(get_json(&inspect).await["holder"]["value_version"].as_u64(), Some(2));
+    let (status, _) = post(format!("{base}/release"), serde_json::json!({"token": token, "lease": lease})).await;
+    assert_eq!(status, 200);
+}

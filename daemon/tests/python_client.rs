@@ -141,3 +141,53 @@ async fn the_python_client_speaks_over_the_unix_socket() {
     assert_eq!(out.status.code(), Some(69), "the configured socket, not the default port: {stderr}");
     assert!(stderr.contains("nobody.sock"), "{stderr}");
 }
+
+/// The Python client's value, watch and observe: a candidate campaigns with a value,
+/// proclaims a new one (bytes that are not text travel as base64), a second leads
+/// after it; the observer sees the three once and in order, the watcher the lock free
+/// first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_elects_observes_and_watches() {
+    if !have_tool("python3", PYTHON).await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--listen", "/ip4/127.0.0.1/tcp/0", "--takeover-delay", "0s"];
+    let d = daemon_with(dir.path(), "pyelect", &[], &extra).await;
+    let status = format!("http://{}/v1/status", d.api);
+    eventually("the daemon to serve", || async { get_json(&status).await["ready"] == true }).await;
+    let program = r#"
+import json, sys, threading
+sys.path.insert(0, sys.argv[1])
+from sigma_lock import SigmaLock, observe, watch
+api = sys.argv[2]
+leaders, counts = [], {k: threading.Event() for k in (1, 2, 3)}
+def follow():
+    for leader in observe("py/elect", api=api, interval_s=0.1):
+        leaders.append([leader["token"], leader.get("value"), leader.get("value_base64")])
+        counts[len(leaders)].set()
+        if len(leaders) == 3:
+            return
+threading.Thread(target=follow, daemon=True).start()
+first = next(watch("py/elect", api=api, interval_s=0.1))
+assert first["state"] == "free" and first["seq"] == 1, first
+def seen(k):
+    assert counts[k].wait(30), f"leader {k} not observed: {leaders}"
+with SigmaLock("py/elect", api=api, value="10.0.0.1:8080") as a:
+    seen(1)
+    assert a.set_value(b"\xff") == 2
+    seen(2)
+with SigmaLock("py/elect", api=api, value="10.0.0.2:8080") as b:
+    seen(3)
+print(json.dumps({"leaders": leaders, "tokens": [a.token, b.token]}))
+"#;
+    let lib = Path::new(SCRIPT).parent().unwrap().to_str().unwrap().to_owned();
+    let out = Command::new("python3").args(["-c", program, &lib, &d.api]).output().await.unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (ta, tb) = (v["tokens"][0].as_u64().unwrap(), v["tokens"][1].as_u64().unwrap());
+    let want = serde_json::json!([[ta, "10.0.0.1:8080", null], [ta, null, "/w=="], [tb, "10.0.0.2:8080", null]]);
+    assert_eq!(v["leaders"], want, "each leader and value once, in order");
+    assert!(tb > ta);
+}

@@ -89,6 +89,7 @@ const (
 	CodeBadName          Code = "bad_name"           // 400: not a lock name
 	CodeBadQuorum        Code = "bad_quorum"         // 400: a quorum the swarm cannot use
 	CodeBadLease         Code = "bad_lease"          // 400: no token and lease id
+	CodeBadValue         Code = "bad_value"          // 400: a lock value over 4096 bytes, or bad base64
 	CodeUnauthorized     Code = "unauthorized"       // 401: no or the wrong bearer token
 	CodeAdminDisabled    Code = "admin_disabled"     // 403: the daemon has no admin token
 	CodeBadHost          Code = "bad_host"           // 403: Host is not loopback

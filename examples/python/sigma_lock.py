@@ -16,14 +16,25 @@ refused connection); at once if the daemon says the lock is gone or that it is s
 Stop touching the resource when `lock.lost` is set. The lease id the acquire answers is
 the secret that proves this client holds the lock; the fencing token is public.
 
+A value with the lock, watching it and leader election:
+
+    with SigmaLock("jobs/leader", value="10.0.0.7:8080") as lock:   # campaign
+        lock.set_value("10.0.0.7:9090")                             # proclaim
+    for state in watch("jobs/leader"):    # dicts: state, holder (token, value), waiters
+        print(state["seq"], state["state"])
+    for leader in observe("jobs/leader"):  # each leader (or new value) once, in token order
+        print(leader["token"], leader.get("value"))
+
 Installed with `pip install ./examples/python` (the module `sigma_lock` and the command
 `sigma-lock-py`), or copied: it is one file.
 
-As a command: python3 sigma_lock.py [--api 127.0.0.1:7591|unix:PATH] [--hold SECONDS] [--ttl SECONDS] [--timeout SECONDS] NAME
-prints `acquired NAME token T`, holds the lock, prints `released NAME token T`.
+As a command: python3 sigma_lock.py [--api 127.0.0.1:7591|unix:PATH] [--hold SECONDS] [--ttl SECONDS] [--timeout SECONDS] [--value TEXT] NAME
+prints `acquired NAME token T`, holds the lock, prints `released NAME token T`;
+with --observe, prints each leader of NAME as a JSON line instead.
 """
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -77,6 +88,7 @@ ERRORS = {
     "bad_name": BadRequest,
     "bad_quorum": BadRequest,
     "bad_lease": BadRequest,
+    "bad_value": BadRequest,
     "not_found": BadRequest,
     "method_not_allowed": BadRequest,
     "body_too_large": BadRequest,
@@ -135,13 +147,92 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self._path)
 
 
+def _connect(api, timeout):
+    """An HTTP connection to the daemon at `api` (IP:PORT or unix:PATH)."""
+    if api.startswith("unix:"):
+        return _UnixConnection(api[len("unix:"):], timeout)
+    host, port = api.rsplit(":", 1)
+    return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+
+
+def _bearer(token_file):
+    token_file = token_file or os.environ.get("SIGMA_API_TOKEN_FILE")
+    return open(token_file).read().strip() if token_file else None
+
+
+def _value_fields(value):
+    """The JSON fields of a value: `value` for text, `value_base64` for other bytes."""
+    if isinstance(value, bytes):
+        try:
+            return {"value": value.decode("utf-8")}
+        except UnicodeDecodeError:
+            return {"value_base64": base64.b64encode(value).decode("ascii")}
+    return {"value": value}
+
+
+def _events(route, name, api=None, interval_s=0.5, token_file=None):
+    """The server-sent events of GET /v1/{route}/{name}: yields (event, data as a dict);
+    a SigmaError for the daemon's refusal or its error event (which ends the stream)."""
+    api = api or os.environ.get("SIGMA_API") or default_api()
+    path = f"/v1/{route}/" + urllib.parse.quote(name, safe="")
+    path += "?" + urllib.parse.urlencode({"interval_ms": int(interval_s * 1000)})
+    headers = {"Accept": "text/event-stream"}
+    bearer = _bearer(token_file)
+    if bearer:
+        headers["Authorization"] = "Bearer " + bearer
+    # The daemon sends a comment every 15 s: a minute without a line means it is gone.
+    conn = _connect(api, 60)
+    try:
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        if resp.status >= 400:
+            try:
+                err = json.loads(resp.read())
+            except ValueError:
+                err = {}
+            raise _refusal(resp.status, err.get("code"), err.get("error", resp.reason))
+        event, data = "message", []
+        while True:
+            line = resp.readline()
+            if not line:
+                return
+            line = line.decode("utf-8").rstrip("\r\n")
+            if line.startswith("event:"):
+                event = line[len("event:"):].strip()
+            elif line.startswith("data:"):
+                data.append(line[len("data:"):].lstrip(" "))
+            elif not line and data:
+                body = json.loads("\n".join(data))
+                if event == "error":
+                    raise _refusal(503, body.get("code"), body.get("error"))
+                yield event, body
+                event, data = "message", []
+    finally:
+        conn.close()
+
+
+def watch(name, api=None, interval_s=0.5, token_file=None):
+    """Follows lock `name`: yields its state (a dict: `seq`, `state` held/free/unknown,
+    `holder` with `token` and `value`, `waiters`) each time it changes, the first at once.
+    Holders come once and in token order (docs/operating.md, "Watch")."""
+    for _, state in _events("watch", name, api, interval_s, token_file):
+        yield state
+
+
+def observe(name, api=None, interval_s=0.5, token_file=None):
+    """Follows the leader of election `name`: yields each new holder (a dict with
+    `token`, `value` or `value_base64`, `value_version`) once and in token order."""
+    for _, leader in _events("observe", name, api, interval_s, token_file):
+        yield leader
+
+
 class SigmaLock:
-    def __init__(self, name, api=None, timeout_s=None, ttl_s=5.0, token_file=None):
+    def __init__(self, name, api=None, timeout_s=None, ttl_s=5.0, token_file=None, value=None):
         self.name = name
         self.api = api or os.environ.get("SIGMA_API") or default_api()
         self.timeout_s, self.ttl_s = timeout_s, ttl_s
-        token_file = token_file or os.environ.get("SIGMA_API_TOKEN_FILE")
-        self.bearer = open(token_file).read().strip() if token_file else None
+        self.value = value  # attached at acquire: text (str) or bytes, at most 4096 bytes
+        self.bearer = _bearer(token_file)
         self.token = None
         self._lease = None  # the secret: never printed
         self.deadline = None  # time.monotonic() after which the lock may be someone else's
@@ -150,10 +241,7 @@ class SigmaLock:
         self._renewer = None
 
     def _connection(self, timeout):
-        if self.api.startswith("unix:"):
-            return _UnixConnection(self.api[len("unix:"):], timeout)
-        host, port = self.api.rsplit(":", 1)
-        return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+        return _connect(self.api, timeout)
 
     def _post(self, action, body=None, query=None, timeout=30):
         path = "/v1/locks/" + urllib.parse.quote(self.name, safe="") + "/" + action
@@ -184,7 +272,8 @@ class SigmaLock:
         if self.timeout_s is not None:
             query["timeout_ms"] = int(self.timeout_s * 1000)
             wait = self.timeout_s + 5
-        answer = self._post("acquire", query=query, timeout=wait)
+        body = _value_fields(self.value) if self.value is not None else None
+        answer = self._post("acquire", body, query=query, timeout=wait)
         self.token, self._lease = answer["token"], answer["lease"]
         # The acquire's deadline counts from its answer, which may have come late: renew
         # once at once so that the deadline counts from a send.
@@ -228,6 +317,14 @@ class SigmaLock:
             except OSError:
                 pass  # no answer in time: try again until the deadline
 
+    def set_value(self, value):
+        """Replaces the held lock's value (text or bytes, at most 4096 bytes): watchers
+        and observers see it; answers its version (1 was the acquire's)."""
+        body = {"token": self.token, "lease": self._lease, **_value_fields(value)}
+        answer = self._post("value", body)
+        self.value = value
+        return answer["value_version"]
+
     def release(self):
         self._stop.set()
         if self._renewer:
@@ -254,10 +351,20 @@ def _main():
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to hold the lock")
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     parser.add_argument("--ttl", type=float, default=5.0, help="client lease in seconds")
+    parser.add_argument("--value", default=None, help="a value to attach to the lock while held")
+    parser.add_argument("--observe", action="store_true", help="print each leader's value instead (JSON lines)")
     args = parser.parse_args()
     api = args.api or os.environ.get("SIGMA_API") or default_api()
+    if args.observe:
+        try:
+            for leader in observe(args.name, api=api, interval_s=0.1):
+                print(json.dumps(leader), flush=True)
+        except OSError as e:
+            print(f"{parser.prog}: cannot reach the sigma daemon at {api}: {e}", file=sys.stderr)
+            raise SystemExit(69) from None
+        return
     try:
-        with SigmaLock(args.name, api=api, timeout_s=args.timeout, ttl_s=args.ttl) as lock:
+        with SigmaLock(args.name, api=api, timeout_s=args.timeout, ttl_s=args.ttl, value=args.value) as lock:
             print(f"acquired {lock.name} token {lock.token}", flush=True)
             lock.lost.wait(args.hold)
             if lock.lost.is_set():

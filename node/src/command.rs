@@ -27,6 +27,8 @@ pub(crate) enum Command {
         quorum: Option<(usize, usize)>,
         min_peers: Option<usize>,
         timeout: Option<Duration>,
+        /// The value attached from the start.
+        value: Option<Vec<u8>>,
         reply: oneshot::Sender<Result<LockGuard, LockError>>,
     },
     ReleaseByToken {

@@ -97,6 +97,12 @@ pub enum LockError {
     /// The lock was lost while held: exclusion was not guaranteed until the release.
     #[error("the lock was lost before it was released")]
     Lost,
+    /// A value larger than [`sigma_behaviour::wire::MAX_VALUE_LEN`] bytes.
+    #[error("value of {0} bytes refused: at most {max} bytes", max = sigma_behaviour::wire::MAX_VALUE_LEN)]
+    ValueTooLarge(usize),
+    /// Too many watches open on this node ([`crate::watch::MAX_WATCHES`]).
+    #[error("too many watches open on this node (at most {max})", max = crate::watch::MAX_WATCHES)]
+    TooManyWatches,
 }
 
 impl From<sigma_behaviour::AcquireError> for LockError {
@@ -106,6 +112,7 @@ impl From<sigma_behaviour::AcquireError> for LockError {
             E::BadName => LockError::BadName,
             E::Quorum(e) => LockError::Quorum(e),
             e @ (E::SwarmQuorum { .. } | E::MinPeers { .. }) => LockError::SwarmQuorum(e.to_string()),
+            E::ValueTooLarge { len } => LockError::ValueTooLarge(len),
         }
     }
 }

@@ -15,7 +15,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::command::{Command, MemberPeer, ProbeReply, Status, SurveyReply, WaitingLock};
 use crate::error::LockError;
-use crate::guard::{GuardState, LockGuard, Release};
+use crate::guard::{GuardMsg, GuardState, LockGuard, Release};
 use crate::names::PeerNames;
 use crate::swarm::{NodeBehaviour, NodeBehaviourEvent};
 
@@ -55,9 +55,9 @@ pub(crate) struct EventLoop {
     swarm: Swarm<NodeBehaviour>,
     commands: mpsc::Receiver<Command>,
     /// Guards' releases, taken before commands.
-    releases: mpsc::Receiver<Release>,
+    releases: mpsc::Receiver<GuardMsg>,
     /// Given to guards, so that they can release.
-    release_sender: mpsc::Sender<Release>,
+    release_sender: mpsc::Sender<GuardMsg>,
     waiting: HashMap<AcquisitionId, Waiter>,
     /// Round-trip probes in flight.
     probes: HashMap<sigma_behaviour::ProbeId, ProbeReply>,
@@ -160,8 +160,14 @@ impl EventLoop {
 
     fn on_command(&mut self, command: Command) {
         match command {
-            Command::Lock { name, quorum, min_peers, timeout, reply } => {
-                match self.sigma().acquire_with(&name, quorum, min_peers) {
+            Command::Lock { name, quorum, min_peers, timeout, value, reply } => {
+                let acquired = self.sigma().acquire_with(&name, quorum, min_peers).and_then(|id| match value {
+                    Some(value) => {
+                        self.sigma().set_value(id, value).map(|_| id).inspect_err(|_| self.sigma().release(id))
+                    }
+                    None => Ok(id),
+                });
+                match acquired {
                     Err(e) => {
                         let _ = reply.send(Err(e.into()));
                     }
@@ -247,11 +253,24 @@ impl EventLoop {
         }
     }
 
-    /// Releases (or abandons) an acquisition of this node; unknown ids are ignored.
-    /// Applies a guard's release and answers its caller, if one waits (`true` then).
-    fn on_release(&mut self, Release { id, reply }: Release) -> bool {
-        self.release(id);
-        reply.map(|r| r.send(())).is_some()
+    /// Applies a guard's message: a release (or abandon; unknown ids are ignored), its
+    /// caller answered if one waits (`true` then), or a new value.
+    fn on_release(&mut self, msg: GuardMsg) -> bool {
+        match msg {
+            GuardMsg::Release(Release { id, reply }) => {
+                self.release(id);
+                reply.map(|r| r.send(())).is_some()
+            }
+            GuardMsg::SetValue { id, value, reply } => {
+                let set = if self.held.contains_key(&id) { self.set_value(id, value) } else { Ok(None) };
+                let _ = reply.send(set);
+                false
+            }
+        }
+    }
+
+    fn set_value(&mut self, id: AcquisitionId, value: Vec<u8>) -> Result<Option<u32>, LockError> {
+        self.sigma().set_value(id, value).map_err(LockError::from)
     }
 
     fn release(&mut self, id: AcquisitionId) {

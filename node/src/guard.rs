@@ -28,9 +28,21 @@ pub(crate) struct GuardState {
 ///
 /// # Fencing token
 ///
-/// A guard's release, sent to the event loop on its own channel (the guard knows
-/// nothing of the node's other commands). The event loop takes releases before
-/// commands, so a release sent before a new `lock` call is applied first.
+/// What a guard asks of the event loop, on its own channel (the guard knows nothing of
+/// the node's other commands). The event loop takes these before commands, so a release
+/// sent before a new `lock` call is applied first, and in order, so a value set before a
+/// release is set first.
+pub(crate) enum GuardMsg {
+    Release(Release),
+    /// Replace the acquisition's value; answers its version (`None`: no longer held).
+    SetValue {
+        id: AcquisitionId,
+        value: Vec<u8>,
+        reply: oneshot::Sender<Result<Option<u32>, LockError>>,
+    },
+}
+
+/// A guard's release.
 pub(crate) struct Release {
     /// The acquisition to release.
     pub(crate) id: AcquisitionId,
@@ -53,7 +65,7 @@ pub struct LockGuard {
     name: String,
     token: u64,
     id: AcquisitionId,
-    releases: mpsc::Sender<Release>,
+    releases: mpsc::Sender<GuardMsg>,
     state: watch::Receiver<GuardState>,
     /// Release already sent (or detached): nothing to do on drop.
     done: bool,
@@ -66,7 +78,7 @@ impl LockGuard {
         name: String,
         token: u64,
         id: AcquisitionId,
-        releases: mpsc::Sender<Release>,
+        releases: mpsc::Sender<GuardMsg>,
         state: watch::Receiver<GuardState>,
         distinct_peers: usize,
     ) -> Self {
@@ -137,7 +149,8 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         let was_lost = self.is_lost();
         let (tx, rx) = oneshot::channel();
-        self.releases.send(Release { id: self.id, reply: Some(tx) }).await.map_err(|_| LockError::NodeStopped)?;
+        let release = GuardMsg::Release(Release { id: self.id, reply: Some(tx) });
+        self.releases.send(release).await.map_err(|_| LockError::NodeStopped)?;
         self.done = true;
         rx.await.map_err(|_| LockError::NodeStopped)?;
         if was_lost {
@@ -145,6 +158,25 @@ impl LockGuard {
         } else {
             Ok(())
         }
+    }
+
+    /// Attaches `value` (at most [`sigma_behaviour::wire::MAX_VALUE_LEN`] bytes) to the
+    /// held lock, replacing the one before (a leader proclaiming a new address). Whoever
+    /// inspects or watches the lock reads it from this node, with the token; answers
+    /// the value's version (1 for a value given at acquire, then one more each time).
+    /// `Err(LockError::Lost)` once the lock is lost.
+    pub async fn set_value(&self, value: impl Into<Vec<u8>>) -> Result<u32, LockError> {
+        let value = value.into();
+        if value.len() > sigma_behaviour::wire::MAX_VALUE_LEN {
+            return Err(LockError::ValueTooLarge(value.len()));
+        }
+        if self.is_lost() {
+            return Err(LockError::Lost);
+        }
+        let (tx, rx) = oneshot::channel();
+        let msg = GuardMsg::SetValue { id: self.id, value, reply: tx };
+        self.releases.send(msg).await.map_err(|_| LockError::NodeStopped)?;
+        rx.await.map_err(|_| LockError::NodeStopped)??.ok_or(LockError::Lost)
     }
 
     /// Forgets the guard without releasing the lock: the node keeps renewing it until
@@ -161,7 +193,7 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        let release = Release { id: self.id, reply: None };
+        let release = GuardMsg::Release(Release { id: self.id, reply: None });
         match self.releases.try_send(release) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Closed(_)) => {} // the node is gone, and the lock with it

@@ -67,6 +67,24 @@ pub struct HolderView {
     /// The m-th longest lease left at its replicas (ms): if it stopped renewing, the
     /// lock would be free for another after about this long.
     pub lease_left_ms: u64,
+    /// The value the holder attached, when it is UTF-8 text (told by the holder itself,
+    /// with the token; see [`HolderView::value_bytes`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The value, in standard base64, when it is not UTF-8 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_base64: Option<String>,
+    /// How many times the holder set its value: 1 for a value given at acquire, one more
+    /// at each replacement; 0 without a value (or without the holder's answer).
+    #[serde(default)]
+    pub value_version: u32,
+}
+
+impl HolderView {
+    /// The value the holder attached, as bytes.
+    pub fn value_bytes(&self) -> Option<Vec<u8>> {
+        crate::value::from_fields(self.value.as_deref(), self.value_base64.as_deref()).ok().flatten()
+    }
 }
 
 /// A waiter with its place in line: the m-th best position among the replicas that
@@ -162,6 +180,9 @@ pub fn gather(name: &str, m: usize, answers: &[ReplicaAnswer]) -> Inspection {
             token: None,
             valid_for_ms: None,
             lease_left_ms: kth_largest(l.clone(), m).unwrap_or(0),
+            value: None,
+            value_base64: None,
+            value_version: 0,
         });
     // The holder may still be queued at replicas it does not own (it holds m of n):
     // it is not a waiter.
@@ -193,9 +214,13 @@ impl Inspection {
     /// Adds the holder's own answer about its acquisition.
     pub fn with_holding(mut self, holding: Option<&HoldingState>) -> Self {
         if let (Some(h), Some(s)) = (self.holder.as_mut(), holding) {
-            if s.held {
+            if s.held && s.is_valid() {
                 h.token = Some(s.token);
                 h.valid_for_ms = Some(s.valid_for_ms);
+                if let Some(v) = &s.value {
+                    (h.value, h.value_base64) = crate::value::to_fields(v);
+                    h.value_version = s.value_version;
+                }
             }
         }
         self
@@ -260,6 +285,15 @@ impl Inspection {
                     _ => out.push_str(", the holder did not answer"),
                 }
                 let _ = writeln!(out, ", free in ≤ {} ms without renewal)", h.lease_left_ms);
+                match (&h.value, &h.value_base64) {
+                    (Some(v), _) => {
+                        let _ = writeln!(out, "value: {} (version {})", crate::value::quoted(v), h.value_version);
+                    }
+                    (None, Some(b)) => {
+                        let _ = writeln!(out, "value (base64): {b} (version {})", h.value_version);
+                    }
+                    (None, None) => {}
+                }
             }
             None => out.push_str("holder: none (no acquisition owns m replicas)\n"),
         }
@@ -385,9 +419,18 @@ mod tests {
         assert_eq!(i.waiters.len(), 2);
         assert!(i.waiters.iter().all(|w| w.position == Some(2) && w.replicas == 3), "{:?}", i.waiters);
         assert_eq!(i.replicas[4].refused.as_deref(), Some("not_serving"));
-        let i = i.with_holding(Some(&HoldingState { held: true, token: 42, valid_for_ms: 900, votes: 3 }));
+        let i = i.with_holding(Some(&HoldingState {
+            held: true,
+            token: 42,
+            valid_for_ms: 900,
+            votes: 3,
+            value: Some(b"10.0.0.7:5432".to_vec().into()),
+            value_version: 2,
+        }));
         assert_eq!(i.holder.as_ref().and_then(|h| h.token), Some(42));
         assert!(i.render().contains("token 42"), "{}", i.render());
+        assert!(i.render().contains("value: \"10.0.0.7:5432\" (version 2)"), "{}", i.render());
+        assert_eq!(i.holder.as_ref().and_then(HolderView::value_bytes).as_deref(), Some(&b"10.0.0.7:5432"[..]));
         let mut i = i;
         i.names.insert(a.to_string(), "db-1".to_owned());
         assert!(i.render_with(false).contains(&format!("holder: {a} (db-1) #1")), "{}", i.render_with(false));

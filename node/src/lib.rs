@@ -39,6 +39,8 @@ pub mod metrics;
 pub mod names;
 mod node;
 mod swarm;
+pub mod value;
+pub mod watch;
 
 pub use admission::Admission;
 pub use error::{IdentityError, LockError, NodeError, RevokeError};
@@ -47,6 +49,7 @@ pub use node::{
     Libp2pMetrics, LockOptions, Node, NodeConfig, NodeHandle, Status, WaitingLock, DEFAULT_IDLE_CONNECTION_TIMEOUT,
 };
 pub use swarm::{ConnectionBounds, NodeBehaviour, NodeBehaviourEvent, IDENTIFY_INTERVAL, IDENTIFY_PROTOCOL};
+pub use watch::{Observe, Watch};
 
 /// The crates this one is built on, for applications that embed [`NodeBehaviour`].
 pub use libp2p;

@@ -19,6 +19,7 @@ use crate::event_loop::EventLoop;
 use crate::guard::LockGuard;
 use crate::inspect::{self, Inspection, Revoked};
 use crate::listing::{self, SwarmLocks};
+use crate::watch::{self, Observe, Watch};
 use crate::{identity, swarm};
 use sigma_behaviour::addr::Scope;
 use sigma_behaviour::wire::{LockEntry, Reply, Request};
@@ -129,6 +130,11 @@ pub struct LockOptions {
     /// many distinct peers; `None` for the node's (see
     /// [`sigma_behaviour::Config::with_min_voters`]).
     pub min_peers: Option<usize>,
+    /// A value to attach to the lock once held (at most
+    /// [`sigma_behaviour::wire::MAX_VALUE_LEN`] bytes: a leader's address, say): whoever
+    /// inspects or watches the lock reads it, with the holder's token;
+    /// [`LockGuard::set_value`] replaces it.
+    pub value: Option<Vec<u8>>,
 }
 
 /// A running sigma peer: the swarm and its event loop (a tokio task). Dropping the
@@ -274,7 +280,9 @@ impl Node {
         let task = tokio::spawn(event_loop.run());
         tracing::info!(peer = %local, "sigma node started");
         let quorum = (config.behaviour.protocol().n(), config.behaviour.protocol().m());
-        let handle = NodeHandle { commands, peer_id: local, try_lock_timeout: config.try_lock_timeout, quorum };
+        let watches = std::sync::Arc::new(tokio::sync::Semaphore::new(crate::watch::MAX_WATCHES));
+        let handle =
+            NodeHandle { commands, peer_id: local, try_lock_timeout: config.try_lock_timeout, quorum, watches };
         Ok(Node { handle, listen_addrs, task: Some(task) })
     }
 
@@ -357,6 +365,8 @@ pub struct NodeHandle {
     try_lock_timeout: Duration,
     /// The swarm's replica count and quorum (n, m).
     quorum: (usize, usize),
+    /// Permits for the watches open at once ([`crate::watch::MAX_WATCHES`]).
+    watches: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl NodeHandle {
@@ -394,6 +404,7 @@ impl NodeHandle {
             quorum: options.quorum,
             min_peers: options.min_peers,
             timeout: options.timeout,
+            value: options.value,
             reply,
         };
         self.commands.send(command).await.map_err(|_| LockError::NodeStopped)?;
@@ -448,15 +459,21 @@ impl NodeHandle {
     /// host, the holder (the acquisition owning m replicas) with its own answer (fencing
     /// token, validity), and the waiters with their places in line. Changes nothing.
     pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
+        let mut inspection = self.inspect_unnamed(name).await?;
+        let peers = inspection.peers().iter().filter_map(|p| p.parse().ok()).collect();
+        inspection.names = self.peer_names(peers).await.map_err(|_| LockError::NodeStopped)?;
+        Ok(inspection)
+    }
+
+    /// [`NodeHandle::inspect`] without the peers' names.
+    async fn inspect_unnamed(&self, name: &str) -> Result<Inspection, LockError> {
         let (reply, rx) = oneshot::channel();
         self.commands
             .send(Command::Survey { name: name.to_owned(), reply })
             .await
             .map_err(|_| LockError::NodeStopped)?;
         let answers = rx.await.map_err(|_| LockError::NodeStopped)??;
-        let mut inspection = inspect::gather(name, self.quorum.1, &answers);
-        let peers = inspection.peers().iter().filter_map(|p| p.parse().ok()).collect();
-        inspection.names = self.peer_names(peers).await.map_err(|_| LockError::NodeStopped)?;
+        let inspection = inspect::gather(name, self.quorum.1, &answers);
         let Some(holder) = &inspection.holder else { return Ok(inspection) };
         let Ok(peer) = holder.acquisition.peer.parse::<PeerId>() else { return Ok(inspection) };
         let request = Request::Holding { resource: name.to_owned(), counter: holder.acquisition.counter };
@@ -465,6 +482,55 @@ impl NodeHandle {
             _ => None,
         };
         Ok(inspection.with_holding(holding.as_ref()))
+    }
+
+    /// Follows lock `name`: a [`Watch`] delivers its state (held, free or unknown; the
+    /// holder with its token and value; the waiters) each time it changes, as seen by
+    /// an inspection every `interval` (default [`watch::DEFAULT_WATCH_INTERVAL`],
+    /// clamped to [`watch::MIN_WATCH_INTERVAL`]..=[`watch::MAX_WATCH_INTERVAL`]). The
+    /// first state comes after the first inspection. What a watcher is promised: the
+    /// [`watch`] module. At most [`watch::MAX_WATCHES`] watches at once per node
+    /// ([`LockError::TooManyWatches`]).
+    pub fn watch(&self, name: &str, interval: Option<Duration>) -> Result<Watch, LockError> {
+        sigma_behaviour::wire::validate_resource(name).map_err(|_| LockError::BadName)?;
+        let permit = self.watches.clone().try_acquire_owned().map_err(|_| LockError::TooManyWatches)?;
+        let interval = interval
+            .unwrap_or(watch::DEFAULT_WATCH_INTERVAL)
+            .clamp(watch::MIN_WATCH_INTERVAL, watch::MAX_WATCH_INTERVAL);
+        let (tx, rx) = mpsc::channel(16);
+        let handle = self.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            let mut follow = watch::Follow::default();
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = tx.closed() => return,
+                }
+                let state = match handle.inspect_unnamed(&name).await {
+                    Ok(inspection) => match follow.next(inspection) {
+                        Some(state) => Ok(state),
+                        None => continue,
+                    },
+                    Err(e) => Err(e),
+                };
+                let stop = state.is_err();
+                if tx.send(state).await.is_err() || stop {
+                    return;
+                }
+            }
+        });
+        Ok(Watch::new(rx, permit))
+    }
+
+    /// Follows the leader of lock `name` (its holder, as in an election where each
+    /// candidate campaigns with [`LockOptions::value`] and proclaims with
+    /// [`LockGuard::set_value`]): each new holder, and each new value of a holder,
+    /// once and in token order. A [`NodeHandle::watch`] underneath, with its promises.
+    pub fn observe(&self, name: &str, interval: Option<Duration>) -> Result<Observe, LockError> {
+        self.watch(name, interval).map(Observe::new)
     }
 
     /// An operator's break-lock: makes the holder of lock `name` under fencing `token`

@@ -30,6 +30,9 @@ pub(super) struct Acquisition {
     /// D was the default (not named by the caller): lowered to 1 if the lock's keys come
     /// to fall on one alive peer (`Behaviour::relax_diversity`).
     pub(super) default_d: bool,
+    /// The value attached to the acquisition (at most `wire::MAX_VALUE_LEN` bytes), and
+    /// how many times it was set; told to whoever asks its holder (`Request::Holding`).
+    pub(super) value: Option<(Vec<u8>, u32)>,
 }
 
 /// This peer's acquisitions and what it remembers for them (see the module's doc).

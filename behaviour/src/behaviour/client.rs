@@ -77,8 +77,15 @@ impl Behaviour {
         if deferred.is_some() {
             while client.poll_transmit().is_some() {}
         }
-        let acquisition =
-            Acquisition { resource: resource.to_owned(), n, keys, client, deferred, default_d: explicit.is_none() };
+        let acquisition = Acquisition {
+            resource: resource.to_owned(),
+            n,
+            keys,
+            client,
+            deferred,
+            default_d: explicit.is_none(),
+            value: None,
+        };
         self.acquiring.start(id, acquisition);
         self.drain_acquisition(id);
         self.wake();
@@ -153,6 +160,22 @@ impl Behaviour {
             self.drain_acquisition(id);
             self.wake();
         }
+    }
+
+    /// Attaches `value` to an acquisition (waiting or holding), replacing the one before:
+    /// its peer tells it, with the fencing token, to whoever asks about the holder
+    /// (`sigma inspect`, watchers). Answers the value's version (1 for the first), or
+    /// `Ok(None)` if the acquisition no longer exists.
+    pub fn set_value(&mut self, id: AcquisitionId, value: Vec<u8>) -> Result<Option<u32>, AcquireError> {
+        if value.len() > wire::MAX_VALUE_LEN {
+            return Err(AcquireError::ValueTooLarge { len: value.len() });
+        }
+        let Some(a) = self.acquiring.get_mut(&id) else {
+            return Ok(None);
+        };
+        let version = a.value.as_ref().map_or(1, |(_, v)| v.saturating_add(1));
+        a.value = Some((value, version));
+        Ok(Some(version))
     }
 
     /// The state of an acquisition, while it exists.

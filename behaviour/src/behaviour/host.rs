@@ -97,8 +97,9 @@ impl Behaviour {
         match request {
             Request::Holding { resource, counter } => {
                 let ts = Timestamp::new(counter, self.local);
-                let info =
-                    self.acquiring.id_of(&ts).and_then(|id| self.acquisition(id)).filter(|a| a.resource == resource);
+                let id = self.acquiring.id_of(&ts);
+                let info = id.and_then(|id| self.acquisition(id)).filter(|a| a.resource == resource);
+                let value = id.and_then(|id| self.acquiring.get(&id)).and_then(|a| a.value.clone());
                 Reply::Holding(info.map(|a| wire::HoldingState {
                     held: a.phase == Phase::Holding,
                     token: a.token,
@@ -106,6 +107,8 @@ impl Behaviour {
                         u64::try_from(t.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(u64::MAX)
                     }),
                     votes: u16::try_from(a.votes).unwrap_or(u16::MAX),
+                    value_version: value.as_ref().map_or(0, |(_, v)| *v),
+                    value: value.map(|(bytes, _)| serde_bytes::ByteBuf::from(bytes)),
                 }))
             }
             Request::Revoke { resource, token } => {

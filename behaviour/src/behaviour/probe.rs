@@ -72,7 +72,8 @@ impl Behaviour {
     /// Sends one question to `peer`: a [`Request::Holding`], [`Request::Revoke`] or
     /// [`Request::Locks`] (an operator's tools). Asked of this peer, it is answered
     /// here at once. The answer comes as [`Event::Answered`]; a remote answer out of
-    /// bounds ([`wire::LockList::is_valid`]) comes as none (counted
+    /// bounds ([`wire::LockList::is_valid`], [`wire::HoldingState::is_valid`]) comes as
+    /// none (counted
     /// `outbound_failures{bad_reply}`).
     pub fn ask(&mut self, peer: PeerId, request: Request) -> ProbeId {
         let id = ProbeId(self.next_id);
@@ -138,6 +139,11 @@ impl Behaviour {
                     Some(Reply::Locks(list)) if !list.is_valid() => {
                         Counters::bump(&mut self.counters.outbound_failures, "bad_reply");
                         tracing::debug!(%host, "a peer's list of locks is out of bounds: dropped");
+                        None
+                    }
+                    Some(Reply::Holding(Some(h))) if !h.is_valid() => {
+                        Counters::bump(&mut self.counters.outbound_failures, "bad_reply");
+                        tracing::debug!(%host, "a holder's answer is out of bounds (its value): dropped");
                         None
                     }
                     reply => reply,

@@ -57,6 +57,12 @@ pub enum AcquireError {
         /// The swarm's quorum.
         swarm_m: usize,
     },
+    /// A value larger than [`wire::MAX_VALUE_LEN`].
+    #[error("value of {len} bytes refused: at most {max} bytes", max = wire::MAX_VALUE_LEN)]
+    ValueTooLarge {
+        /// Its length.
+        len: usize,
+    },
 }
 
 /// Events for the application.

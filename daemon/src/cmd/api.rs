@@ -85,7 +85,7 @@ fn exit_code(code: ErrorCode) -> u8 {
     use ErrorCode as C;
     match code {
         // What the command line asked for is wrong.
-        C::BadRequest | C::UnknownParameter | C::BadName | C::BadQuorum | C::BadLease => EXIT_USAGE,
+        C::BadRequest | C::UnknownParameter | C::BadName | C::BadQuorum | C::BadLease | C::BadValue => EXIT_USAGE,
         C::NotReady | C::HeldBack => EXIT_NOT_READY,
         C::NotWon => EXIT_TIMEOUT,
         // The daemon would not, or could not, serve it.

@@ -19,6 +19,21 @@ use super::{fail, init_tracing, parse_duration, EXIT_LOST, EXIT_TIMEOUT, EXIT_US
 pub(crate) struct LockArgs {
     /// Lock name: 1 to 200 bytes of [A-Za-z0-9._/-].
     pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) opts: LockOpts,
+    /// A value to attach to the lock while held (text, at most 4096 bytes): `sigma
+    /// inspect`, `sigma watch` and `sigma observe` show it with the token.
+    #[arg(long = "value", id = "lock_value", value_name = "TEXT")]
+    pub(crate) value: Option<String>,
+    /// The command and its arguments, after `--`. Without one, `sigma lock` prints the
+    /// lock's name and fencing token and holds the lock until SIGINT or SIGTERM.
+    #[arg(last = true, value_name = "CMD")]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// The options `sigma lock` and `sigma elect` share.
+#[derive(Args, Debug)]
+pub(crate) struct LockOpts {
     /// Give up after this long (e.g. 500ms, 10s, 2m); default: wait as long as it takes.
     #[arg(long, value_parser = parse_duration)]
     pub(crate) timeout: Option<Duration>,
@@ -50,10 +65,29 @@ pub(crate) struct LockArgs {
     /// when this peer knows (not ready, or new locks held back by the takeover delay).
     #[arg(long = "try", conflicts_with = "timeout")]
     pub(crate) try_once: bool,
-    /// The command and its arguments, after `--`. Without one, `sigma lock` prints the
-    /// lock's name and fencing token and holds the lock until SIGINT or SIGTERM.
+}
+
+/// `sigma elect NAME VALUE [-- CMD]`: `sigma lock NAME --value VALUE [-- CMD]`.
+#[derive(Args, Debug)]
+pub(crate) struct ElectArgs {
+    /// Election name (a lock name): 1 to 200 bytes of [A-Za-z0-9._/-].
+    pub(crate) name: String,
+    /// The candidate's value (text, at most 4096 bytes), e.g. its address: observers
+    /// (`sigma observe NAME`) print it while this candidate leads.
+    #[arg(value_name = "VALUE")]
+    pub(crate) proposal: String,
+    #[command(flatten)]
+    pub(crate) opts: LockOpts,
+    /// The command the leader runs, after `--`; it resigns when the command ends.
+    /// Without one, it leads until SIGINT or SIGTERM.
     #[arg(last = true, value_name = "CMD")]
     pub(crate) command: Vec<OsString>,
+}
+
+/// `sigma elect`: campaign with the value, lead while the command runs (or until a
+/// signal), resign when it ends.
+pub(crate) async fn elect(args: ElectArgs) -> anyhow::Result<u8> {
+    lock(LockArgs { name: args.name, opts: args.opts, value: Some(args.proposal), command: args.command }).await
 }
 
 /// How long `sigma lock` waits before saying why it waits, and how often it asks again.
@@ -95,13 +129,19 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
             ),
         ));
     }
-    let client = args.api.connect()?;
+    let client = args.opts.api.connect()?;
     let mut signals = Signals::new()?;
 
     // Acquire (the client has a deadline too: a hung daemon must not make --timeout
     // hang forever).
-    let timeout = if args.try_once { Some(TRY_TIMEOUT) } else { args.timeout };
-    let opts = AcquireOptions { timeout, ttl: Some(args.ttl), quorum: args.n.zip(args.m), min_peers: args.min_peers };
+    let timeout = if args.opts.try_once { Some(TRY_TIMEOUT) } else { args.opts.timeout };
+    let opts = AcquireOptions {
+        timeout,
+        ttl: Some(args.opts.ttl),
+        quorum: args.opts.n.zip(args.opts.m),
+        min_peers: args.opts.min_peers,
+        value: args.value.clone().map(String::into_bytes),
+    };
     let waiter = client.clone();
     let acquire = waiter.acquire(&name, &opts);
     tokio::pin!(acquire);
@@ -115,7 +155,7 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
                 Err(ClientError::NoAnswer { .. }) => {
                     return Err(fail(EXIT_TIMEOUT, format!("lock {name}: the daemon did not answer within the timeout")));
                 }
-                Err(ClientError::Refused { code: ErrorCode::NotWon, .. }) if args.try_once => {
+                Err(ClientError::Refused { code: ErrorCode::NotWon, .. }) if args.opts.try_once => {
                     let why = why_waiting(&client).await.map_or_else(|| "it is held elsewhere".to_owned(), |(_, why)| why);
                     return Err(fail(EXIT_TIMEOUT, format!("lock {name} not won within {TRY_TIMEOUT:?}: {why}")));
                 }
@@ -125,7 +165,7 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
                 }
                 Err(e) => return Err(api_error(&format!("lock {name}"), e)),
             },
-            _ = ask.tick(), if !args.try_once => {
+            _ = ask.tick(), if !args.opts.try_once => {
                 if let Some((kind, why)) = why_waiting(&client).await.filter(|(k, _)| said.as_ref() != Some(k)) {
                     eprintln!("sigma: waiting for lock {name}: {why}");
                     said = Some(kind);
@@ -139,8 +179,9 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     };
     let token = acquired.token;
     tracing::info!(%name, token, "lock acquired");
-    let mut holding =
-        Holding::confirm(client, name.clone(), acquired, args.ttl).await.map_err(|e| fail(EXIT_LOST, e.to_string()))?;
+    let mut holding = Holding::confirm(client, name.clone(), acquired, args.opts.ttl)
+        .await
+        .map_err(|e| fail(EXIT_LOST, e.to_string()))?;
     if args.command.is_empty() {
         return hold_until_signal(&mut holding, &mut signals).await;
     }
@@ -148,12 +189,12 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
     // the deadline. A daemon whose lease leaves less than that (a short --lease-ms) gets
     // half of what it leaves.
     let span = holding.deadline().saturating_duration_since(holding.confirmed_at());
-    let grace = args.grace.min(span / 2);
-    if grace < args.grace {
+    let grace = args.opts.grace.min(span / 2);
+    if grace < args.opts.grace {
         eprintln!(
             "sigma: warning: --grace {:?} is more than half of what lock {name}'s deadline leaves ({span:?}); using \
              {grace:?}",
-            args.grace
+            args.opts.grace
         );
     }
 

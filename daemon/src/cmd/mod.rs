@@ -10,6 +10,7 @@ pub(crate) mod lock;
 pub(crate) mod run;
 pub(crate) mod status;
 pub(crate) mod top;
+pub(crate) mod watch;
 
 /// Exit code of `sigma lock` when the lock was not acquired within `--timeout`.
 pub(crate) const EXIT_TIMEOUT: u8 = 75;

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 ///
 /// | code | status |
 /// | --- | --- |
-/// | `bad_request`, `unknown_parameter`, `bad_name`, `bad_quorum`, `bad_lease` | 400 |
+/// | `bad_request`, `unknown_parameter`, `bad_name`, `bad_quorum`, `bad_lease`, `bad_value` | 400 |
 /// | `unauthorized` | 401 |
 /// | `admin_disabled`, `bad_host`, `bad_origin`, `revoke_refused` | 403 |
 /// | `not_found`, `not_held` | 404 |
@@ -47,6 +47,9 @@ pub enum ErrorCode {
     BadQuorum,
     /// 400: a keep-alive or release without the token and lease id the acquire answered.
     BadLease,
+    /// 400: a lock's value larger than 4096 bytes, or given both as text and as base64,
+    /// or bad base64.
+    BadValue,
     /// 401: no bearer token, or not the one this route needs.
     Unauthorized,
     /// 403: an admin route on a daemon with no admin token.
@@ -92,12 +95,13 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in the order of the table.
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::BadRequest,
         ErrorCode::UnknownParameter,
         ErrorCode::BadName,
         ErrorCode::BadQuorum,
         ErrorCode::BadLease,
+        ErrorCode::BadValue,
         ErrorCode::Unauthorized,
         ErrorCode::AdminDisabled,
         ErrorCode::BadHost,
@@ -124,7 +128,9 @@ impl ErrorCode {
     pub fn status(self) -> StatusCode {
         use ErrorCode as C;
         match self {
-            C::BadRequest | C::UnknownParameter | C::BadName | C::BadQuorum | C::BadLease => StatusCode::BAD_REQUEST,
+            C::BadRequest | C::UnknownParameter | C::BadName | C::BadQuorum | C::BadLease | C::BadValue => {
+                StatusCode::BAD_REQUEST
+            }
             C::Unauthorized => StatusCode::UNAUTHORIZED,
             C::AdminDisabled | C::BadHost | C::BadOrigin | C::RevokeRefused => StatusCode::FORBIDDEN,
             C::NotFound | C::NotHeld => StatusCode::NOT_FOUND,
@@ -157,6 +163,7 @@ impl ErrorCode {
             C::BadName => "bad_name",
             C::BadQuorum => "bad_quorum",
             C::BadLease => "bad_lease",
+            C::BadValue => "bad_value",
             C::Unauthorized => "unauthorized",
             C::AdminDisabled => "admin_disabled",
             C::BadHost => "bad_host",
@@ -195,6 +202,8 @@ impl ErrorCode {
             E::NotReady(_) => ErrorCode::NotReady,
             E::NodeStopped => ErrorCode::Unresponsive,
             E::Lost => ErrorCode::Lost,
+            E::ValueTooLarge(_) => ErrorCode::BadValue,
+            E::TooManyWatches => ErrorCode::Busy,
         }
     }
 }

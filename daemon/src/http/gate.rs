@@ -150,7 +150,7 @@ impl Refusal {
 pub enum Kind {
     /// `POST /v1/locks/{name}/acquire`: may wait as long as a lock is held elsewhere.
     Acquire,
-    /// `POST /v1/locks/{name}/keepalive` or `…/release`: a holder's, short.
+    /// `POST /v1/locks/{name}/keepalive`, `…/release` or `…/value`: a holder's, short.
     Holder,
     /// `/v1/admin/*` and `POST /v1/revoke/*`: need the admin token.
     Admin,
@@ -169,7 +169,7 @@ impl Kind {
         }
         match path.rsplit_once('/').map(|(_, action)| action) {
             Some("acquire") => Kind::Acquire,
-            Some("keepalive" | "release") => Kind::Holder,
+            Some("keepalive" | "release" | "value") => Kind::Holder,
             _ => Kind::Other,
         }
     }
@@ -382,6 +382,7 @@ mod tests {
         assert_eq!(Kind::of(&Method::POST, "/v1/locks/orders/42/acquire"), Kind::Acquire);
         assert_eq!(Kind::of(&Method::POST, "/v1/locks/a/keepalive"), Kind::Holder);
         assert_eq!(Kind::of(&Method::POST, "/v1/locks/a%2Fb/release"), Kind::Holder);
+        assert_eq!(Kind::of(&Method::POST, "/v1/locks/a/value"), Kind::Holder);
         assert_eq!(Kind::of(&Method::GET, "/v1/locks/acquire"), Kind::Other);
         assert_eq!(Kind::of(&Method::POST, "/v1/revoke/a"), Kind::Admin);
         assert_eq!(Kind::of(&Method::GET, "/v1/admin/blocked"), Kind::Admin);

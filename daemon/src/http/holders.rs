@@ -59,6 +59,8 @@ pub(super) enum HolderCmd {
     /// while the daemon stops (the lease is not renewed then).
     KeepAlive(oneshot::Sender<Option<(Instant, Duration)>>),
     Release(oneshot::Sender<Result<(), LockError>>),
+    /// Replaces the lock's value; answers its version.
+    SetValue(Vec<u8>, oneshot::Sender<Result<u32, LockError>>),
 }
 
 /// A lock held for an HTTP client, keyed in the [`Table`] by its lease id.
@@ -146,6 +148,9 @@ pub(super) fn hold(s: &AppState, lease: LeaseId, guard: LockGuard, ttl: Duration
                             expires = tokio::time::Instant::now() + ttl;
                             let _ = reply.send(Some((deadline(&guard, expires), ttl)));
                         }
+                    }
+                    Some(HolderCmd::SetValue(value, reply)) => {
+                        let _ = reply.send(guard.set_value(value).await);
                     }
                     Some(HolderCmd::Release(reply)) => {
                         table.remove(lease, &metrics);

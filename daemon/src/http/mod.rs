@@ -12,12 +12,15 @@
 //!
 //! | method and path | body | answer |
 //! | --- | --- | --- |
-//! | `POST /v1/locks/{name}/acquire?timeout_ms=T&n=N&m=M` | | blocks until held: 200 [`Acquired`]; 423 `not_won` on timeout; 400 `bad_name`, `bad_quorum`; 503 `not_ready`, `stopping` |
+//! | `POST /v1/locks/{name}/acquire?timeout_ms=T&n=N&m=M` | none, or [`AcquireBody`] `{"value": …}` | blocks until held: 200 [`Acquired`]; 423 `not_won` on timeout; 400 `bad_name`, `bad_quorum`, `bad_value`; 503 `not_ready`, `stopping` |
+//! | `POST /v1/locks/{name}/value` | [`ValueBody`] `{"token": …, "lease": …, "value": …}` | 200 [`ValueSet`]: the held lock's value replaced; 404 `not_held`; 400 `bad_value` |
 //! | `POST /v1/locks/{name}/release` | [`HolderBody`] `{"token": …, "lease": …}` | 200 [`Released`]; 404 `not_held` under that token and lease |
 //! | `POST /v1/locks/{name}/keepalive` | [`HolderBody`] `{"token": …, "lease": …}` | 200 [`KeptAlive`]; 404 `not_held` (released, lost, expired); 503 `stopping` |
 //! | `GET /v1/locks/{name}` | | 200 [`LockView`]: locks held here for HTTP clients, this peer's replicas of the lock |
 //! | `GET /v1/inspect/{name}` | | 200 [`sigma_node::inspect::Inspection`]: the lock seen from the hosts of all its replicas (holder, token, validity, waiters and positions, each replica) |
 //! | `POST /v1/revoke/{name}` | [`RevokeBody`] `{"token": …}` | 200 [`sigma_node::inspect::Revoked`]: the holder gave it up; 404 not held under that token; 403 refused (the holder's `--admin-peer`) |
+//! | `GET /v1/watch/{name}?interval_ms=I` | | 200 server-sent events `state`: a [`sigma_node::watch::LockState`] each time the lock changes; 503 `busy` past 256 watches |
+//! | `GET /v1/observe/{name}?interval_ms=I` | | 200 server-sent events `leader`: each new holder (or value) once, in token order |
 //! | `GET /v1/swarm/locks` | | 200 [`sigma_node::listing::SwarmLocks`]: the locks held and waited for across the swarm (every alive member asked) |
 //! | `GET /v1/status` | | 200 the node's [`sigma_node::Status`] |
 //! | `GET /healthz` | | 200 [`Probe`] while the event loop answers; 503 `unresponsive` |

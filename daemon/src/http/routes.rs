@@ -48,9 +48,21 @@ pub(super) async fn post_lock(
 ) -> Response {
     match split_action(&path) {
         Some((name, "acquire")) => match Params::<AcquireQuery>::from_uri(&uri) {
-            Ok(q) => acquire(s, name, q, peer).await,
+            Ok(q) => match acquire_value(&body) {
+                Ok(value) => acquire(s, name, q, value, peer).await,
+                Err(refused) => {
+                    s.metrics.http_rejected(refused.0.as_str());
+                    error(refused.0, refused.1)
+                }
+            },
             Err(refused) => refused.into_response(),
         },
+        Some((name, "value")) => {
+            if let Err(refused) = super::error::check_params(&uri, &[]) {
+                return refused.into_response();
+            }
+            set_value(s, name, &body).await
+        }
         Some((name, action @ ("release" | "keepalive"))) => {
             if let Err(refused) = super::error::check_params(&uri, &[]) {
                 return refused.into_response();
@@ -82,11 +94,78 @@ pub(super) async fn post_lock(
         _ => error(
             ErrorCode::NotFound,
             format!(
-                "no route POST /v1/locks/{path}: expected POST /v1/locks/{{name}}/acquire, /v1/locks/{{name}}/keepalive \
-                 or /v1/locks/{{name}}/release"
+                "no route POST /v1/locks/{path}: expected POST /v1/locks/{{name}}/acquire, /v1/locks/{{name}}/keepalive, \
+                 /v1/locks/{{name}}/value or /v1/locks/{{name}}/release"
             ),
         ),
     }
+}
+
+/// The value of an acquire's body: none for an empty body, `{}` or `null`.
+fn acquire_value(body: &[u8]) -> Result<Option<Vec<u8>>, (ErrorCode, String)> {
+    let text = std::str::from_utf8(body).unwrap_or("?").trim();
+    if text.is_empty() || text == "null" {
+        return Ok(None);
+    }
+    let b: AcquireBody = serde_json::from_slice(body).map_err(|e| {
+        (
+            ErrorCode::BadRequest,
+            format!("bad acquire body: {e}; expected {{\"value\": \"text\"}}, {{\"value_base64\": \"…\"}} or none"),
+        )
+    })?;
+    value_of(b.value.as_deref(), b.value_base64.as_deref())
+}
+
+/// The bytes of a body's `value` or `value_base64`, checked against the bound.
+fn value_of(text: Option<&str>, base64: Option<&str>) -> Result<Option<Vec<u8>>, (ErrorCode, String)> {
+    let value = sigma_node::value::from_fields(text, base64).map_err(|e| (ErrorCode::BadValue, e))?;
+    match value {
+        Some(v) if v.len() > sigma_behaviour::wire::MAX_VALUE_LEN => Err((
+            ErrorCode::BadValue,
+            format!("value of {} bytes refused: at most {} bytes", v.len(), sigma_behaviour::wire::MAX_VALUE_LEN),
+        )),
+        v => Ok(v),
+    }
+}
+
+#[utoipa::path(post, path = "/v1/locks/{name}/value", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F")), request_body = ValueBody,
+    responses((status = 200, description = "The lock's value replaced: inspections, watchers and observers read it from now on", body = ValueSet),
+        (status = 400, description = "`bad_lease`: no lease id, or a malformed one; `bad_value`: over 4096 bytes, both fields, or bad base64", body = ErrorBody),
+        (status = 404, description = "`not_held`: not held under that token and lease (released, lost, expired)", body = ErrorBody)))]
+pub(super) async fn set_value(s: AppState, name: &str, body: &[u8]) -> Response {
+    let parsed = serde_json::from_slice::<ValueBody>(body).ok().and_then(|b| LeaseId::parse(&b.lease).map(|l| (b, l)));
+    let Some((b, lease)) = parsed else {
+        s.metrics.http_rejected(ErrorCode::BadLease.as_str());
+        return error(
+            ErrorCode::BadLease,
+            "bad value body: expected {\"token\": N, \"lease\": \"32 hex digits\", \"value\": \"text\"} (or \
+             \"value_base64\"), the token and lease id the acquire answered",
+        );
+    };
+    let value = match value_of(b.value.as_deref(), b.value_base64.as_deref()) {
+        Ok(v) => v.unwrap_or_default(),
+        Err((code, message)) => {
+            s.metrics.http_rejected(code.as_str());
+            return error(code, message);
+        }
+    };
+    let Some(tx) = s.held.holder(name, b.token, lease) else {
+        s.metrics.http_rejected(ErrorCode::NotHeld.as_str());
+        return not_held(name, b.token);
+    };
+    let (reply_tx, reply_rx) = oneshot::channel();
+    if tx.send(HolderCmd::SetValue(value, reply_tx)).await.is_ok() {
+        if let Ok(answer) = reply_rx.await {
+            return match answer {
+                Ok(value_version) => {
+                    (StatusCode::OK, Json(ValueSet { name: name.to_owned(), token: b.token, value_version }))
+                        .into_response()
+                }
+                Err(e) => error(ErrorCode::of_lock_error(&e), format!("lock {name} token {}: {e}", b.token)),
+            };
+        }
+    }
+    not_held(name, b.token)
 }
 
 pub(super) fn not_held(name: &str, token: u64) -> Response {
@@ -98,14 +177,20 @@ pub(super) fn not_held(name: &str, token: u64) -> Response {
 
 #[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks",
     params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F"),
-        AcquireQuery),
+        AcquireQuery), request_body(content = Option<AcquireBody>, description = "Optional: the value to attach to the lock once held"),
     responses((status = 200, description = "Held, for this client, until the deadline it answers; keep-alives move the deadline on", body = Acquired),
-        (status = 400, description = "`bad_name`, `bad_quorum` (n, m, min_peers), `bad_request` (a query value that does not parse, ttl_ms out of range)", body = ErrorBody),
+        (status = 400, description = "`bad_name`, `bad_quorum` (n, m, min_peers), `bad_request` (a query value or body that does not parse, ttl_ms out of range), `bad_value` (over 4096 bytes, both fields, bad base64)", body = ErrorBody),
         (status = 409, description = "`lost`: won, then lost before it could be handed over", body = ErrorBody),
         (status = 423, description = "`not_won`: not won within timeout_ms (held elsewhere, or too few votes); not 408, which clients and proxies may retry on their own", body = ErrorBody),
         (status = 500, description = "`internal`: no randomness for a lease id", body = ErrorBody),
         (status = 503, description = "`not_ready` (the node does not serve), `stopping`, `too_many_waiters` (for this lock), `too_many_locks`, `unresponsive` (the node stopped)", body = ErrorBody)))]
-pub(super) async fn acquire(s: AppState, name: &str, q: AcquireQuery, peer: serve::Peer) -> Response {
+pub(super) async fn acquire(
+    s: AppState,
+    name: &str,
+    q: AcquireQuery,
+    value: Option<Vec<u8>>,
+    peer: serve::Peer,
+) -> Response {
     let quorum = match (q.n, q.m) {
         (Some(n), Some(m)) => Some((n, m)),
         (None, None) => None,
@@ -135,7 +220,7 @@ pub(super) async fn acquire(s: AppState, name: &str, q: AcquireQuery, peer: serv
         Ok(l) => l,
         Err(e) => return error(ErrorCode::Internal, format!("no randomness for a lease id: {e}")),
     };
-    let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis), min_peers: q.min_peers };
+    let opts = LockOptions { quorum, timeout: q.timeout_ms.map(Duration::from_millis), min_peers: q.min_peers, value };
     let start = Instant::now();
     let mut stopping = s.stopping.clone();
     let result = tokio::select! {
@@ -289,6 +374,97 @@ pub(super) async fn get_lock(State(s): State<AppState>, LockName(name): LockName
 pub(super) async fn get_inspect(State(s): State<AppState>, LockName(name): LockName, _: NoParams) -> Response {
     match s.handle.inspect(&name).await {
         Ok(view) => (StatusCode::OK, Json(view)).into_response(),
+        Err(e) => error(ErrorCode::of_lock_error(&e), e.to_string()),
+    }
+}
+
+/// The query of a watch or an observation.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct WatchQuery {
+    /// Inspect the lock this often (ms; default 500, 100 to 60000).
+    interval_ms: Option<u64>,
+}
+
+impl WatchQuery {
+    fn interval(&self) -> Result<Option<Duration>, String> {
+        let range = sigma_node::watch::MIN_WATCH_INTERVAL..=sigma_node::watch::MAX_WATCH_INTERVAL;
+        match self.interval_ms.map(Duration::from_millis) {
+            Some(d) if !range.contains(&d) => Err(format!(
+                "interval_ms must be between {} and {}",
+                range.start().as_millis(),
+                range.end().as_millis()
+            )),
+            d => Ok(d),
+        }
+    }
+}
+
+/// A stream of server-sent events, one per item, with a comment every 15 s to keep
+/// proxies from closing an idle stream; ends after an error event.
+fn sse<T: serde::Serialize + Send + 'static>(
+    kind: &'static str,
+    items: impl futures::Stream<Item = Result<T, sigma_node::LockError>> + Send + 'static,
+    id: impl Fn(&T) -> String + Send + Sync + 'static,
+) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    use futures::StreamExt as _;
+    let events = items
+        .scan(false, move |ended, item| {
+            if *ended {
+                return futures::future::ready(None);
+            }
+            let event = match item {
+                Ok(t) => Event::default().event(kind).id(id(&t)).json_data(&t),
+                Err(e) => {
+                    *ended = true;
+                    let body = ErrorBody { error: e.to_string(), code: ErrorCode::of_lock_error(&e) };
+                    Event::default().event("error").json_data(&body)
+                }
+            };
+            futures::future::ready(Some(event))
+        })
+        .map(|e| e.map_err(std::io::Error::other));
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+#[utoipa::path(get, path = "/v1/watch/{name}", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F"), WatchQuery),
+    responses((status = 200, description = "Server-sent events: an `event: state` whose data is a `LockState` (JSON) and whose id its `seq`, each time the lock changes (held, free or unknown; holder, token, value, waiters); the first at once. What a watcher is promised: docs/operating.md, \"Watch\". An `event: error` (an `ErrorBody`) ends the stream.", body = sigma_node::watch::LockState, content_type = "text/event-stream"),
+        (status = 400, description = "`bad_name`, `bad_request` (interval_ms out of range)", body = ErrorBody),
+        (status = 503, description = "`busy`: too many watches on this node (256); `unresponsive`: the node stopped", body = ErrorBody)))]
+pub(super) async fn get_watch(
+    State(s): State<AppState>,
+    LockName(name): LockName,
+    Params(q): Params<WatchQuery>,
+) -> Response {
+    let interval = match q.interval() {
+        Ok(i) => i,
+        Err(why) => return error(ErrorCode::BadRequest, why),
+    };
+    match s.handle.watch(&name, interval) {
+        Ok(watch) => sse("state", watch, |st: &sigma_node::watch::LockState| st.seq.to_string()),
+        Err(e) => error(ErrorCode::of_lock_error(&e), e.to_string()),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/observe/{name}", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F"), WatchQuery),
+    responses((status = 200, description = "Server-sent events: an `event: leader` whose data is the holder (`HolderView`: token, value) and whose id its token, for each new holder and each new value of a holder, once and in token order: an election's leaders. An `event: error` ends the stream.", body = sigma_node::inspect::HolderView, content_type = "text/event-stream"),
+        (status = 400, description = "`bad_name`, `bad_request` (interval_ms out of range)", body = ErrorBody),
+        (status = 503, description = "`busy`: too many watches on this node (256); `unresponsive`: the node stopped", body = ErrorBody)))]
+pub(super) async fn get_observe(
+    State(s): State<AppState>,
+    LockName(name): LockName,
+    Params(q): Params<WatchQuery>,
+) -> Response {
+    let interval = match q.interval() {
+        Ok(i) => i,
+        Err(why) => return error(ErrorCode::BadRequest, why),
+    };
+    match s.handle.observe(&name, interval) {
+        Ok(leaders) => sse("leader", leaders, |h: &sigma_node::inspect::HolderView| {
+            format!("{}.{}", h.token.unwrap_or(0), h.value_version)
+        }),
         Err(e) => error(ErrorCode::of_lock_error(&e), e.to_string()),
     }
 }
@@ -506,9 +682,12 @@ pub(super) async fn get_metrics(State(s): State<AppState>, _: NoParams) -> Respo
     paths(
         acquire,
         keepalive,
+        set_value,
         release,
         get_lock,
         get_inspect,
+        get_watch,
+        get_observe,
         get_swarm_locks,
         post_revoke,
         get_status,
@@ -624,6 +803,8 @@ pub(super) fn router(state: AppState, gate: gate::Gate) -> Router {
         .route("/v1/openapi.json", get(get_openapi))
         .route("/v1/locks/{*path}", get(get_lock).post(post_lock))
         .route("/v1/inspect/{*name}", get(get_inspect))
+        .route("/v1/watch/{*name}", get(get_watch))
+        .route("/v1/observe/{*name}", get(get_observe))
         .route("/v1/swarm/locks", get(get_swarm_locks))
         .route("/v1/revoke/{*name}", axum::routing::post(post_revoke))
         .route("/v1/status", get(get_status))
@@ -664,10 +845,13 @@ mod tests {
             "/v1/locks/{name}/acquire",
             "/v1/locks/{name}/keepalive",
             "/v1/locks/{name}/release",
+            "/v1/locks/{name}/value",
+            "/v1/observe/{name}",
             "/v1/openapi.json",
             "/v1/revoke/{name}",
             "/v1/status",
             "/v1/swarm/locks",
+            "/v1/watch/{name}",
         ];
         want.sort_unstable();
         assert_eq!(paths, want);
@@ -677,6 +861,10 @@ mod tests {
             "KeptAlive",
             "Released",
             "HolderBody",
+            "AcquireBody",
+            "ValueBody",
+            "ValueSet",
+            "LockState",
             "RevokeBody",
             "ErrorBody",
             "LockView",

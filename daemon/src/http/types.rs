@@ -66,6 +66,46 @@ pub struct HolderBody {
     pub lease: String,
 }
 
+/// Body of an acquire (optional: none, `{}` or `null` attach no value): the value to
+/// attach to the lock, which inspections, watchers and observers read with the token.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    /// The value as UTF-8 text (at most 4096 bytes): a leader's address, say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The value in standard base64, for bytes that are not text (instead of `value`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_base64: Option<String>,
+}
+
+/// Body of `POST /v1/locks/{name}/value`: what the acquire answered, and the new value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ValueBody {
+    /// The fencing token the acquire returned.
+    pub token: u64,
+    /// The lease id the acquire returned ([`Acquired::lease`]).
+    pub lease: String,
+    /// The new value as UTF-8 text (at most 4096 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The new value in standard base64 (instead of `value`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_base64: Option<String>,
+}
+
+/// Answer of `POST /v1/locks/{name}/value`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ValueSet {
+    /// Lock name.
+    pub name: String,
+    /// Fencing token.
+    pub token: u64,
+    /// The value's version: 1 for a value given at acquire, one more at each change.
+    pub value_version: u32,
+}
+
 /// Body of an operator's revoke (break-lock): the holder's fencing token, which
 /// `sigma inspect` shows.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -48,7 +48,7 @@ export interface Options {
     signal?: AbortSignal;
 }
 /** Every code of the daemon's error answers (`GET /v1/openapi.json` lists them; docs/operating.md, "Errors", says what to do on each), by HTTP status. */
-export declare const ERROR_CODES: readonly ["bad_request", "unknown_parameter", "bad_name", "bad_quorum", "bad_lease", "unauthorized", "admin_disabled", "bad_host", "bad_origin", "revoke_refused", "not_found", "not_held", "method_not_allowed", "lost", "body_too_large", "bad_content_type", "not_won", "internal", "not_ready", "held_back", "unresponsive", "stopping", "busy", "too_many_waiters", "too_many_locks"];
+export declare const ERROR_CODES: readonly ["bad_request", "unknown_parameter", "bad_name", "bad_quorum", "bad_lease", "bad_value", "unauthorized", "admin_disabled", "bad_host", "bad_origin", "revoke_refused", "not_found", "not_held", "method_not_allowed", "lost", "body_too_large", "bad_content_type", "not_won", "internal", "not_ready", "held_back", "unresponsive", "stopping", "busy", "too_many_waiters", "too_many_locks"];
 /** Why the daemon refused a call. Act on it, never on the message. */
 export type ErrorCode = (typeof ERROR_CODES)[number];
 /** A refusal of the daemon: its HTTP status, the {@link ErrorCode} of its body (`undefined` from something that is not a sigma daemon, or a code this client does not know) and its message. */

@@ -68,6 +68,7 @@ export const ERROR_CODES = [
   "bad_name", // 400: not a lock name
   "bad_quorum", // 400: a quorum the swarm cannot use
   "bad_lease", // 400: no token and lease id
+  "bad_value", // 400: a lock value over 4096 bytes, or bad base64
   "unauthorized", // 401: no or the wrong bearer token
   "admin_disabled", // 403: the daemon has no admin token
   "bad_host", // 403: Host is not loopback

@@ -140,8 +140,10 @@ async fn a_vanished_holder_shows_unknown_then_its_successor() {
     // it, it answers nothing.
     std::mem::forget(held);
     drop(nodes.remove(0));
+    // Unknown: the replicas still name node 0, which does not answer (or too few
+    // replicas answer to tell, node 0 having hosted some of them).
     let s = until(&mut watch, "unknown", &mut seen, |s| s.state == Held::Unknown).await;
-    assert!(s.holder.as_ref().is_some_and(|h| h.token.is_none()), "{s:?}");
+    assert!(s.holder.as_ref().is_none_or(|h| h.token.is_none()) && s.answered < 5, "{s:?}");
     let next = tokio::time::timeout(PATIENCE * 3, waiter).await.expect("the waiter wins").unwrap().unwrap();
     let s = until(&mut watch, "node 1 holds", &mut seen, |s| s.state == Held::Held && token(s) != Some(first)).await;
     assert_eq!(token(&s), Some(next.token()));

@@ -143,7 +143,7 @@ async fn a_vanished_holder_shows_unknown_then_its_successor() {
     // Unknown: the replicas still name node 0, which does not answer (or too few
     // replicas answer to tell, node 0 having hosted some of them).
     let s = until(&mut watch, "unknown", &mut seen, |s| s.state == Held::Unknown).await;
-    assert!(s.holder.as_ref().is_none_or(|h| h.token.is_none()) && s.answered < 5, "{s:?}");
+    assert!(s.holder.as_ref().is_none_or(|h| h.token.is_none()), "{s:?}");
     let next = tokio::time::timeout(PATIENCE * 3, waiter).await.expect("the waiter wins").unwrap().unwrap();
     let s = until(&mut watch, "node 1 holds", &mut seen, |s| s.state == Held::Held && token(s) != Some(first)).await;
     assert_eq!(token(&s), Some(next.token()));
@@ -165,8 +165,9 @@ async fn a_watcher_cut_off_sees_unknown_and_then_the_lock_again() {
     until(&mut watch, "node 0 holds", &mut seen, |s| s.state == Held::Held).await;
     let others = vec![h[0].peer_id(), h[1].peer_id()];
     h[2].block_peers(others.clone(), true).await.unwrap();
+    // Too few replicas answer, or the holder does not.
     let s = until(&mut watch, "unknown while cut off", &mut seen, |s| s.state == Held::Unknown).await;
-    assert!(s.answered < 3, "{s:?}");
+    assert!(s.holder.as_ref().is_none_or(|h| h.token.is_none()), "{s:?}");
     h[2].block_peers(others, false).await.unwrap();
     let s = until(&mut watch, "the holder again", &mut seen, |s| s.state == Held::Held).await;
     assert_eq!(token(&s), Some(held.token()));

@@ -1,6 +1,9 @@
-//! leader-election: nodes campaign for the lock "leader"; the holder leads until its
-//! lock is lost, then steps down and campaigns again. The demo kills the leader's node
-//! and watches another node take over once the dead leader's lease has run out.
+//! leader-election: nodes campaign for the lock "leader" with their name as the lock's
+//! value; the holder leads until its lock is lost, then steps down and campaigns again.
+//! One more node campaigns not and observes (`NodeHandle::observe`): it prints each
+//! leader's value as it changes. The demo kills the leader's node (once the observer has
+//! seen it lead) and watches another node take over once the dead leader's lease has run
+//! out; the observer must have seen every leader, in order.
 //!
 //! Run: `cargo run -p sigma-examples --bin leader-election -- --nodes 4`
 
@@ -10,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use clap::Parser;
 use sigma_node::libp2p::multiaddr::{Multiaddr, Protocol};
-use sigma_node::{LockError, Node, NodeConfig, NodeHandle};
+use sigma_node::{LockError, LockOptions, Node, NodeConfig, NodeHandle};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
@@ -62,6 +65,8 @@ struct Office {
     /// Every term, in order.
     terms: Mutex<Vec<(Term, &'static str)>>,
     overlaps: Mutex<Vec<String>>,
+    /// The leaders' tokens the observer saw, in the order it saw them.
+    observed: watch::Sender<Vec<u64>>,
 }
 
 impl Office {
@@ -71,6 +76,7 @@ impl Office {
             current: watch::Sender::new(None),
             terms: Mutex::new(Vec::new()),
             overlaps: Mutex::new(Vec::new()),
+            observed: watch::Sender::new(Vec::new()),
         }
     }
 
@@ -119,6 +125,12 @@ impl Office {
         }
     }
 
+    /// Waits until the observer has seen the leader of `token` (up to `bound`).
+    async fn observed(&self, token: u64, bound: Duration) -> bool {
+        let mut rx = self.observed.subscribe();
+        tokio::time::timeout(bound, rx.wait_for(|seen| seen.contains(&token))).await.is_ok_and(|r| r.is_ok())
+    }
+
     /// Waits until a node other than `not` leads (up to `bound`).
     async fn next_leader(&self, not: Option<usize>, bound: Duration) -> Option<Term> {
         let mut rx = self.current.subscribe();
@@ -143,7 +155,7 @@ async fn campaign(
 ) {
     loop {
         let guard = tokio::select! {
-            result = handle.lock(LOCK) => match result {
+            result = handle.lock_with(LOCK, campaign_with(node)) => match result {
                 Ok(guard) => guard,
                 Err(LockError::NodeStopped) => return, // our node is gone
                 Err(e) => {
@@ -172,6 +184,22 @@ async fn campaign(
         if *stop.borrow() {
             return;
         }
+    }
+}
+
+/// A candidate's campaign: the lock, with its name as the value observers read.
+fn campaign_with(node: usize) -> LockOptions {
+    LockOptions { value: Some(format!("node {node}").into_bytes()), ..LockOptions::default() }
+}
+
+/// Follows the election from a node that does not campaign: each leader's value, once
+/// and in token order, as it changes.
+async fn observe(handle: NodeHandle, office: Arc<Office>) {
+    let Ok(mut leaders) = handle.observe(LOCK, Some(Duration::from_millis(100))) else { return };
+    while let Some(Ok(leader)) = leaders.next().await {
+        let (value, token) = (leader.value.unwrap_or_default(), leader.token.unwrap_or(0));
+        office.log(&format!("observer: the leader is {value} (token {token})"));
+        office.observed.send_modify(|seen| seen.push(token));
     }
 }
 
@@ -227,9 +255,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .takeover_bound_ms
         .map_or(3 * lease + config.liveness_timeout() + config.takeover_delay(), Duration::from_millis);
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
-    let mut nodes: Vec<Option<Node>> = start_swarm(args.nodes, lease).await?.into_iter().map(Some).collect();
+    // The candidates, and one more node that observes.
+    let mut nodes: Vec<Option<Node>> = start_swarm(args.nodes + 1, lease).await?.into_iter().map(Some).collect();
+    let observer = nodes.pop().flatten().context("the observer's node")?;
     let office = Arc::new(Office::new());
-    office.log(&format!("{} nodes on 127.0.0.1 campaign for {LOCK:?} (lease {} ms)", args.nodes, args.lease_ms));
+    office.log(&format!(
+        "{} nodes on 127.0.0.1 campaign for {LOCK:?} (lease {} ms), one more observes",
+        args.nodes, args.lease_ms
+    ));
+    let observing = tokio::spawn(observe(observer.handle(), office.clone()));
 
     let (stop, stopped) = watch::channel(false);
     let mut campaigns: Vec<_> = nodes
@@ -244,6 +278,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for _ in 0..args.kills {
         tokio::time::sleep(Duration::from_millis(args.kill_after_ms)).await;
         let Some(leader) = office.next_leader(None, bound).await else { bail!("no leader within {bound:?}") };
+        ensure!(office.observed(leader.token, bound).await, "the observer did not see node {} lead", leader.node);
         // Kill the leader as a crash would: its campaign and its node stop at once, no
         // release is sent, and its lock runs out with the lease.
         let killed = leader.node;
@@ -261,13 +296,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         office.log(&format!("takeover: node {} leads {after} ms after node {killed} was killed", next.node));
         takeovers.push((killed, next.node, after, next.token > leader.token));
     }
-    // Let the last leader lead a little, then end the demo.
+    // Let the last leader lead a little, and the observer see it, then end the demo.
     tokio::time::sleep(heartbeat * 2).await;
+    if let Some(last) = *office.current.borrow() {
+        ensure!(office.observed(last.token, bound).await, "the observer did not see node {} lead", last.node);
+    }
     let _ = stop.send(true);
     for c in campaigns.into_iter().flatten() {
         c.await?;
     }
-    for node in nodes.into_iter().flatten() {
+    observing.abort();
+    for node in nodes.into_iter().flatten().chain([observer]) {
         node.shutdown().await?;
     }
 
@@ -290,6 +329,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if *increasing { "increased" } else { "DID NOT INCREASE" }
         );
     }
+    let leaders: Vec<u64> = office.terms.lock().unwrap().iter().map(|(t, _)| t.token).collect();
+    let observed = office.observed.borrow().clone();
+    let in_order = observed.windows(2).all(|w| w[0] < w[1]);
+    let all = leaders.iter().all(|t| observed.contains(t));
+    println!("observer: saw {} of {} leaders, in token order: {}", observed.len(), leaders.len(), in_order);
+    ensure!(in_order && all, "the observer saw {observed:?} of leaders {leaders:?}");
     let overlaps = office.overlaps.lock().unwrap().clone();
     println!("overlapping leaders: {}", overlaps.len());
     ensure!(overlaps.is_empty(), "two leaders at once: {overlaps:?}");

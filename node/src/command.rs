@@ -54,7 +54,14 @@ pub(crate) enum Command {
     /// Asks the hosts of all of a lock's replicas for their state.
     Survey {
         name: String,
+        /// Answer with what came within this long (the rest as no answer); `None`: wait
+        /// for every answer or its request timeout.
+        deadline: Option<Duration>,
         reply: SurveyReply,
+    },
+    /// This node's readiness (serving, joining, a minority…).
+    Readiness {
+        reply: oneshot::Sender<sigma_behaviour::Readiness>,
     },
     /// Sends one operator's request (holding, revoke) to one peer, this one included.
     Ask {

@@ -66,6 +66,9 @@ pub(crate) struct EventLoop {
     /// Operator's questions in flight.
     asks: HashMap<sigma_behaviour::ProbeId, oneshot::Sender<Option<Reply>>>,
     deadlines: BTreeSet<(Instant, AcquisitionId)>,
+    /// Inspections to end at a deadline (a watch's); an entry whose inspection ended
+    /// first is dropped when it comes due.
+    survey_deadlines: BTreeSet<(Instant, sigma_behaviour::ProbeId)>,
     held: HashMap<AcquisitionId, Held>,
     last_tokens: HashMap<String, u64>,
     token_regressions: u64,
@@ -103,6 +106,7 @@ impl EventLoop {
             surveys: HashMap::new(),
             asks: HashMap::new(),
             deadlines: BTreeSet::new(),
+            survey_deadlines: BTreeSet::new(),
             held: HashMap::new(),
             last_tokens: HashMap::new(),
             token_regressions: 0,
@@ -123,7 +127,11 @@ impl EventLoop {
         let mut tick = tokio::time::interval(self.refresh);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
-            let next_deadline = self.deadlines.first().map(|(t, _)| *t);
+            let next_deadline =
+                [self.deadlines.first().map(|(t, _)| *t), self.survey_deadlines.first().map(|(t, _)| *t)]
+                    .into_iter()
+                    .flatten()
+                    .min();
             tokio::select! {
                 // Releases first: a guard released (or dropped) before its task asks
                 // for the lock again must not find its own old hold in the way.
@@ -210,14 +218,20 @@ impl EventLoop {
                     let _ = reply.send(Err(e.into()));
                 }
             },
-            Command::Survey { name, reply } => match self.sigma().inspect(&name, None) {
+            Command::Survey { name, deadline, reply } => match self.sigma().inspect(&name, None) {
                 Ok(id) => {
                     self.surveys.insert(id, reply);
+                    if let Some(at) = deadline.and_then(|d| Instant::now().checked_add(d)) {
+                        self.survey_deadlines.insert((at, id));
+                    }
                 }
                 Err(e) => {
                     let _ = reply.send(Err(e.into()));
                 }
             },
+            Command::Readiness { reply } => {
+                let _ = reply.send(self.sigma().readiness());
+            }
             Command::Ask { peer, request, reply } => {
                 let id = self.sigma().ask(peer, *request);
                 self.asks.insert(id, reply);
@@ -531,6 +545,13 @@ impl EventLoop {
 
     fn on_deadlines(&mut self) {
         let now = Instant::now();
+        while let Some(&(at, id)) = self.survey_deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.survey_deadlines.remove(&(at, id));
+            self.sigma().finish_probe(id);
+        }
         while let Some(&(at, id)) = self.deadlines.first() {
             if at > now {
                 break;

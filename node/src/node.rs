@@ -459,17 +459,18 @@ impl NodeHandle {
     /// host, the holder (the acquisition owning m replicas) with its own answer (fencing
     /// token, validity), and the waiters with their places in line. Changes nothing.
     pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
-        let mut inspection = self.inspect_unnamed(name).await?;
+        let mut inspection = self.inspect_unnamed(name, None).await?;
         let peers = inspection.peers().iter().filter_map(|p| p.parse().ok()).collect();
         inspection.names = self.peer_names(peers).await.map_err(|_| LockError::NodeStopped)?;
         Ok(inspection)
     }
 
-    /// [`NodeHandle::inspect`] without the peers' names.
-    async fn inspect_unnamed(&self, name: &str) -> Result<Inspection, LockError> {
+    /// [`NodeHandle::inspect`] without the peers' names; with a `deadline`, each
+    /// question gets that long (a host or holder silent by then counts as no answer).
+    async fn inspect_unnamed(&self, name: &str, deadline: Option<Duration>) -> Result<Inspection, LockError> {
         let (reply, rx) = oneshot::channel();
         self.commands
-            .send(Command::Survey { name: name.to_owned(), reply })
+            .send(Command::Survey { name: name.to_owned(), deadline, reply })
             .await
             .map_err(|_| LockError::NodeStopped)?;
         let answers = rx.await.map_err(|_| LockError::NodeStopped)??;
@@ -477,7 +478,13 @@ impl NodeHandle {
         let Some(holder) = &inspection.holder else { return Ok(inspection) };
         let Ok(peer) = holder.acquisition.peer.parse::<PeerId>() else { return Ok(inspection) };
         let request = Request::Holding { resource: name.to_owned(), counter: holder.acquisition.counter };
-        let holding = match self.ask_peer(peer, request).await? {
+        let asked = self.ask_peer(peer, request);
+        let answer = match deadline {
+            // Past the deadline the holder counts as silent (its question runs out alone).
+            Some(d) => tokio::time::timeout(d, asked).await.unwrap_or(Ok(None))?,
+            None => asked.await?,
+        };
+        let holding = match answer {
             Some(Reply::Holding(h)) => h,
             _ => None,
         };
@@ -509,8 +516,16 @@ impl NodeHandle {
                     _ = tick.tick() => {}
                     () = tx.closed() => return,
                 }
-                let state = match handle.inspect_unnamed(&name).await {
-                    Ok(inspection) => match follow.next(inspection) {
+                let inspected = handle.inspect_unnamed(&name, Some(watch::QUESTION_DEADLINE)).await;
+                // A node that does not serve (a minority, joining) sees hosts of its own
+                // side, which may know nothing of the holder: it cannot tell.
+                let (tx_ready, rx_ready) = oneshot::channel();
+                let _ = handle.commands.send(Command::Readiness { reply: tx_ready }).await;
+                let tells = rx_ready.await.is_ok_and(|r| {
+                    matches!(r, sigma_behaviour::Readiness::Serving | sigma_behaviour::Readiness::Unreachable)
+                });
+                let state = match inspected {
+                    Ok(inspection) => match follow.next(inspection, tells) {
                         Some(state) => Ok(state),
                         None => continue,
                     },

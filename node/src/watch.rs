@@ -14,11 +14,13 @@
 //!   token order, none comes back once a later one was named, and a value change comes
 //!   once;
 //! - `unknown` states may come between two states of one holder: the replicas that
-//!   answered could not tell (too few answered, or the holder itself did not), as during
-//!   a partition or while the holder's peer is unreachable;
-//! - a change is seen within one interval plus one inspection (each question waits at
-//!   most the node's request timeout, 5 s by default; on a healthy swarm a few ms); a
-//!   holder that held for less than that may be missed;
+//!   answered could not tell (too few answered, hosts that took replicas over recently,
+//!   or the holder itself did not), or the watching node does not serve (a minority
+//!   side of a partition, joining), as during a partition or while the holder's peer is
+//!   unreachable;
+//! - a change is seen within one interval plus one inspection, which waits at most
+//!   [`QUESTION_DEADLINE`] (1 s) for the hosts and then for the holder (a few ms on a
+//!   healthy swarm); a holder that held for less than that may be missed;
 //! - the takeover delay shows as it is: a lock whose replicas grant nothing yet is
 //!   `free` (or `unknown`) with its waiters counted, until a holder wins.
 
@@ -40,6 +42,10 @@ pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_millis(500);
 pub const MIN_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 /// The longest interval a watch takes.
 pub const MAX_WATCH_INTERVAL: Duration = Duration::from_secs(60);
+/// How long a watch's inspection waits for each answer: a replica host or a holder
+/// silent by then counts as no answer (`unknown` if it could matter), so that a dead
+/// host does not hold a watcher up for the request timeout (5 s).
+pub const QUESTION_DEADLINE: Duration = Duration::from_secs(1);
 /// Most watches (and observations) open at once on one node: each costs the swarm an
 /// inspection per interval.
 pub const MAX_WATCHES: usize = 256;
@@ -52,7 +58,7 @@ pub enum Held {
     /// An acquisition owns m replicas, and its holder told its token.
     Held,
     /// No acquisition owns m replicas, and none could with the replicas that did not
-    /// answer.
+    /// answer or hold their grants back (a host that took them over recently).
     Free,
     /// The answers cannot tell: too few replicas answered, or the holder did not.
     Unknown,
@@ -101,10 +107,11 @@ pub(crate) struct Follow {
 }
 
 impl Follow {
-    /// The state to deliver for `inspection`, if it is a change.
-    pub(crate) fn next(&mut self, inspection: Inspection) -> Option<LockState> {
-        let state = classify(&inspection);
-        let holder = inspection.holder;
+    /// The state to deliver for `inspection`, if it is a change; `tells`: the watching
+    /// node serves (else whatever it saw is `unknown`).
+    pub(crate) fn next(&mut self, inspection: Inspection, tells: bool) -> Option<LockState> {
+        let state = if tells { classify(&inspection) } else { Held::Unknown };
+        let holder = if tells { inspection.holder } else { None };
         if state == Held::Held {
             let h = holder.as_ref()?;
             let seen = (h.token?, h.value_version);
@@ -143,7 +150,10 @@ fn classify(i: &Inspection) -> Held {
     if let Some(h) = &i.holder {
         return if h.token.is_some() { Held::Held } else { Held::Unknown };
     }
-    let unanswered = i.replicas.iter().filter(|r| r.answer != "ok").count();
+    // A replica that did not answer, or whose host took it over so recently that it
+    // holds its grants back (the takeover delay: it knows nothing of the votes its
+    // previous host gave), cannot tell.
+    let unanswered = i.replicas.iter().filter(|r| r.answer != "ok" || r.held_back_ms > 0).count();
     let mut votes: std::collections::HashMap<(&str, u64), usize> = std::collections::HashMap::new();
     for owner in i.replicas.iter().filter_map(|r| r.owner.as_ref()) {
         *votes.entry((owner.peer.as_str(), owner.counter)).or_default() += 1;
@@ -288,6 +298,10 @@ mod tests {
         assert_eq!(classify(&maybe), Held::Unknown);
         let split = inspection(&[(Some(("a", 1)), true), (Some(("b", 1)), true), (None, true)], None);
         assert_eq!(classify(&split), Held::Free);
+        // A replica taken over recently (held back) knows nothing of earlier votes.
+        let mut taken_over = inspection(&[(Some(("a", 1)), true), (None, true), (None, true)], None);
+        taken_over.replicas[1].held_back_ms = 500;
+        assert_eq!(classify(&taken_over), Held::Unknown);
         let silent = inspection(&[(None, false), (None, false), (None, false)], None);
         assert_eq!(classify(&silent), Held::Unknown);
         let owned = [(Some(("a", 1)), true), (Some(("a", 1)), true), (None, true)];
@@ -295,30 +309,47 @@ mod tests {
         assert_eq!(classify(&inspection(&owned, Some(holder("a", 1, None, 0)))), Held::Unknown);
     }
 
+    impl Follow {
+        fn next_told(&mut self, i: Inspection) -> Option<LockState> {
+            self.next(i, true)
+        }
+    }
+
+    #[test]
+    fn a_watcher_that_does_not_serve_cannot_tell() {
+        let owned = [(Some(("a", 1)), true), (Some(("a", 1)), true), (None, true)];
+        let mut f = Follow::default();
+        assert_eq!(
+            f.next(inspection(&owned, Some(holder("a", 1, Some(7), 0))), false).map(|s| s.state),
+            Some(Held::Unknown)
+        );
+        assert_eq!(f.next(inspection(&[(None, true), (None, true), (None, true)], None), false).map(|s| s.state), None);
+    }
+
     #[test]
     fn holders_come_once_and_in_token_order() {
         let owned_a = [(Some(("a", 1)), true), (Some(("a", 1)), true), (None, true)];
         let owned_b = [(Some(("b", 4)), true), (Some(("b", 4)), true), (None, true)];
         let mut f = Follow::default();
-        let s = f.next(inspection(&owned_a, Some(holder("a", 1, Some(10), 1)))).expect("first state");
+        let s = f.next_told(inspection(&owned_a, Some(holder("a", 1, Some(10), 1)))).expect("first state");
         assert_eq!((s.seq, s.state, s.holder.and_then(|h| h.token)), (1, Held::Held, Some(10)));
         // The same again (lease moved on): no change.
         let mut again = holder("a", 1, Some(10), 1);
         again.lease_left_ms = 5;
-        assert_eq!(f.next(inspection(&owned_a, Some(again))), None);
+        assert_eq!(f.next_told(inspection(&owned_a, Some(again))), None);
         // A new value of the same holder is a change; an older one afterwards is not.
-        assert_eq!(f.next(inspection(&owned_a, Some(holder("a", 1, Some(10), 2)))).map(|s| s.seq), Some(2));
-        assert_eq!(f.next(inspection(&owned_a, Some(holder("a", 1, Some(10), 1)))), None);
+        assert_eq!(f.next_told(inspection(&owned_a, Some(holder("a", 1, Some(10), 2)))).map(|s| s.seq), Some(2));
+        assert_eq!(f.next_told(inspection(&owned_a, Some(holder("a", 1, Some(10), 1)))), None);
         // Unknown between two states of one holder.
-        let unknown = f.next(inspection(&owned_a, Some(holder("a", 1, None, 0)))).expect("unknown");
+        let unknown = f.next_told(inspection(&owned_a, Some(holder("a", 1, None, 0)))).expect("unknown");
         assert_eq!(unknown.state, Held::Unknown);
-        assert_eq!(f.next(inspection(&owned_a, Some(holder("a", 1, Some(10), 2)))).map(|s| s.seq), Some(4));
+        assert_eq!(f.next_told(inspection(&owned_a, Some(holder("a", 1, Some(10), 2)))).map(|s| s.seq), Some(4));
         // B takes over; a late view of A is dropped, never delivered again.
-        let b = f.next(inspection(&owned_b, Some(holder("b", 4, Some(11), 0)))).expect("b");
+        let b = f.next_told(inspection(&owned_b, Some(holder("b", 4, Some(11), 0)))).expect("b");
         assert_eq!((b.seq, b.holder.map(|h| h.acquisition.peer)), (5, Some("b".to_owned())));
-        assert_eq!(f.next(inspection(&owned_a, Some(holder("a", 1, Some(10), 2)))), None);
-        let free = f.next(inspection(&[(None, true), (None, true), (None, true)], None)).expect("free");
+        assert_eq!(f.next_told(inspection(&owned_a, Some(holder("a", 1, Some(10), 2)))), None);
+        let free = f.next_told(inspection(&[(None, true), (None, true), (None, true)], None)).expect("free");
         assert_eq!((free.seq, free.state), (6, Held::Free));
-        assert_eq!(f.next(inspection(&owned_a, Some(holder("a", 1, Some(10), 2)))), None, "A never comes back");
+        assert_eq!(f.next_told(inspection(&owned_a, Some(holder("a", 1, Some(10), 2)))), None, "A never comes back");
     }
 }

@@ -179,6 +179,13 @@ struct NetRunArgs {
     /// How long each holder's command runs unless `sigma lock` stops it.
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     holder_hold: f64,
+    /// Make the first lock (testnet-r0) an election: its clients campaign with their
+    /// id as the value, and this many observers follow it (`GET /v1/watch`, observer j
+    /// through node j). The run fails if an observer sees leaders out of token order,
+    /// or misses a leader that held for at least 2.6 s while it could tell (its stream
+    /// up and no `unknown` state in the term). Give leaders time: e.g. --hold-ms 3000.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    observers: usize,
     /// Seconds a pause lasts [default: lease + max(1 s, lease / 2)].
     #[arg(long, value_name = "SECONDS")]
     pause: Option<f64>,
@@ -573,6 +580,7 @@ fn real_main() -> Result<ExitCode> {
                 },
                 holders: a.holders,
                 holder_hold: Duration::try_from_secs_f64(a.holder_hold)?,
+                observers: a.observers,
             };
             let runtime = tokio::runtime::Runtime::new()?;
             let (report, summary) = runtime.block_on(net_run::run(&opts))?;

@@ -114,6 +114,20 @@ impl Behaviour {
         self.enqueue(host, request, Some(pending));
     }
 
+    /// Ends a probe or an inspection now, with the answers it has (the others count as
+    /// no answer): its event comes as if every answer were in. `false` if it had ended.
+    /// For a caller with a deadline shorter than the request timeout (a watch).
+    pub fn finish_probe(&mut self, id: ProbeId) -> bool {
+        let Some(p) = self.probes.remove(&id) else { return false };
+        self.events.push_back(match p.kind {
+            ProbeKind::Ping(rtts) => Event::Probed { id, rtts },
+            ProbeKind::Inspect(replicas) => Event::Inspected { id, replicas },
+            ProbeKind::Ask => Event::Answered { id, reply: None },
+        });
+        self.wake();
+        true
+    }
+
     /// Records the answer of `host` (`None`: no answer) for replica `index`.
     pub(super) fn probe_answered(&mut self, id: ProbeId, index: u16, host: PeerId, reply: Option<Reply>) {
         let Some(p) = self.probes.get_mut(&id) else { return };

@@ -24,6 +24,7 @@ pub mod check;
 pub mod cluster;
 pub mod flood;
 pub mod holders;
+pub mod observers;
 pub mod proc;
 pub mod run;
 pub mod soak;

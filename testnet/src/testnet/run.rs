@@ -18,6 +18,7 @@ use super::chaos::{say, ChaosOptions, Crash, Fault, FaultEvent, Supervisor};
 use super::check::{self, Findings};
 use super::cluster::{Cluster, State, UpOptions};
 use super::holders::{HolderOptions, HolderReport, Holders};
+use super::observers::{ObserverReport, Observers};
 use super::workload::{resource_name, NodeState, Slot, Workload, WorkloadOptions, World};
 
 /// Parameters of a run.
@@ -41,6 +42,8 @@ pub struct RunOptions {
     pub holders: usize,
     /// How long each holder's command runs unless stopped.
     pub holder_hold: Duration,
+    /// Election observers of the first lock (0: none; see [`super::observers`]).
+    pub observers: usize,
 }
 
 /// Latency figures, ms.
@@ -186,6 +189,8 @@ pub struct RunReport {
     pub connection_bound: u32,
     /// The `sigma lock` command holders, if any ran.
     pub holders: Option<HolderReport>,
+    /// The election observers, if any ran.
+    pub observers: Option<ObserverReport>,
     /// PASS/FAIL lines.
     pub targets: Vec<Target>,
     /// All targets hold.
@@ -243,6 +248,7 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
         nodes: opts.up.nodes,
         hold: opts.hold,
         acquire_timeout_ms: opts.acquire_timeout_ms,
+        election: opts.observers > 0,
     };
     anyhow::ensure!(opts.clients > 0 && opts.resources > 0, "--clients and --resources must be at least 1");
     eprintln!(
@@ -280,6 +286,7 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
         seed: opts.chaos.seed,
     };
     let holders = Holders::start(&hopts, &shared).context("starting the command holders")?;
+    let observers = Observers::start(opts.observers, &resource_name(0), &shared, &http, start);
     let supervisor = Supervisor::new(cluster, shared.clone(), opts.chaos.clone(), start, pb.clone(), fired.clone())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let supervisor = tokio::spawn(supervisor.run(stop_rx));
@@ -327,6 +334,8 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     // A command running now ends after its hold; a `sigma lock` still waiting is dropped
     // (and its command with it) a few seconds later.
     let holder_report = holders.stop(opts.holder_hold + Duration::from_secs(5)).await;
+    let terms: Vec<check::Cs> = records.entries.iter().filter(|c| c.resource == 0).copied().collect();
+    let observer_report = observers.stop(&terms).await;
     let elapsed = start.elapsed().min(opts.duration.max(Duration::from_millis(1)));
     view_task.abort();
     sampler.abort();
@@ -370,6 +379,9 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     report.add_connections(peaks, opts.up.params.max_connections.unwrap_or(DAEMON_MAX_CONNECTIONS));
     if opts.holders > 0 {
         report.add_holders(holder_report);
+    }
+    if opts.observers > 0 {
+        report.add_observers(observer_report);
     }
     let summary = render(&report);
     Ok((report, summary))
@@ -536,6 +548,7 @@ fn build_report(
         connection_peaks: Vec::new(),
         connection_bound: 0,
         holders: None,
+        observers: None,
         targets,
         pass,
         records: all,
@@ -555,6 +568,29 @@ impl RunReport {
         });
         self.pass = self.targets.iter().all(|t| t.pass);
         self.holders = Some(h);
+    }
+
+    fn add_observers(&mut self, o: ObserverReport) {
+        self.targets.push(Target {
+            name: "election observers saw leaders in token order".into(),
+            pass: o.out_of_order == 0 && o.states > 0,
+            detail: format!("{} states in {} streams, {} out of order", o.states, o.streams, o.out_of_order),
+        });
+        self.targets.push(Target {
+            name: "election observers saw every leader while they could tell".into(),
+            pass: o.missed.is_empty() && o.long_terms > 0,
+            detail: format!(
+                "{} leaders held ≥ {:.1} s; seen by each observer: {:?}; {} misses while cut off or told unknown, {} \
+                 while told otherwise",
+                o.long_terms,
+                super::observers::SEEN_WITHIN.as_secs_f64(),
+                o.seen,
+                o.excused,
+                o.missed.len()
+            ),
+        });
+        self.pass = self.targets.iter().all(|t| t.pass);
+        self.observers = Some(o);
     }
 
     fn add_connections(&mut self, peaks: Vec<u32>, bound: u32) {
@@ -801,6 +837,33 @@ pub fn render(r: &RunReport) -> String {
                 o.second.0,
                 o.second.1,
                 o.ms
+            );
+        }
+    }
+    if let Some(o) = &r.observers {
+        let _ = writeln!(
+            s,
+            "election observers:      {} observers, {} states in {} streams; {} leaders held ≥ {:.1} s, seen by each: \
+             {:?}; misses: {} while cut off or told unknown, {} while told otherwise; {} out of token order",
+            o.observers,
+            o.states,
+            o.streams,
+            o.long_terms,
+            super::observers::SEEN_WITHIN.as_secs_f64(),
+            o.seen,
+            o.excused,
+            o.missed.len(),
+            o.out_of_order
+        );
+        for m in o.missed.iter().take(10) {
+            let _ = writeln!(
+                s,
+                "    observer {} missed token {} (leader from {:.0} ms to {:.0} ms); told: {}",
+                m.observer,
+                m.token,
+                m.enter_ms,
+                m.exit_ms,
+                m.told.join(", ")
             );
         }
     }

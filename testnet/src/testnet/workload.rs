@@ -111,6 +111,8 @@ pub struct WorkloadOptions {
     pub hold: Duration,
     /// `timeout_ms` of each acquire.
     pub acquire_timeout_ms: u64,
+    /// The first lock is an election: its clients campaign with their id as the value.
+    pub election: bool,
 }
 
 /// The name of resource `r`.
@@ -216,7 +218,8 @@ impl Client {
             self.set_phase(Phase::Waiting(node));
             c.waiting.fetch_add(1, Ordering::Relaxed);
             let t0 = Instant::now();
-            let outcome = api::acquire(&self.http, addr, &name, self.opts.acquire_timeout_ms).await;
+            let value = (self.opts.election && self.resource == 0).then(|| format!("client-{}", self.id));
+            let outcome = api::acquire_with_value(&self.http, addr, &name, self.opts.acquire_timeout_ms, value).await;
             c.waiting.fetch_sub(1, Ordering::Relaxed);
             let granted = match outcome {
                 Acquire::Granted(g) => g,

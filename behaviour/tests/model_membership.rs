@@ -309,24 +309,24 @@ fn rule_4_alone_is_caught_with_early_meetings_and_tables() {
     assert_eq!((depth, states), (50, 2_536_077), "where the first counterexample is found");
 }
 
-/// Both default configurations in one, with two joins, a kill and a heal: 2,975,747
-/// states, 4 minutes in the test profile on two busy cores.
+/// Both default configurations in one, with a join, a kill and a heal. (With two joins,
+/// as before the joint quorum, the search outgrew 23 GB at depth 30, 3.2 million states.)
 #[test]
 #[ignore = "long: cargo test --release -- --ignored"]
 fn long_joins_restarts_and_heals_during_a_split() {
-    let b = Bounds { heals: 1, kills: 1, ..joins_during_a_split() };
+    let b = Bounds { heals: 1, kills: 1, joins: 1, ..joins_during_a_split() };
     let r = run(&b);
     r.assert_holds();
     assert_eq!(r.excused, 0);
 }
 
-/// One-second slots to t = 13 s, depth 50: 412,374 states.
+/// One-second slots to t = 13 s, depth 50: 1,351,110 states, 96 s and 2.3 GB in release.
 #[test]
 #[ignore = "long: cargo test --release -- --ignored"]
 fn long_joins_during_a_split_fine_slots() {
     let b =
         Bounds { depth: 50, slot: Duration::from_secs(1), until: Duration::from_secs(13), ..joins_during_a_split() };
-    run(&b).assert_holds();
+    pinned(b, 1_351_110);
 }
 
 fn parse(spec: &str) -> Bounds {

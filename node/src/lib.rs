@@ -38,6 +38,7 @@ pub mod listing;
 pub mod metrics;
 pub mod names;
 mod node;
+pub mod semaphore;
 mod swarm;
 
 pub use admission::Admission;
@@ -46,6 +47,7 @@ pub use guard::LockGuard;
 pub use node::{
     Libp2pMetrics, LockOptions, Node, NodeConfig, NodeHandle, Status, WaitingLock, DEFAULT_IDLE_CONNECTION_TIMEOUT,
 };
+pub use semaphore::SlotGuard;
 pub use swarm::{ConnectionBounds, NodeBehaviour, NodeBehaviourEvent, IDENTIFY_INTERVAL, IDENTIFY_PROTOCOL};
 
 /// The crates this one is built on, for applications that embed [`NodeBehaviour`].

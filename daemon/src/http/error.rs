@@ -195,6 +195,8 @@ impl ErrorCode {
             E::NotReady(_) => ErrorCode::NotReady,
             E::NodeStopped => ErrorCode::Unresponsive,
             E::Lost => ErrorCode::Lost,
+            E::BadSlots(_) => ErrorCode::BadRequest,
+            E::ReservedName(_) => ErrorCode::BadName,
         }
     }
 }

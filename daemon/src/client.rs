@@ -152,6 +152,9 @@ pub struct AcquireOptions {
     pub quorum: Option<(usize, usize)>,
     /// Votes from at least this many distinct peers; `None`: the daemon's.
     pub min_peers: Option<usize>,
+    /// Take one of this many slots of semaphore `name` (1 to 64) instead of the lock
+    /// `name`: the answer's [`Acquired::slot`] says which, its `name` is the slot's lock.
+    pub slots: Option<u16>,
 }
 
 /// A client of one daemon's API. Cheap to clone.
@@ -232,6 +235,9 @@ impl Client {
         }
         if let Some(ttl) = opts.ttl {
             query.push(format!("ttl_ms={}", ttl.as_millis()));
+        }
+        if let Some(k) = opts.slots {
+            query.push(format!("slots={k}"));
         }
         let mut url = self.lock_url(name, Some("acquire"));
         if !query.is_empty() {

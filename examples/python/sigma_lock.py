@@ -16,11 +16,15 @@ refused connection); at once if the daemon says the lock is gone or that it is s
 Stop touching the resource when `lock.lost` is set. The lease id the acquire answers is
 the secret that proves this client holds the lock; the fencing token is public.
 
+A semaphore (at most K holders of a name at once) is the same with `slots=K`:
+`lock.slot` says which slot is held, `lock.held` names its lock (`NAME/.slot/N`), whose
+fencing token `lock.token` is.
+
 Installed with `pip install ./examples/python` (the module `sigma_lock` and the command
 `sigma-lock-py`), or copied: it is one file.
 
-As a command: python3 sigma_lock.py [--api 127.0.0.1:7591|unix:PATH] [--hold SECONDS] [--ttl SECONDS] [--timeout SECONDS] NAME
-prints `acquired NAME token T`, holds the lock, prints `released NAME token T`.
+As a command: python3 sigma_lock.py [--api 127.0.0.1:7591|unix:PATH] [--hold SECONDS] [--ttl SECONDS] [--timeout SECONDS] [--slots K] NAME
+prints `acquired NAME token T` (NAME/.slot/N with --slots), holds the lock, prints `released NAME token T`.
 """
 
 import argparse
@@ -136,8 +140,11 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 class SigmaLock:
-    def __init__(self, name, api=None, timeout_s=None, ttl_s=5.0, token_file=None):
+    def __init__(self, name, api=None, timeout_s=None, ttl_s=5.0, token_file=None, slots=None):
         self.name = name
+        self.slots = slots  # a semaphore of this many slots; None: a lock
+        self.slot = None  # the slot held (with slots)
+        self.held = None  # the lock held: name, or NAME/.slot/N with slots
         self.api = api or os.environ.get("SIGMA_API") or default_api()
         self.timeout_s, self.ttl_s = timeout_s, ttl_s
         token_file = token_file or os.environ.get("SIGMA_API_TOKEN_FILE")
@@ -184,8 +191,11 @@ class SigmaLock:
         if self.timeout_s is not None:
             query["timeout_ms"] = int(self.timeout_s * 1000)
             wait = self.timeout_s + 5
+        if self.slots is not None:
+            query["slots"] = int(self.slots)
         answer = self._post("acquire", query=query, timeout=wait)
         self.token, self._lease = answer["token"], answer["lease"]
+        self.held, self.slot = answer["name"], answer.get("slot")
         # The acquire's deadline counts from its answer, which may have come late: renew
         # once at once so that the deadline counts from a send.
         self.deadline = time.monotonic()
@@ -254,19 +264,20 @@ def _main():
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to hold the lock")
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     parser.add_argument("--ttl", type=float, default=5.0, help="client lease in seconds")
+    parser.add_argument("--slots", type=int, default=None, help="a semaphore: one of this many slots (1 to 64)")
     args = parser.parse_args()
     api = args.api or os.environ.get("SIGMA_API") or default_api()
     try:
-        with SigmaLock(args.name, api=api, timeout_s=args.timeout, ttl_s=args.ttl) as lock:
-            print(f"acquired {lock.name} token {lock.token}", flush=True)
+        with SigmaLock(args.name, api=api, timeout_s=args.timeout, ttl_s=args.ttl, slots=args.slots) as lock:
+            print(f"acquired {lock.held} token {lock.token}", flush=True)
             lock.lost.wait(args.hold)
             if lock.lost.is_set():
-                print(f"lost {lock.name} token {lock.token}", flush=True)
+                print(f"lost {lock.held} token {lock.token}", flush=True)
                 raise SystemExit(76)
     except OSError as e:
         print(f"{parser.prog}: cannot reach the sigma daemon at {api} (is `sigma run` running?): {e}", file=sys.stderr)
         raise SystemExit(69) from None
-    print(f"released {lock.name} token {lock.token}", flush=True)
+    print(f"released {lock.held} token {lock.token}", flush=True)
 
 
 def main():

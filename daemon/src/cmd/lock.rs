@@ -46,6 +46,11 @@ pub(crate) struct LockArgs {
     /// (the daemon's lease and --ttl).
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     pub(crate) grace: Duration,
+    /// A semaphore: take one of K slots of NAME (1 to 64), at most K holders at once.
+    /// The command's SIGMA_LOCK_NAME is then the slot's lock (NAME/.slot/N, what its
+    /// SIGMA_FENCING_TOKEN orders) and SIGMA_LOCK_SLOT the slot.
+    #[arg(long, value_name = "K")]
+    pub(crate) slots: Option<u16>,
     /// Try once: give up after about a second if the lock is not won (exit 75), saying why
     /// when this peer knows (not ready, or new locks held back by the takeover delay).
     #[arg(long = "try", conflicts_with = "timeout")]
@@ -95,13 +100,22 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
             ),
         ));
     }
+    if let Some(k) = args.slots {
+        sigma_node::semaphore::check(&name, k).map_err(|e| fail(EXIT_USAGE, format!("lock {name}: {e}")))?;
+    }
     let client = args.api.connect()?;
     let mut signals = Signals::new()?;
 
     // Acquire (the client has a deadline too: a hung daemon must not make --timeout
     // hang forever).
     let timeout = if args.try_once { Some(TRY_TIMEOUT) } else { args.timeout };
-    let opts = AcquireOptions { timeout, ttl: Some(args.ttl), quorum: args.n.zip(args.m), min_peers: args.min_peers };
+    let opts = AcquireOptions {
+        timeout,
+        ttl: Some(args.ttl),
+        quorum: args.n.zip(args.m),
+        min_peers: args.min_peers,
+        slots: args.slots,
+    };
     let waiter = client.clone();
     let acquire = waiter.acquire(&name, &opts);
     tokio::pin!(acquire);
@@ -138,7 +152,9 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
         }
     };
     let token = acquired.token;
-    tracing::info!(%name, token, "lock acquired");
+    // A semaphore's slot is held, and renewed, under its slot lock's name.
+    let (name, slot) = (acquired.name.clone(), acquired.slot);
+    tracing::info!(%name, token, ?slot, "lock acquired");
     let mut holding =
         Holding::confirm(client, name.clone(), acquired, args.ttl).await.map_err(|e| fail(EXIT_LOST, e.to_string()))?;
     if args.command.is_empty() {
@@ -164,6 +180,9 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
         .env("SIGMA_FENCING_TOKEN", token.to_string())
         .env("SIGMA_LOCK_VALID_UNTIL_MS", holding.valid_until_ms().to_string())
         .process_group(0);
+    if let Some(slot) = slot {
+        cmd.env("SIGMA_LOCK_SLOT", slot.to_string());
+    }
     let parent = nix::unistd::getpid();
     // SAFETY: between fork and exec the closure makes two system calls and nothing else
     // (no allocation, no lock): async-signal-safe.
@@ -243,6 +262,9 @@ pub(crate) async fn hold_until_signal(holding: &mut Holding, signals: &mut Signa
         writeln!(out, "SIGMA_LOCK_NAME={name}")?;
         writeln!(out, "SIGMA_FENCING_TOKEN={token}")?;
         writeln!(out, "SIGMA_LOCK_VALID_UNTIL_MS={}", holding.valid_until_ms())?;
+        if let Some((_, slot)) = sigma_node::semaphore::parse_slot_lock_name(&name) {
+            writeln!(out, "SIGMA_LOCK_SLOT={slot}")?;
+        }
         out.flush()?;
     }
     loop {

@@ -32,6 +32,9 @@ pub(super) struct AcquireQuery {
     m: Option<usize>,
     /// Votes from at least this many distinct peers.
     min_peers: Option<usize>,
+    /// A semaphore of this many slots (1 to 64): at most that many holders of the name
+    /// at once; the answer says which slot (`slot`) and names its lock (`name`).
+    slots: Option<u16>,
 }
 
 /// Splits a POST path `NAME/ACTION`.
@@ -100,7 +103,7 @@ pub(super) fn not_held(name: &str, token: u64) -> Response {
     params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F"),
         AcquireQuery),
     responses((status = 200, description = "Held, for this client, until the deadline it answers; keep-alives move the deadline on", body = Acquired),
-        (status = 400, description = "`bad_name`, `bad_quorum` (n, m, min_peers), `bad_request` (a query value that does not parse, ttl_ms out of range)", body = ErrorBody),
+        (status = 400, description = "`bad_name` (also a name with a `.slot` segment, reserved for semaphores), `bad_quorum` (n, m, min_peers), `bad_request` (a query value that does not parse, ttl_ms or slots out of range)", body = ErrorBody),
         (status = 409, description = "`lost`: won, then lost before it could be handed over", body = ErrorBody),
         (status = 423, description = "`not_won`: not won within timeout_ms (held elsewhere, or too few votes); not 408, which clients and proxies may retry on their own", body = ErrorBody),
         (status = 500, description = "`internal`: no randomness for a lease id", body = ErrorBody),
@@ -139,13 +142,13 @@ pub(super) async fn acquire(s: AppState, name: &str, q: AcquireQuery, peer: serv
     let start = Instant::now();
     let mut stopping = s.stopping.clone();
     let result = tokio::select! {
-        r = s.handle.lock_with(name, opts) => r,
+        r = lock_or_slot(&s.handle, name, q.slots, opts) => r,
         // Dropping the acquisition abandons the wait.
         () = async { let _ = stopping.wait_for(|stop| *stop).await; } => return s.gate.refuse(gate::Refusal::Stopping),
     };
     let elapsed = start.elapsed();
     match result {
-        Ok(guard) => {
+        Ok((guard, slot)) => {
             s.metrics.observe_acquire(Outcome::Acquired, elapsed);
             let (name, token, distinct_peers) = (guard.name().to_owned(), guard.token(), guard.distinct_peers());
             let told = hold(&s, lease, guard, ttl);
@@ -158,6 +161,7 @@ pub(super) async fn acquire(s: AppState, name: &str, q: AcquireQuery, peer: serv
                 valid_for_ms,
                 distinct_peers,
                 ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                slot,
             };
             // On the unix socket (the production path) every hold is logged with the
             // client's user id; on loopback TCP (development, benchmarks) at debug.
@@ -185,6 +189,24 @@ pub(super) async fn acquire(s: AppState, name: &str, q: AcquireQuery, peer: serv
             };
             error(code, message)
         }
+    }
+}
+
+/// The lock `name`, or with `slots` one slot of semaphore `name` (its slot lock's guard,
+/// and which slot it is).
+async fn lock_or_slot(
+    handle: &sigma_node::NodeHandle,
+    name: &str,
+    slots: Option<u16>,
+    opts: LockOptions,
+) -> Result<(sigma_node::LockGuard, Option<u16>), LockError> {
+    match slots {
+        None => handle.lock_with(name, opts).await.map(|guard| (guard, None)),
+        Some(k) => handle
+            .acquire_slot(name, k, opts)
+            .await
+            .map(|g| (g.slot(), g))
+            .map(|(slot, g)| (g.into_lock_guard(), Some(slot))),
     }
 }
 

@@ -179,6 +179,11 @@ struct NetRunArgs {
     /// How long each holder's command runs unless `sigma lock` stops it.
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     holder_hold: f64,
+    /// Each resource is a semaphore of K slots (`slots=K` on every acquire): the run
+    /// fails on any moment with more than K holders of one, from the holders' own
+    /// intervals, and checks each slot as a lock.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u16).range(1..=64))]
+    slots: Option<u16>,
     /// Seconds a pause lasts [default: lease + max(1 s, lease / 2)].
     #[arg(long, value_name = "SECONDS")]
     pause: Option<f64>,
@@ -573,6 +578,7 @@ fn real_main() -> Result<ExitCode> {
                 },
                 holders: a.holders,
                 holder_hold: Duration::try_from_secs_f64(a.holder_hold)?,
+                slots: a.slots,
             };
             let runtime = tokio::runtime::Runtime::new()?;
             let (report, summary) = runtime.block_on(net_run::run(&opts))?;

@@ -117,7 +117,18 @@ pub enum Acquire {
 /// The HTTP timeout is well above `timeout_ms`: the daemon must answer 423 itself, for a
 /// connection dropped at the moment it wins would leave the lock held for nobody.
 pub async fn acquire(client: &reqwest::Client, api: SocketAddr, name: &str, timeout_ms: u64) -> Acquire {
-    let opts = AcquireOptions { timeout: Some(Duration::from_millis(timeout_ms)), ..AcquireOptions::default() };
+    acquire_with(client, api, name, timeout_ms, None).await
+}
+
+/// [`acquire`], or with `slots` one slot of semaphore `name`.
+pub async fn acquire_with(
+    client: &reqwest::Client,
+    api: SocketAddr,
+    name: &str,
+    timeout_ms: u64,
+    slots: Option<u16>,
+) -> Acquire {
+    let opts = AcquireOptions { timeout: Some(Duration::from_millis(timeout_ms)), slots, ..AcquireOptions::default() };
     match node(client, api).acquire(name, &opts).await {
         Ok(a) => Acquire::Granted(a),
         Err(ClientError::Refused { code: ErrorCode::NotWon, .. }) => Acquire::TimedOut,

@@ -111,6 +111,9 @@ pub struct WorkloadOptions {
     pub hold: Duration,
     /// `timeout_ms` of each acquire.
     pub acquire_timeout_ms: u64,
+    /// Each resource is a semaphore of this many slots (the sections' `resource` is then
+    /// `resource * slots + slot`: each slot a lock); `None`: locks.
+    pub slots: Option<u16>,
 }
 
 /// The name of resource `r`.
@@ -216,10 +219,22 @@ impl Client {
             self.set_phase(Phase::Waiting(node));
             c.waiting.fetch_add(1, Ordering::Relaxed);
             let t0 = Instant::now();
-            let outcome = api::acquire(&self.http, addr, &name, self.opts.acquire_timeout_ms).await;
+            let outcome =
+                api::acquire_with(&self.http, addr, &name, self.opts.acquire_timeout_ms, self.opts.slots).await;
             c.waiting.fetch_sub(1, Ordering::Relaxed);
-            let granted = match outcome {
-                Acquire::Granted(g) => g,
+            let (granted, resource) = match outcome {
+                Acquire::Granted(g) => match (self.opts.slots, g.slot) {
+                    (None, _) => (g, self.resource),
+                    (Some(k), Some(slot)) if slot < k => (g, self.resource * usize::from(k) + usize::from(slot)),
+                    (Some(_), slot) => {
+                        c.errors.fetch_add(1, Ordering::Relaxed);
+                        self.records()
+                            .sample_errors
+                            .push(format!("client {}: a semaphore answer with slot {slot:?}", self.id));
+                        self.set_phase(Phase::Idle);
+                        continue;
+                    }
+                },
                 Acquire::TimedOut => {
                     c.timeouts.fetch_add(1, Ordering::Relaxed);
                     self.set_phase(Phase::Idle);
@@ -267,7 +282,7 @@ impl Client {
                 let mut r = self.records();
                 r.entries.push(Cs {
                     client: self.id,
-                    resource: self.resource,
+                    resource,
                     node,
                     token: granted.token,
                     enter: entered - self.start,

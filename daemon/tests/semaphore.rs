@@ -1,6 +1,7 @@
 //! Semaphores end to end through the `sigma` binary and the HTTP API: four `sigma lock
 //! NAME --slots 2 -- cmd` at once never run more than two commands at a time (by the
-//! order of the lines the commands append), hold mode prints the slot and a third
+//! order of the lines the commands append), hold mode prints the slot, inspect --slots
+//! shows both holders, and a third
 //! `--try` is refused, bad slot counts and reserved names are usage errors (exit 64,
 //! 400), and an HTTP holder of a slot renews and releases it under either name.
 
@@ -96,6 +97,14 @@ async fn hold_mode_prints_the_slot_try_is_refused_and_bad_slots_exit_64() {
     }
     slots.sort();
     assert_eq!(slots, ["0", "1"]);
+    // Inspect shows each slot's lock and its holder.
+    let out = Command::new(SIGMA).args(["inspect", "by-hand", "--slots", "2", "--api", &d.api]).output().await.unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for slot in ["slot 0:", "slot 1:", "by-hand/.slot/0", "by-hand/.slot/1"] {
+        assert!(shown.contains(slot), "{slot}: {shown}");
+    }
+    assert_eq!(shown.matches(", token ").count(), 2, "a holder per slot: {shown}");
     let out = daemon::sigma_lock(&d.api, "by-hand", &["--slots", "2", "--try"], "echo ran").output().await.unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stdout.is_empty(), "the command ran without a slot");

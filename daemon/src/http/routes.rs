@@ -202,11 +202,10 @@ async fn lock_or_slot(
 ) -> Result<(sigma_node::LockGuard, Option<u16>), LockError> {
     match slots {
         None => handle.lock_with(name, opts).await.map(|guard| (guard, None)),
-        Some(k) => handle
-            .acquire_slot(name, k, opts)
-            .await
-            .map(|g| (g.slot(), g))
-            .map(|(slot, g)| (g.into_lock_guard(), Some(slot))),
+        Some(k) => handle.acquire_slot(name, k, opts).await.map(|g| {
+            let slot = g.slot();
+            (g.into_lock_guard(), Some(slot))
+        }),
     }
 }
 
@@ -711,7 +710,7 @@ mod tests {
         let acquire = &doc["paths"]["/v1/locks/{name}/acquire"]["post"];
         let params: Vec<&str> =
             acquire["parameters"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
-        assert_eq!(params, ["name", "timeout_ms", "ttl_ms", "n", "m", "min_peers"]);
+        assert_eq!(params, ["name", "timeout_ms", "ttl_ms", "n", "m", "min_peers", "slots"]);
     }
 
     #[test]

@@ -23,6 +23,19 @@
 //! [`crate::NodeHandle::lock_with`] refuses them ([`LockError::ReservedName`]), so a
 //! plain lock never takes a semaphore's slot by accident (an operator may still inspect
 //! or break a slot lock by its name). The design note is docs/design/semaphores.md.
+//!
+//! ```no_run
+//! # async fn demo(handle: sigma_node::NodeHandle) -> Result<(), sigma_node::LockError> {
+//! use sigma_node::LockOptions;
+//!
+//! // At most 2 builds at once.
+//! let slot = handle.acquire_slot("builds/pool", 2, LockOptions::default()).await?;
+//! println!("slot {} of {}: lock {}, token {}", slot.slot(), slot.name(), slot.lock_name(), slot.token());
+//! // ... work until slot.lost() resolves, passing the token to the protected store ...
+//! slot.release().await?;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::fmt;
 use std::time::Instant;

@@ -156,6 +156,9 @@ pub struct AcquireOptions {
     /// A value to attach to the lock once held (at most 4096 bytes; sent as text when
     /// it is UTF-8, else as base64).
     pub value: Option<Vec<u8>>,
+    /// Take one of this many slots of semaphore `name` (1 to 64) instead of the lock
+    /// `name`: the answer's [`Acquired::slot`] says which, its `name` is the slot's lock.
+    pub slots: Option<u16>,
 }
 
 /// The JSON fields of a value: `value` for text, `value_base64` for other bytes.
@@ -305,6 +308,9 @@ impl Client {
         }
         if let Some(ttl) = opts.ttl {
             query.push(format!("ttl_ms={}", ttl.as_millis()));
+        }
+        if let Some(k) = opts.slots {
+            query.push(format!("slots={k}"));
         }
         let mut url = self.lock_url(name, Some("acquire"));
         if !query.is_empty() {

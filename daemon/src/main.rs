@@ -56,7 +56,8 @@ enum Cmd {
     /// The lock is renewed while it runs; if it is lost (the daemon no longer holds it,
     /// is stopping, is gone, or no renewal came before the deadline), the command gets
     /// SIGTERM, then SIGKILL after --grace, by the deadline at the latest. SIGINT,
-    /// SIGTERM and SIGHUP are forwarded to it.
+    /// SIGTERM and SIGHUP are forwarded to it. With --slots K it holds one of K slots of
+    /// a semaphore NAME instead (at most K holders at once; SIGMA_LOCK_SLOT says which).
     ///
     /// Exit status: the command's (128+N if killed by signal N); 75 if the lock was not
     /// acquired within --timeout; 76 if the lock was lost while the command ran; 78 if

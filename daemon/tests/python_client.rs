@@ -1,7 +1,7 @@
 //! examples/python/sigma_lock.py against a real daemon: two Python clients for one lock
 //! take turns (the second is granted only after the first released, with a larger
 //! fencing token), and the client lease is renewed past its TTL; a lock not won in time
-//! (423 `not_won`) exits 75.
+//! (423 `not_won`) exits 75. A two-slot semaphore is shared by two holders at a time.
 
 use std::path::Path;
 
@@ -62,6 +62,60 @@ async fn python_clients_take_turns_and_renew_their_lease() {
     // it was taken; the second was granted only when the first released, near 10 s.
     assert!(waited.as_secs_f64() > 7.0, "the second got the lock after {waited:?}: {out1}");
     assert!(!out1.contains("lost"), "{out1}");
+}
+
+/// A semaphore from Python (`--slots 2`): two holders at once on distinct slots, a third
+/// not won while both hold (exit 75), won once one released; a slot count out of range
+/// is refused (400 `bad_request`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_clients_share_a_two_slot_semaphore() {
+    if !have_tool("python3", PYTHON).await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon_with(dir.path(), "py", &[], &["--listen", "/ip4/127.0.0.1/tcp/0"]).await;
+    let status = format!("http://{}/v1/status", d.api);
+    eventually("the daemon to serve", || async { get_json(&status).await["ready"] == true }).await;
+    let holder = |hold: &str| {
+        Command::new("python3")
+            .args([SCRIPT, "--api", &d.api, "--slots", "2", "--hold", hold, "--timeout", "30", "py/pool"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (holder("4"), holder("8"));
+    eventually("both slots to be held", || async {
+        get_json(&status).await["locks_held"].as_array().is_some_and(|h| h.len() == 2)
+    })
+    .await;
+    let try_one = |timeout: &'static str| {
+        let api = d.api.clone();
+        async move {
+            Command::new("python3")
+                .args([SCRIPT, "--api", &api, "--slots", "2", "--timeout", timeout, "py/pool"])
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let late = try_one("0.3").await;
+    assert_eq!(late.status.code(), Some(75), "a third holder of 2 slots: {}", String::from_utf8_lossy(&late.stdout));
+    let third = try_one("30").await;
+    let (a, b) = (a.wait_with_output().await.unwrap(), b.wait_with_output().await.unwrap());
+    let slot = |out: &[u8]| -> String {
+        let out = String::from_utf8_lossy(out).into_owned();
+        let line = out.lines().find(|l| l.starts_with("acquired")).unwrap_or_else(|| panic!("{out}")).to_owned();
+        line.split(' ').nth(1).unwrap().to_owned()
+    };
+    let (sa, sb, sc) = (slot(&a.stdout), slot(&b.stdout), slot(&third.stdout));
+    assert!(a.status.success() && b.status.success() && third.status.success(), "{sa} {sb} {sc}");
+    assert!(sa.starts_with("py/pool/.slot/") && sb.starts_with("py/pool/.slot/"), "{sa} {sb}");
+    assert_ne!(sa, sb, "two holders on one slot");
+    assert_eq!(sc, sa, "the third took the slot the first (4 s, the earlier) released");
+    let bad =
+        Command::new("python3").args([SCRIPT, "--api", &d.api, "--slots", "0", "py/pool"]).output().await.unwrap();
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && said.contains("bad_request") && said.contains("between 1 and 64"), "{said}");
 }
 
 /// The holder contract in the Python client: with its daemon hung (SIGSTOP: keep-alives

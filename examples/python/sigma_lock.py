@@ -25,11 +25,15 @@ A value with the lock, watching it and leader election:
     for leader in observe("jobs/leader"):  # each leader (or new value) once, in token order
         print(leader["token"], leader.get("value"))
 
+A semaphore (at most K holders of a name at once) is the same with `slots=K`:
+`lock.slot` says which slot is held, `lock.held` names its lock (`NAME/.slot/N`), whose
+fencing token `lock.token` is.
+
 Installed with `pip install ./examples/python` (the module `sigma_lock` and the command
 `sigma-lock-py`), or copied: it is one file.
 
-As a command: python3 sigma_lock.py [--api 127.0.0.1:7591|unix:PATH] [--hold SECONDS] [--ttl SECONDS] [--timeout SECONDS] [--value TEXT] NAME
-prints `acquired NAME token T`, holds the lock, prints `released NAME token T`;
+As a command: python3 sigma_lock.py [--api 127.0.0.1:7591|unix:PATH] [--hold SECONDS] [--ttl SECONDS] [--timeout SECONDS] [--value TEXT] [--slots K] NAME
+prints `acquired NAME token T` (NAME/.slot/N with --slots), holds the lock, prints `released NAME token T`;
 with --observe, prints each leader of NAME as a JSON line instead.
 """
 
@@ -227,8 +231,11 @@ def observe(name, api=None, interval_s=0.5, token_file=None):
 
 
 class SigmaLock:
-    def __init__(self, name, api=None, timeout_s=None, ttl_s=5.0, token_file=None, value=None):
+    def __init__(self, name, api=None, timeout_s=None, ttl_s=5.0, token_file=None, value=None, slots=None):
         self.name = name
+        self.slots = slots  # a semaphore of this many slots; None: a lock
+        self.slot = None  # the slot held (with slots)
+        self.held = None  # the lock held: name, or NAME/.slot/N with slots
         self.api = api or os.environ.get("SIGMA_API") or default_api()
         self.timeout_s, self.ttl_s = timeout_s, ttl_s
         self.value = value  # attached at acquire: text (str) or bytes, at most 4096 bytes
@@ -272,9 +279,12 @@ class SigmaLock:
         if self.timeout_s is not None:
             query["timeout_ms"] = int(self.timeout_s * 1000)
             wait = self.timeout_s + 5
+        if self.slots is not None:
+            query["slots"] = int(self.slots)
         body = _value_fields(self.value) if self.value is not None else None
         answer = self._post("acquire", body, query=query, timeout=wait)
         self.token, self._lease = answer["token"], answer["lease"]
+        self.held, self.slot = answer["name"], answer.get("slot")
         # The acquire's deadline counts from its answer, which may have come late: renew
         # once at once so that the deadline counts from a send.
         self.deadline = time.monotonic()
@@ -353,6 +363,7 @@ def _main():
     parser.add_argument("--ttl", type=float, default=5.0, help="client lease in seconds")
     parser.add_argument("--value", default=None, help="a value to attach to the lock while held")
     parser.add_argument("--observe", action="store_true", help="print each leader's value instead (JSON lines)")
+    parser.add_argument("--slots", type=int, default=None, help="a semaphore: one of this many slots (1 to 64)")
     args = parser.parse_args()
     api = args.api or os.environ.get("SIGMA_API") or default_api()
     if args.observe:
@@ -364,16 +375,18 @@ def _main():
             raise SystemExit(69) from None
         return
     try:
-        with SigmaLock(args.name, api=api, timeout_s=args.timeout, ttl_s=args.ttl, value=args.value) as lock:
-            print(f"acquired {lock.name} token {lock.token}", flush=True)
+        with SigmaLock(
+            args.name, api=api, timeout_s=args.timeout, ttl_s=args.ttl, value=args.value, slots=args.slots
+        ) as lock:
+            print(f"acquired {lock.held} token {lock.token}", flush=True)
             lock.lost.wait(args.hold)
             if lock.lost.is_set():
-                print(f"lost {lock.name} token {lock.token}", flush=True)
+                print(f"lost {lock.held} token {lock.token}", flush=True)
                 raise SystemExit(76)
     except OSError as e:
         print(f"{parser.prog}: cannot reach the sigma daemon at {api} (is `sigma run` running?): {e}", file=sys.stderr)
         raise SystemExit(69) from None
-    print(f"released {lock.name} token {lock.token}", flush=True)
+    print(f"released {lock.held} token {lock.token}", flush=True)
 
 
 def main():

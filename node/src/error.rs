@@ -103,6 +103,15 @@ pub enum LockError {
     /// Too many watches open on this node ([`crate::watch::MAX_WATCHES`]).
     #[error("too many watches open on this node (at most {max})", max = crate::watch::MAX_WATCHES)]
     TooManyWatches,
+    /// A semaphore's slot count is out of range, or its name too long for its slot
+    /// locks' names ([`crate::semaphore::check`]).
+    #[error("invalid semaphore: {0}")]
+    BadSlots(String),
+    /// A lock name with a `.slot` segment, reserved for semaphores' slot locks.
+    #[error(
+        "lock name {0} has a `.slot` segment, reserved for semaphore slots: take the semaphore with slots instead"
+    )]
+    ReservedName(String),
 }
 
 impl From<sigma_behaviour::AcquireError> for LockError {

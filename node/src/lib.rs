@@ -38,6 +38,7 @@ pub mod listing;
 pub mod metrics;
 pub mod names;
 mod node;
+pub mod semaphore;
 mod swarm;
 pub mod value;
 pub mod watch;
@@ -48,6 +49,7 @@ pub use guard::LockGuard;
 pub use node::{
     Libp2pMetrics, LockOptions, Node, NodeConfig, NodeHandle, Status, WaitingLock, DEFAULT_IDLE_CONNECTION_TIMEOUT,
 };
+pub use semaphore::SlotGuard;
 pub use swarm::{ConnectionBounds, NodeBehaviour, NodeBehaviourEvent, IDENTIFY_INTERVAL, IDENTIFY_PROTOCOL};
 pub use watch::{Observe, Watch};
 

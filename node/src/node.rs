@@ -396,8 +396,15 @@ impl NodeHandle {
         self.lock_with(name, LockOptions { timeout: Some(timeout), ..LockOptions::default() }).await
     }
 
-    /// Acquires with options (quorum, timeout).
+    /// Acquires with options (quorum, timeout). Names with a `.slot` segment are
+    /// reserved for semaphores ([`LockError::ReservedName`]; see [`crate::semaphore`]).
     pub async fn lock_with(&self, name: &str, options: LockOptions) -> Result<LockGuard, LockError> {
+        crate::semaphore::refuse_reserved(name)?;
+        self.lock_unchecked(name, options).await
+    }
+
+    /// [`NodeHandle::lock_with`] without the reserved names' check: a semaphore's slots.
+    pub(crate) async fn lock_unchecked(&self, name: &str, options: LockOptions) -> Result<LockGuard, LockError> {
         let (reply, rx) = oneshot::channel();
         let command = Command::Lock {
             name: name.to_owned(),

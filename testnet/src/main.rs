@@ -184,8 +184,13 @@ struct NetRunArgs {
     /// through node j). The run fails if an observer sees leaders out of token order,
     /// or misses a leader that held for at least 2.6 s while it could tell (its stream
     /// up and no `unknown` state in the term). Give leaders time: e.g. --hold-ms 3000.
-    #[arg(long, default_value_t = 0, value_name = "K")]
+    #[arg(long, default_value_t = 0, value_name = "K", conflicts_with = "slots")]
     observers: usize,
+    /// Each resource is a semaphore of K slots (`slots=K` on every acquire): the run
+    /// fails on any moment with more than K holders of one, from the holders' own
+    /// intervals, and checks each slot as a lock.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u16).range(1..=64))]
+    slots: Option<u16>,
     /// Seconds a pause lasts [default: lease + max(1 s, lease / 2)].
     #[arg(long, value_name = "SECONDS")]
     pause: Option<f64>,
@@ -581,6 +586,7 @@ fn real_main() -> Result<ExitCode> {
                 holders: a.holders,
                 holder_hold: Duration::try_from_secs_f64(a.holder_hold)?,
                 observers: a.observers,
+                slots: a.slots,
             };
             let runtime = tokio::runtime::Runtime::new()?;
             let (report, summary) = runtime.block_on(net_run::run(&opts))?;

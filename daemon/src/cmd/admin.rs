@@ -20,6 +20,10 @@ pub(crate) struct InspectArgs {
     /// One line per replica (by default they are summed up in one line).
     #[arg(long)]
     pub(crate) replicas: bool,
+    /// NAME is a semaphore of K slots: show each slot's lock (NAME/.slot/0 … K−1), its
+    /// holder and waiters (with --json, an array of the answers).
+    #[arg(long, value_name = "K")]
+    pub(crate) slots: Option<u16>,
 }
 
 #[derive(Args, Debug)]
@@ -55,11 +59,35 @@ pub(crate) enum AdminCmd {
 
 pub(crate) async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
     init_tracing("warn");
+    if let Some(k) = args.slots {
+        return inspect_slots(&args, k).await;
+    }
     let view = args.api.connect()?.inspect(&args.name).await.map_err(|e| api_error("inspect", e))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&view)?);
     } else {
         print!("{}", view.render_with(args.replicas));
+    }
+    Ok(0)
+}
+
+/// `sigma inspect NAME --slots K`: each slot's lock in turn.
+async fn inspect_slots(args: &InspectArgs, k: u16) -> anyhow::Result<u8> {
+    use sigma_node::semaphore;
+    semaphore::check(&args.name, k).map_err(|e| fail(super::EXIT_USAGE, format!("inspect {}: {e}", args.name)))?;
+    let client = args.api.connect()?;
+    let mut views = Vec::new();
+    for slot in 0..k {
+        let lock = semaphore::slot_lock_name(&args.name, slot);
+        let view = client.inspect(&lock).await.map_err(|e| api_error("inspect", e))?;
+        if !args.json {
+            println!("slot {slot}:");
+            print!("{}", view.render_with(args.replicas));
+        }
+        views.push(view);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&views)?);
     }
     Ok(0)
 }

@@ -61,6 +61,11 @@ pub(crate) struct LockOpts {
     /// (the daemon's lease and --ttl).
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     pub(crate) grace: Duration,
+    /// A semaphore: take one of K slots of NAME (1 to 64), at most K holders at once.
+    /// The command's SIGMA_LOCK_NAME is then the slot's lock (NAME/.slot/N, what its
+    /// SIGMA_FENCING_TOKEN orders) and SIGMA_LOCK_SLOT the slot.
+    #[arg(long, value_name = "K")]
+    pub(crate) slots: Option<u16>,
     /// Try once: give up after about a second if the lock is not won (exit 75), saying why
     /// when this peer knows (not ready, or new locks held back by the takeover delay).
     #[arg(long = "try", conflicts_with = "timeout")]
@@ -129,6 +134,9 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
             ),
         ));
     }
+    if let Some(k) = args.opts.slots {
+        sigma_node::semaphore::check(&name, k).map_err(|e| fail(EXIT_USAGE, format!("lock {name}: {e}")))?;
+    }
     let client = args.opts.api.connect()?;
     let mut signals = Signals::new()?;
 
@@ -141,6 +149,7 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
         quorum: args.opts.n.zip(args.opts.m),
         min_peers: args.opts.min_peers,
         value: args.value.clone().map(String::into_bytes),
+        slots: args.opts.slots,
     };
     let waiter = client.clone();
     let acquire = waiter.acquire(&name, &opts);
@@ -178,7 +187,9 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
         }
     };
     let token = acquired.token;
-    tracing::info!(%name, token, "lock acquired");
+    // A semaphore's slot is held, and renewed, under its slot lock's name.
+    let (name, slot) = (acquired.name.clone(), acquired.slot);
+    tracing::info!(%name, token, ?slot, "lock acquired");
     let mut holding = Holding::confirm(client, name.clone(), acquired, args.opts.ttl)
         .await
         .map_err(|e| fail(EXIT_LOST, e.to_string()))?;
@@ -205,6 +216,9 @@ pub(crate) async fn lock(args: LockArgs) -> anyhow::Result<u8> {
         .env("SIGMA_FENCING_TOKEN", token.to_string())
         .env("SIGMA_LOCK_VALID_UNTIL_MS", holding.valid_until_ms().to_string())
         .process_group(0);
+    if let Some(slot) = slot {
+        cmd.env("SIGMA_LOCK_SLOT", slot.to_string());
+    }
     let parent = nix::unistd::getpid();
     // SAFETY: between fork and exec the closure makes two system calls and nothing else
     // (no allocation, no lock): async-signal-safe.
@@ -284,6 +298,9 @@ pub(crate) async fn hold_until_signal(holding: &mut Holding, signals: &mut Signa
         writeln!(out, "SIGMA_LOCK_NAME={name}")?;
         writeln!(out, "SIGMA_FENCING_TOKEN={token}")?;
         writeln!(out, "SIGMA_LOCK_VALID_UNTIL_MS={}", holding.valid_until_ms())?;
+        if let Some((_, slot)) = sigma_node::semaphore::parse_slot_lock_name(&name) {
+            writeln!(out, "SIGMA_LOCK_SLOT={slot}")?;
+        }
         out.flush()?;
     }
     loop {

@@ -204,6 +204,8 @@ impl ErrorCode {
             E::Lost => ErrorCode::Lost,
             E::ValueTooLarge(_) => ErrorCode::BadValue,
             E::TooManyWatches => ErrorCode::Busy,
+            E::BadSlots(_) => ErrorCode::BadRequest,
+            E::ReservedName(_) => ErrorCode::BadName,
         }
     }
 }

@@ -87,9 +87,13 @@ impl Table {
         self.lock().len()
     }
 
-    /// The holder task of `lease`, if it holds `name` under `token`.
+    /// The holder task of `lease`, if it holds `name` (or a slot of semaphore `name`)
+    /// under `token`.
     pub(super) fn holder(&self, name: &str, token: u64, lease: LeaseId) -> Option<mpsc::Sender<HolderCmd>> {
-        self.lock().get(&lease).filter(|e| e.name == name && e.token == token).map(|e| e.tx.clone())
+        let named = |e: &Entry| {
+            e.name == name || sigma_node::semaphore::parse_slot_lock_name(&e.name).is_some_and(|(s, _)| s == name)
+        };
+        self.lock().get(&lease).filter(|e| named(e) && e.token == token).map(|e| e.tx.clone())
     }
 
     pub(super) fn remove(&self, lease: LeaseId, metrics: &Metrics) {

@@ -32,6 +32,9 @@ pub(super) struct AcquireQuery {
     m: Option<usize>,
     /// Votes from at least this many distinct peers.
     min_peers: Option<usize>,
+    /// A semaphore of this many slots (1 to 64): at most that many holders of the name
+    /// at once; the answer says which slot (`slot`) and names its lock (`name`).
+    slots: Option<u16>,
 }
 
 /// Splits a POST path `NAME/ACTION`.
@@ -179,7 +182,7 @@ pub(super) fn not_held(name: &str, token: u64) -> Response {
     params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F"),
         AcquireQuery), request_body(content = Option<AcquireBody>, description = "Optional: the value to attach to the lock once held"),
     responses((status = 200, description = "Held, for this client, until the deadline it answers; keep-alives move the deadline on", body = Acquired),
-        (status = 400, description = "`bad_name`, `bad_quorum` (n, m, min_peers), `bad_request` (a query value or body that does not parse, ttl_ms out of range), `bad_value` (over 4096 bytes, both fields, bad base64)", body = ErrorBody),
+        (status = 400, description = "`bad_name` (also a name with a `.slot` segment, reserved for semaphores), `bad_quorum` (n, m, min_peers), `bad_request` (a query value or body that does not parse, ttl_ms or slots out of range), `bad_value` (over 4096 bytes, both fields, bad base64)", body = ErrorBody),
         (status = 409, description = "`lost`: won, then lost before it could be handed over", body = ErrorBody),
         (status = 423, description = "`not_won`: not won within timeout_ms (held elsewhere, or too few votes); not 408, which clients and proxies may retry on their own", body = ErrorBody),
         (status = 500, description = "`internal`: no randomness for a lease id", body = ErrorBody),
@@ -224,13 +227,13 @@ pub(super) async fn acquire(
     let start = Instant::now();
     let mut stopping = s.stopping.clone();
     let result = tokio::select! {
-        r = s.handle.lock_with(name, opts) => r,
+        r = lock_or_slot(&s.handle, name, q.slots, opts) => r,
         // Dropping the acquisition abandons the wait.
         () = async { let _ = stopping.wait_for(|stop| *stop).await; } => return s.gate.refuse(gate::Refusal::Stopping),
     };
     let elapsed = start.elapsed();
     match result {
-        Ok(guard) => {
+        Ok((guard, slot)) => {
             s.metrics.observe_acquire(Outcome::Acquired, elapsed);
             let (name, token, distinct_peers) = (guard.name().to_owned(), guard.token(), guard.distinct_peers());
             let told = hold(&s, lease, guard, ttl);
@@ -243,6 +246,7 @@ pub(super) async fn acquire(
                 valid_for_ms,
                 distinct_peers,
                 ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                slot,
             };
             // On the unix socket (the production path) every hold is logged with the
             // client's user id; on loopback TCP (development, benchmarks) at debug.
@@ -270,6 +274,23 @@ pub(super) async fn acquire(
             };
             error(code, message)
         }
+    }
+}
+
+/// The lock `name`, or with `slots` one slot of semaphore `name` (its slot lock's guard,
+/// and which slot it is).
+async fn lock_or_slot(
+    handle: &sigma_node::NodeHandle,
+    name: &str,
+    slots: Option<u16>,
+    opts: LockOptions,
+) -> Result<(sigma_node::LockGuard, Option<u16>), LockError> {
+    match slots {
+        None => handle.lock_with(name, opts).await.map(|guard| (guard, None)),
+        Some(k) => handle.acquire_slot(name, k, opts).await.map(|g| {
+            let slot = g.slot();
+            (g.into_lock_guard(), Some(slot))
+        }),
     }
 }
 
@@ -877,7 +898,7 @@ mod tests {
         let acquire = &doc["paths"]["/v1/locks/{name}/acquire"]["post"];
         let params: Vec<&str> =
             acquire["parameters"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
-        assert_eq!(params, ["name", "timeout_ms", "ttl_ms", "n", "m", "min_peers"]);
+        assert_eq!(params, ["name", "timeout_ms", "ttl_ms", "n", "m", "min_peers", "slots"]);
     }
 
     #[test]

@@ -30,6 +30,11 @@ pub struct Acquired {
     /// The client lease: unless renewed (`POST /v1/locks/{name}/keepalive`) within
     /// this long, the daemon releases the lock (a dead client keeps nothing).
     pub ttl_ms: u64,
+    /// With `slots`: the semaphore slot held, in `0..slots`; `name` is then that slot's
+    /// lock (`NAME/.slot/N`), and the token orders that slot's holders. Keep-alive and
+    /// release take either name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u16>,
 }
 
 /// Answer to a keep-alive: the lock is still held, the client lease renewed.

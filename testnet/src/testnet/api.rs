@@ -117,19 +117,22 @@ pub enum Acquire {
 /// The HTTP timeout is well above `timeout_ms`: the daemon must answer 423 itself, for a
 /// connection dropped at the moment it wins would leave the lock held for nobody.
 pub async fn acquire(client: &reqwest::Client, api: SocketAddr, name: &str, timeout_ms: u64) -> Acquire {
-    acquire_with_value(client, api, name, timeout_ms, None).await
+    acquire_with(client, api, name, timeout_ms, None, None).await
 }
 
-/// [`acquire`] with a value attached to the lock (an election's candidate).
-pub async fn acquire_with_value(
+/// [`acquire`], or with `slots` one slot of semaphore `name`; `value` attached to the
+/// lock (an election's candidate).
+pub async fn acquire_with(
     client: &reqwest::Client,
     api: SocketAddr,
     name: &str,
     timeout_ms: u64,
+    slots: Option<u16>,
     value: Option<String>,
 ) -> Acquire {
     let opts = AcquireOptions {
         timeout: Some(Duration::from_millis(timeout_ms)),
+        slots,
         value: value.map(String::into_bytes),
         ..AcquireOptions::default()
     };

@@ -124,6 +124,70 @@ pub fn check(entries: &[Cs], resources: usize, clients: usize) -> Findings {
     f
 }
 
+/// A stretch of time in which a semaphore had more holders than slots.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OverCapacity {
+    /// Semaphore (resource) index.
+    pub semaphore: usize,
+    /// From (since the start of the workload).
+    #[serde(serialize_with = "ms")]
+    pub from: Duration,
+    /// To.
+    #[serde(serialize_with = "ms")]
+    pub to: Duration,
+    /// The most holders at once in it.
+    pub holders: usize,
+}
+
+/// What the semaphore check found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Capacity {
+    /// Slots of each semaphore.
+    pub slots: u16,
+    /// Every stretch with more holders than slots.
+    pub over: Vec<OverCapacity>,
+    /// The most holders of one semaphore at one moment.
+    pub most_at_once: usize,
+}
+
+/// The semaphore check: with `slots` slots per semaphore, the critical sections' resource
+/// is `semaphore * slots + slot` (each slot is a lock, which [`check`] checks as such),
+/// and this counts the moments a semaphore had more than `slots` holders, from the
+/// holders' own intervals. A holder counts from its entry to its exit or its lease's
+/// end, whichever comes first: past that it holds nothing by the holder's contract
+/// ([`Findings::held_past_lease`] counts those, and the slot's fencing token orders them).
+pub fn capacity(entries: &[Cs], semaphores: usize, slots: u16) -> Capacity {
+    let k = usize::from(slots.max(1));
+    let mut c = Capacity { slots, ..Capacity::default() };
+    for sem in 0..semaphores {
+        // Exits sort before entries at the same instant (-1 < +1).
+        let mut edges: Vec<(Duration, i32)> = entries
+            .iter()
+            .filter(|e| e.resource / k == sem)
+            .flat_map(|e| [(e.enter, 1), (e.exit.min(e.valid_until).max(e.enter), -1)])
+            .collect();
+        edges.sort();
+        let mut now = 0i32;
+        let mut open: Option<OverCapacity> = None;
+        for (t, d) in edges {
+            now += d;
+            let holders = usize::try_from(now).unwrap_or(0);
+            c.most_at_once = c.most_at_once.max(holders);
+            match (&mut open, holders > k) {
+                (None, true) => open = Some(OverCapacity { semaphore: sem, from: t, to: t, holders }),
+                (Some(o), true) => o.holders = o.holders.max(holders),
+                (Some(_), false) => {
+                    let mut o = open.take().expect("open");
+                    o.to = t;
+                    c.over.push(o);
+                }
+                (None, false) => {}
+            }
+        }
+    }
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +249,38 @@ mod tests {
         assert_eq!(f.token_regressions.len(), 1);
         assert_eq!(f.token_regressions[0].next.token, 4);
         assert!(f.violations.is_empty());
+    }
+
+    #[test]
+    fn a_third_holder_of_two_slots_is_counted_once_per_stretch() {
+        // Semaphore 0 with 2 slots: resources 0 and 1 are its slots (2 and 3 semaphore 1's).
+        let on = |client, slot, enter, exit| {
+            let mut c = cs(client, 1, enter, exit, 3000);
+            c.resource = slot;
+            c
+        };
+        let two = vec![on(0, 0, 0, 100), on(1, 1, 10, 50), on(2, 0, 100, 200), on(3, 1, 50, 80)];
+        let c = capacity(&two, 1, 2);
+        assert!(c.over.is_empty(), "{c:?}");
+        assert_eq!(c.most_at_once, 2);
+        // A third at once (a holder that kept two slots' worth, or a slot granted twice,
+        // shows so): one stretch, from its entry to the first exit after it.
+        let mut three = two.clone();
+        three.push(on(4, 1, 20, 30));
+        let c = capacity(&three, 1, 2);
+        assert_eq!(c.over.len(), 1, "{c:?}");
+        let o = &c.over[0];
+        assert_eq!((o.from, o.to, o.holders), (Duration::from_millis(20), Duration::from_millis(30), 3));
+        // A holder past its lease counts until its lease's end only.
+        let mut paused = two.clone();
+        let mut late = on(5, 1, 10, 500);
+        late.valid_until = Duration::from_millis(5);
+        paused.push(late);
+        assert!(capacity(&paused, 1, 2).over.is_empty());
+        // Another semaphore's holders do not count.
+        let mut other = two.clone();
+        other.push(on(6, 2, 20, 30));
+        assert!(capacity(&other, 2, 2).over.is_empty());
     }
 
     #[test]

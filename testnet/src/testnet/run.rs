@@ -44,6 +44,8 @@ pub struct RunOptions {
     pub holder_hold: Duration,
     /// Election observers of the first lock (0: none; see [`super::observers`]).
     pub observers: usize,
+    /// Each resource is a semaphore of this many slots; `None`: locks.
+    pub slots: Option<u16>,
 }
 
 /// Latency figures, ms.
@@ -191,6 +193,10 @@ pub struct RunReport {
     pub holders: Option<HolderReport>,
     /// The election observers, if any ran.
     pub observers: Option<ObserverReport>,
+    /// Slots of each semaphore (`--slots`); `None`: the resources are locks.
+    pub slots: Option<u16>,
+    /// The semaphore check (the first few stretches over capacity).
+    pub semaphore: Option<check::Capacity>,
     /// PASS/FAIL lines.
     pub targets: Vec<Target>,
     /// All targets hold.
@@ -211,7 +217,7 @@ pub fn records_csv(r: &RunReport) -> String {
             s,
             "{},{},{},{},{:.3},{:.3},{:.3}",
             e.client,
-            resource_name(e.resource),
+            lock_name(e.resource, r.slots),
             e.node,
             e.token,
             e.enter.as_secs_f64() * 1e3,
@@ -249,6 +255,7 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
         hold: opts.hold,
         acquire_timeout_ms: opts.acquire_timeout_ms,
         election: opts.observers > 0,
+        slots: opts.slots,
     };
     anyhow::ensure!(opts.clients > 0 && opts.resources > 0, "--clients and --resources must be at least 1");
     eprintln!(
@@ -360,7 +367,9 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     cluster.down(Duration::from_secs(5)).await;
     cluster.manifest().save()?;
 
-    let findings = check::check(&records.entries, opts.resources, opts.clients);
+    // With semaphores, each slot is a lock of its own to the lock checker.
+    let locks = opts.resources * usize::from(opts.slots.unwrap_or(1));
+    let findings = check::check(&records.entries, locks, opts.clients);
     let mut report = build_report(
         opts,
         &cluster,
@@ -412,9 +421,11 @@ fn build_report(
         p99_ms: pct(&lat, 0.99),
         max_ms: lat.last().copied().unwrap_or(0.0),
     };
+    let slots = usize::from(opts.slots.unwrap_or(1));
+    let semaphore = opts.slots.map(|k| check::capacity(&records.entries, opts.resources, k));
     let per_resource = (0..opts.resources)
         .map(|r| {
-            let entries = records.entries.iter().filter(|e| e.resource == r).count();
+            let entries = records.entries.iter().filter(|e| e.resource / slots == r).count();
             let clients: Vec<usize> = (0..opts.clients).filter(|k| k % opts.resources == r).collect();
             let served = clients.iter().filter(|k| !findings.never_served.contains(k)).count();
             ResourceFigures {
@@ -436,7 +447,7 @@ fn build_report(
             fault_events.iter().filter(|e| e.kind == k && e.ok && e.detail.starts_with("inside a cut")).count();
         faults_fired.insert(format!("{} inside a cut", k.name()), inside);
     }
-    let unavailability = unavailability(&fault_events, &records.entries, opts.resources, secs);
+    let unavailability = unavailability(&fault_events, &records.entries, opts.resources * slots, secs);
     let failed_faults: Vec<&FaultEvent> = fault_events.iter().filter(|e| !e.ok).collect();
     let entries = records.entries.len();
     let (violations, overlaps_after_expiry, token_regressions) =
@@ -475,6 +486,16 @@ fn build_report(
             },
         },
     ];
+    if let Some(c) = &semaphore {
+        targets.insert(
+            2,
+            Target {
+                name: format!("moments with more than {} holders of a semaphore", c.slots),
+                pass: c.over.is_empty(),
+                detail: format!("{} (most at once: {})", c.over.len(), c.most_at_once),
+            },
+        );
+    }
     if !opts.chaos.faults.is_empty() {
         targets.push(Target { name: "faults fired".into(), pass: fired_total > 0, detail: fired_total.to_string() });
         targets.push(Target {
@@ -549,9 +570,23 @@ fn build_report(
         connection_bound: 0,
         holders: None,
         observers: None,
+        slots: opts.slots,
+        semaphore: semaphore.map(|mut c| {
+            c.over.truncate(20);
+            c
+        }),
         targets,
         pass,
         records: all,
+    }
+}
+
+/// The lock a section's resource index names: a resource, or with `slots` a slot of a
+/// semaphore (`testnet-rR/.slot/S`).
+fn lock_name(resource: usize, slots: Option<u16>) -> String {
+    match slots.map(usize::from) {
+        Some(k) => sigma_node::semaphore::slot_lock_name(&resource_name(resource / k), (resource % k) as u16),
+        None => resource_name(resource),
     }
 }
 
@@ -776,12 +811,31 @@ pub fn render(r: &RunReport) -> String {
             let _ = writeln!(s, "    [{:6.1}s] {:<10} {:6.1} s", u.at_s, u.kind.name(), u.longest_gap_s);
         }
     }
+    if let Some(c) = &r.semaphore {
+        let _ = writeln!(
+            s,
+            "semaphores:              {} slots each; {} stretches with more holders, most at once {}",
+            c.slots,
+            c.over.len(),
+            c.most_at_once
+        );
+        for o in c.over.iter().take(5) {
+            let _ = writeln!(
+                s,
+                "    {}: {} holders in [{:.1}, {:.1}] ms",
+                resource_name(o.semaphore),
+                o.holders,
+                o.from.as_secs_f64() * 1e3,
+                o.to.as_secs_f64() * 1e3
+            );
+        }
+    }
     let _ = writeln!(s, "exclusion violations:    {}", r.violations);
     for v in r.findings.violations.iter().take(5) {
         let _ = writeln!(
             s,
             "    {}: client {} (node {}, token {}) in [{:.1}, {:.1}] ms (lease to {:.1}), client {} (node {}, token {}) entered at {:.1} ms",
-            resource_name(v.earlier.resource),
+            lock_name(v.earlier.resource, r.slots),
             v.earlier.client,
             v.earlier.node,
             v.earlier.token,
@@ -808,7 +862,7 @@ pub fn render(r: &RunReport) -> String {
         let _ = writeln!(
             s,
             "    {}: client {} token {} at {:.1} ms, then client {} token {} at {:.1} ms",
-            resource_name(g.previous.resource),
+            lock_name(g.previous.resource, r.slots),
             g.previous.client,
             g.previous.token,
             g.previous.enter.as_secs_f64() * 1e3,

@@ -113,6 +113,9 @@ pub struct WorkloadOptions {
     pub acquire_timeout_ms: u64,
     /// The first lock is an election: its clients campaign with their id as the value.
     pub election: bool,
+    /// Each resource is a semaphore of this many slots (the sections' `resource` is then
+    /// `resource * slots + slot`: each slot a lock); `None`: locks.
+    pub slots: Option<u16>,
 }
 
 /// The name of resource `r`.
@@ -219,10 +222,22 @@ impl Client {
             c.waiting.fetch_add(1, Ordering::Relaxed);
             let t0 = Instant::now();
             let value = (self.opts.election && self.resource == 0).then(|| format!("client-{}", self.id));
-            let outcome = api::acquire_with_value(&self.http, addr, &name, self.opts.acquire_timeout_ms, value).await;
+            let (timeout_ms, slots) = (self.opts.acquire_timeout_ms, self.opts.slots);
+            let outcome = api::acquire_with(&self.http, addr, &name, timeout_ms, slots, value).await;
             c.waiting.fetch_sub(1, Ordering::Relaxed);
-            let granted = match outcome {
-                Acquire::Granted(g) => g,
+            let (granted, resource) = match outcome {
+                Acquire::Granted(g) => match (self.opts.slots, g.slot) {
+                    (None, _) => (g, self.resource),
+                    (Some(k), Some(slot)) if slot < k => (g, self.resource * usize::from(k) + usize::from(slot)),
+                    (Some(_), slot) => {
+                        c.errors.fetch_add(1, Ordering::Relaxed);
+                        self.records()
+                            .sample_errors
+                            .push(format!("client {}: a semaphore answer with slot {slot:?}", self.id));
+                        self.set_phase(Phase::Idle);
+                        continue;
+                    }
+                },
                 Acquire::TimedOut => {
                     c.timeouts.fetch_add(1, Ordering::Relaxed);
                     self.set_phase(Phase::Idle);
@@ -270,7 +285,7 @@ impl Client {
                 let mut r = self.records();
                 r.entries.push(Cs {
                     client: self.id,
-                    resource: self.resource,
+                    resource,
                     node,
                     token: granted.token,
                     enter: entered - self.start,

@@ -125,10 +125,23 @@ impl Office {
         }
     }
 
-    /// Waits until the observer has seen the leader of `token` (up to `bound`).
-    async fn observed(&self, token: u64, bound: Duration) -> bool {
-        let mut rx = self.observed.subscribe();
-        tokio::time::timeout(bound, rx.wait_for(|seen| seen.contains(&token))).await.is_ok_and(|r| r.is_ok())
+    /// Waits until the observer has seen the leader in office (up to `bound`), whoever it
+    /// is by then; true if nobody is in office.
+    async fn observed_current(&self, bound: Duration) -> bool {
+        let (mut current, mut seen) = (self.current.subscribe(), self.observed.subscribe());
+        let wait = async {
+            loop {
+                let Some(term) = *current.borrow_and_update() else { return };
+                if seen.borrow_and_update().contains(&term.token) {
+                    return;
+                }
+                tokio::select! {
+                    _ = current.changed() => {}
+                    _ = seen.changed() => {}
+                }
+            }
+        };
+        tokio::time::timeout(bound, wait).await.is_ok()
     }
 
     /// Waits until a node other than `not` leads (up to `bound`).
@@ -277,8 +290,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut takeovers = Vec::new();
     for _ in 0..args.kills {
         tokio::time::sleep(Duration::from_millis(args.kill_after_ms)).await;
+        // Once the observer has seen the leader in office, kill it.
+        ensure!(office.observed_current(bound).await, "the observer did not see the leader in office");
         let Some(leader) = office.next_leader(None, bound).await else { bail!("no leader within {bound:?}") };
-        ensure!(office.observed(leader.token, bound).await, "the observer did not see node {} lead", leader.node);
         // Kill the leader as a crash would: its campaign and its node stop at once, no
         // release is sent, and its lock runs out with the lease.
         let killed = leader.node;
@@ -298,9 +312,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     // Let the last leader lead a little, and the observer see it, then end the demo.
     tokio::time::sleep(heartbeat * 2).await;
-    if let Some(last) = *office.current.borrow() {
-        ensure!(office.observed(last.token, bound).await, "the observer did not see node {} lead", last.node);
-    }
+    ensure!(office.observed_current(bound).await, "the observer did not see the last leader");
     let _ = stop.send(true);
     for c in campaigns.into_iter().flatten() {
         c.await?;
@@ -329,12 +341,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if *increasing { "increased" } else { "DID NOT INCREASE" }
         );
     }
+    // The demo waited for the observer to see each leader it killed, and the last one; a
+    // leader that lost its lock on its own (a starved machine) may have led too briefly
+    // to be seen (a watch's delay bound: docs/operating.md, "Watch").
     let leaders: Vec<u64> = office.terms.lock().unwrap().iter().map(|(t, _)| t.token).collect();
     let observed = office.observed.borrow().clone();
     let in_order = observed.windows(2).all(|w| w[0] < w[1]);
-    let all = leaders.iter().all(|t| observed.contains(t));
-    println!("observer: saw {} of {} leaders, in token order: {}", observed.len(), leaders.len(), in_order);
-    ensure!(in_order && all, "the observer saw {observed:?} of leaders {leaders:?}");
+    let unknown: Vec<u64> = observed.iter().filter(|t| !leaders.contains(t)).copied().collect();
+    println!(
+        "observer: saw {} of {} leaders, in token order: {in_order}, none that did not lead: {}",
+        observed.len(),
+        leaders.len(),
+        unknown.is_empty()
+    );
+    ensure!(in_order && unknown.is_empty(), "the observer saw {observed:?} of leaders {leaders:?}");
     let overlaps = office.overlaps.lock().unwrap().clone();
     println!("overlapping leaders: {}", overlaps.len());
     ensure!(overlaps.is_empty(), "two leaders at once: {overlaps:?}");

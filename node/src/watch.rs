@@ -21,8 +21,9 @@
 //! - a change is seen within one interval plus one inspection, which waits at most
 //!   [`QUESTION_DEADLINE`] (1 s) for the hosts and then for the holder (a few ms on a
 //!   healthy swarm); a holder that held for less than that may be missed;
-//! - the takeover delay shows as it is: a lock whose replicas grant nothing yet is
-//!   `free` (or `unknown`) with its waiters counted, until a holder wins.
+//! - the takeover delay shows as it is: a lock whose replicas hold their grants back is
+//!   `unknown` (they know nothing of earlier votes) with its waiters counted, until a
+//!   holder wins.
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -22,9 +22,20 @@ async fn three() -> (Vec<Node>, Vec<NodeHandle>) {
     (nodes, handles)
 }
 
-/// The next state on `watch` that passes `want`, checking every state on the way with
-/// `each`; fails after [`PATIENCE`].
+/// The next state on `watch` that passes `want`, each state on the way kept in `seen`;
+/// fails after [`PATIENCE`].
 async fn until(
+    watch: &mut Watch,
+    what: &str,
+    seen: &mut Vec<LockState>,
+    want: impl Fn(&LockState) -> bool,
+) -> LockState {
+    until_within(PATIENCE, watch, what, seen, want).await
+}
+
+/// [`until`], waiting at most `patience`.
+async fn until_within(
+    patience: Duration,
     watch: &mut Watch,
     what: &str,
     seen: &mut Vec<LockState>,
@@ -39,9 +50,9 @@ async fn until(
             }
         }
     };
-    match tokio::time::timeout(PATIENCE, wait).await {
+    match tokio::time::timeout(patience, wait).await {
         Ok(s) => s,
-        Err(_) => panic!("no state where {what} within {PATIENCE:?}; seen: {seen:#?}"),
+        Err(_) => panic!("no state where {what} within {patience:?}; seen: {seen:#?}"),
     }
 }
 
@@ -180,6 +191,38 @@ async fn a_watcher_cut_off_sees_unknown_and_then_the_lock_again() {
     assert_eq!(h[1].watch("w/many", None).unwrap_err(), LockError::TooManyWatches);
     drop(many);
     assert!(h[1].watch("w/many", None).is_ok(), "a permit comes back with its watch");
+    for n in nodes {
+        n.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_takeover_delay_shows_unknown_until_a_holder_wins() {
+    common::init_tracing();
+    // A fresh swarm's replicas hold their grants back for the takeover delay (10 s here):
+    // they know nothing of votes a previous host could have given, so a watcher cannot
+    // tell whether the lock is free.
+    let mut config = common::config(5, 3, LEASE);
+    config.behaviour = config.behaviour.with_takeover_delay(Some(Duration::from_secs(10)));
+    let nodes = common::swarm(3, &config).await;
+    let h: Vec<NodeHandle> = nodes.iter().map(|n| n.handle()).collect();
+    common::wait_mesh(&h, 2).await;
+    let mut watch = h[2].watch("w/delay", TICK).unwrap();
+    let mut seen = Vec::new();
+    let first = until(&mut watch, "a first state", &mut seen, |_| true).await;
+    assert!(h[2].status().await.unwrap().held_back_ms > 0, "the test needs the delay still running");
+    assert_eq!(first.state, Held::Unknown, "{first:?}");
+    let waiter = {
+        let h0 = h[0].clone();
+        tokio::spawn(async move { h0.lock("w/delay").await })
+    };
+    let over = |s: &LockState| s.state == Held::Held;
+    let s = until_within(PATIENCE * 3, &mut watch, "the holder, once the delay is over", &mut seen, over).await;
+    let held = waiter.await.unwrap().unwrap();
+    assert_eq!(token(&s), Some(held.token()));
+    check_order(&seen);
+    held.release().await.unwrap();
+    drop(watch);
     for n in nodes {
         n.shutdown().await.unwrap();
     }

@@ -83,9 +83,14 @@ impl Behaviour {
         }
     }
 
-    /// The state of replica `index` of `resource` here (idle if not hosted).
+    /// The state of replica `index` of `resource` here (idle if not hosted, held back as
+    /// long as a replica created now would be: it would know nothing of earlier votes).
     pub(super) fn replica_state(&self, key: &ReplicaKey) -> wire::ReplicaState {
-        self.hosting.state(key, self.clock.now())
+        let mut state = self.hosting.state(key, self.clock.now());
+        if !self.hosting.contains(key) {
+            state.held_back_ms = u64::try_from(self.held_back().as_millis()).unwrap_or(u64::MAX);
+        }
+        state
     }
 
     /// Answers a [`Request::Holding`], [`Request::Revoke`] or [`Request::Locks`] from

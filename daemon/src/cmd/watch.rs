@@ -4,6 +4,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use clap::Args;
+use sigma_daemon::client::{ClientError, Events};
 use sigma_node::inspect::HolderView;
 use sigma_node::watch::{Held, LockState};
 
@@ -52,36 +53,41 @@ fn value_words(h: &HolderView) -> String {
 pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<u8> {
     init_tracing("warn");
     let what = format!("watch {}", args.name);
-    let mut events =
-        args.api.connect()?.watch(&args.name, Some(args.interval)).await.map_err(|e| api_error(&what, e))?;
-    let mut out = std::io::stdout();
-    while let Some(state) = events.next().await {
-        let state = state.map_err(|e| api_error(&what, e))?;
-        let line = if args.json { serde_json::to_string(&state)? } else { state_line(&state) };
-        writeln!(out, "{line}")?;
-        out.flush()?;
-    }
-    Err(api_error(&what, sigma_daemon::client::ClientError::Decode("the daemon ended the stream".to_owned())))
+    let events = args.api.connect()?.watch(&args.name, Some(args.interval)).await.map_err(|e| api_error(&what, e))?;
+    print_events(events, &what, |state| if args.json { serde_json::to_string(state) } else { Ok(state_line(state)) })
+        .await
 }
 
 pub(crate) async fn observe(args: WatchArgs) -> anyhow::Result<u8> {
     init_tracing("warn");
     let what = format!("observe {}", args.name);
-    let mut leaders =
+    let leaders =
         args.api.connect()?.observe(&args.name, Some(args.interval)).await.map_err(|e| api_error(&what, e))?;
-    let mut out = std::io::stdout();
-    while let Some(leader) = leaders.next().await {
-        let leader = leader.map_err(|e| api_error(&what, e))?;
-        // etcdctl's convention: the leader's value, a line each (JSON with --json).
-        let line = if args.json {
-            serde_json::to_string(&leader)?
+    // etcdctl's convention: the leader's value, a line each (JSON with --json).
+    print_events(leaders, &what, |leader: &HolderView| {
+        if args.json {
+            serde_json::to_string(leader)
         } else {
-            leader.value.clone().or(leader.value_base64.clone()).unwrap_or_default()
-        };
-        writeln!(out, "{line}")?;
+            Ok(leader.value.clone().or(leader.value_base64.clone()).unwrap_or_default())
+        }
+    })
+    .await
+}
+
+/// Prints each event as `line` renders it, until the stream ends (an error: the daemon
+/// does not end a watch) or fails.
+async fn print_events<T: serde::de::DeserializeOwned>(
+    mut events: Events<T>,
+    what: &str,
+    line: impl Fn(&T) -> serde_json::Result<String>,
+) -> anyhow::Result<u8> {
+    let mut out = std::io::stdout();
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|e| api_error(what, e))?;
+        writeln!(out, "{}", line(&event)?)?;
         out.flush()?;
     }
-    Err(api_error(&what, sigma_daemon::client::ClientError::Decode("the daemon ended the stream".to_owned())))
+    Err(api_error(what, ClientError::Decode("the daemon ended the stream".to_owned())))
 }
 
 #[cfg(test)]

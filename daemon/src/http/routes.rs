@@ -9,6 +9,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
 use sigma_node::metrics::{self, Outcome};
+use sigma_node::watch::LockState;
 use sigma_node::{LockError, LockOptions, RevokeError};
 use tokio::sync::{mpsc, oneshot};
 
@@ -459,14 +460,25 @@ pub(super) async fn get_watch(
     LockName(name): LockName,
     Params(q): Params<WatchQuery>,
 ) -> Response {
+    follow(&s, &name, &q, false)
+}
+
+/// A watch (`observe`: an observation) of `name` as server-sent events, or the error.
+fn follow(s: &AppState, name: &str, q: &WatchQuery, observe: bool) -> Response {
     let interval = match q.interval() {
         Ok(i) => i,
         Err(why) => return error(ErrorCode::BadRequest, why),
     };
-    match s.handle.watch(&name, interval) {
-        Ok(watch) => sse("state", watch, |st: &sigma_node::watch::LockState| st.seq.to_string()),
-        Err(e) => error(ErrorCode::of_lock_error(&e), e.to_string()),
-    }
+    let events = if observe {
+        s.handle.observe(name, interval).map(|leaders| {
+            sse("leader", leaders, |h: &sigma_node::inspect::HolderView| {
+                format!("{}.{}", h.token.unwrap_or(0), h.value_version)
+            })
+        })
+    } else {
+        s.handle.watch(name, interval).map(|watch| sse("state", watch, |st: &LockState| st.seq.to_string()))
+    };
+    events.unwrap_or_else(|e| error(ErrorCode::of_lock_error(&e), e.to_string()))
 }
 
 #[utoipa::path(get, path = "/v1/observe/{name}", tag = "locks", params(("name" = String, Path, description = "Lock name: 1 to 200 bytes of [A-Za-z0-9._/-]; a '/' may be sent as is or as %2F"), WatchQuery),
@@ -478,16 +490,7 @@ pub(super) async fn get_observe(
     LockName(name): LockName,
     Params(q): Params<WatchQuery>,
 ) -> Response {
-    let interval = match q.interval() {
-        Ok(i) => i,
-        Err(why) => return error(ErrorCode::BadRequest, why),
-    };
-    match s.handle.observe(&name, interval) {
-        Ok(leaders) => sse("leader", leaders, |h: &sigma_node::inspect::HolderView| {
-            format!("{}.{}", h.token.unwrap_or(0), h.value_version)
-        }),
-        Err(e) => error(ErrorCode::of_lock_error(&e), e.to_string()),
-    }
+    follow(&s, &name, &q, true)
 }
 
 #[utoipa::path(get, path = "/v1/swarm/locks", tag = "operators",

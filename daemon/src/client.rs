@@ -161,11 +161,6 @@ pub struct AcquireOptions {
     pub slots: Option<u16>,
 }
 
-/// The JSON fields of a value: `value` for text, `value_base64` for other bytes.
-fn value_fields(value: &[u8]) -> (Option<String>, Option<String>) {
-    sigma_node::value::to_fields(value)
-}
-
 /// Server-sent events of one kind from the daemon (`GET /v1/watch/{name}`,
 /// `GET /v1/observe/{name}`), read as they come: each is a `T`; the daemon's error
 /// event ends the stream with [`ClientError::Refused`].
@@ -318,7 +313,7 @@ impl Client {
         }
         let mut request = self.http.post(url);
         if let Some(value) = &opts.value {
-            let (value, value_base64) = value_fields(value);
+            let (value, value_base64) = sigma_node::value::to_fields(value);
             request = request.json(&AcquireBody { value, value_base64 });
         }
         if let Some(t) = opts.timeout {
@@ -330,7 +325,7 @@ impl Client {
     /// `POST /v1/locks/{name}/value`: replaces the value of a held lock (`lease`:
     /// [`Acquired::lease`]); answers its version.
     pub async fn set_value(&self, name: &str, token: u64, lease: &str, value: &[u8]) -> Result<ValueSet, ClientError> {
-        let (text, base64) = value_fields(value);
+        let (text, base64) = sigma_node::value::to_fields(value);
         let body = ValueBody { token, lease: lease.to_owned(), value: text, value_base64: base64 };
         let request = self.http.post(self.lock_url(name, Some("value"))).json(&body);
         self.call(request.timeout(self.timeout)).await

@@ -276,15 +276,15 @@ impl EventLoop {
                 reply.map(|r| r.send(())).is_some()
             }
             GuardMsg::SetValue { id, value, reply } => {
-                let set = if self.held.contains_key(&id) { self.set_value(id, value) } else { Ok(None) };
+                let set = if self.held.contains_key(&id) {
+                    self.sigma().set_value(id, value).map_err(LockError::from)
+                } else {
+                    Ok(None)
+                };
                 let _ = reply.send(set);
                 false
             }
         }
-    }
-
-    fn set_value(&mut self, id: AcquisitionId, value: Vec<u8>) -> Result<Option<u32>, LockError> {
-        self.sigma().set_value(id, value).map_err(LockError::from)
     }
 
     fn release(&mut self, id: AcquisitionId) {

@@ -17,17 +17,6 @@ pub(crate) struct GuardState {
     pub(crate) lost: bool,
 }
 
-/// A held lock.
-///
-/// The lease is renewed in the background by the node while the guard exists. The lock
-/// is released by [`LockGuard::release`] or, without waiting, when the guard is dropped.
-/// Exclusion is guaranteed until [`LockGuard::valid_until`]; [`LockGuard::lost`]
-/// resolves when it no longer is (the lock was lost, its lease ran out, or the node
-/// stopped). Work protected by the lock should stop then, and writes to external
-/// systems should carry the [`LockGuard::token`].
-///
-/// # Fencing token
-///
 /// What a guard asks of the event loop, on its own channel (the guard knows nothing of
 /// the node's other commands). The event loop takes these before commands, so a release
 /// sent before a new `lock` call is applied first, and in order, so a value set before a
@@ -50,6 +39,17 @@ pub(crate) struct Release {
     pub(crate) reply: Option<oneshot::Sender<()>>,
 }
 
+/// A held lock.
+///
+/// The lease is renewed in the background by the node while the guard exists. The lock
+/// is released by [`LockGuard::release`] or, without waiting, when the guard is dropped.
+/// Exclusion is guaranteed until [`LockGuard::valid_until`]; [`LockGuard::lost`]
+/// resolves when it no longer is (the lock was lost, its lease ran out, or the node
+/// stopped). Work protected by the lock should stop then, and writes to external
+/// systems should carry the [`LockGuard::token`].
+///
+/// # Fencing token
+///
 /// The token is the largest grant stamp among the replica votes held at the win. Grant
 /// stamps are hybrid logical clocks: `max(wall clock in µs, last stamp + 1, any token
 /// the replica was told about)`, and the holder tells its replicas its token with every

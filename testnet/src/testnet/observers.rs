@@ -15,7 +15,6 @@
 //!   which is what a partition, a kill or a pause makes it say. A leader missed while
 //!   the observer was told the lock was free or held by another is a broken promise.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -116,13 +115,6 @@ impl Observers {
     }
 }
 
-/// The node observer `j` follows: its own (j mod N) if up, else the next that is.
-fn pick(j: usize, shared: &Shared) -> Option<(usize, SocketAddr)> {
-    let w = world(shared);
-    let n = w.nodes.len();
-    (0..n).map(|d| (j + d) % n.max(1)).find(|i| w.nodes[*i].state == NodeState::Up).map(|i| (i, w.nodes[i].api))
-}
-
 fn node_up(shared: &Shared, i: usize) -> bool {
     world(shared).nodes.get(i).is_some_and(|s| s.state == NodeState::Up)
 }
@@ -139,7 +131,8 @@ async fn observe(
     let mut stream = 0u32;
     let mut down_since = Some(start.elapsed());
     while !stop.load(Ordering::SeqCst) {
-        let Some((node, api)) = pick(j, &shared) else {
+        // Its own node (j mod N) if up, else the next that is.
+        let Some((node, api)) = world(&shared).up_from(j) else {
             tokio::time::sleep(INTERVAL).await;
             continue;
         };

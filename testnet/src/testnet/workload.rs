@@ -56,6 +56,14 @@ pub struct World {
     pub phases: Vec<Phase>,
 }
 
+impl World {
+    /// Node `home` if it is up, else the next one that is (by index, wrapping).
+    pub fn up_from(&self, home: usize) -> Option<(usize, SocketAddr)> {
+        let n = self.nodes.len();
+        (0..n).map(|d| (home + d) % n).find(|i| self.nodes[*i].state == NodeState::Up).map(|i| (i, self.nodes[i].api))
+    }
+}
+
 /// The world behind a mutex (held only for short, non-async sections).
 pub type Shared = Arc<Mutex<World>>;
 
@@ -194,9 +202,7 @@ struct Client {
 impl Client {
     /// The client's own node if up, else the next one that is.
     fn pick(&self) -> Option<(usize, SocketAddr)> {
-        let w = world(&self.shared);
-        let n = w.nodes.len();
-        (0..n).map(|d| (self.home + d) % n).find(|i| w.nodes[*i].state == NodeState::Up).map(|i| (i, w.nodes[i].api))
+        world(&self.shared).up_from(self.home)
     }
 
     fn set_phase(&self, p: Phase) {

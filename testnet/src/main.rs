@@ -339,6 +339,67 @@ enum SimCommand {
     /// m=24) and the closed systems central, lamport, ricart-agrawala, majority,
     /// maekawa, token-ring (32 processes).
     Compare(CompareArgs),
+    /// The membership of a swarm in virtual time: the node's own membership and gossip
+    /// tables for every peer, with loss, stalls, crashes and churn. Prints the bytes
+    /// per peer and second, crash detection, false removals and formation against the
+    /// goals of docs/benchmarks.md ("Membership at scale").
+    Membership(MembershipArgs),
+}
+
+#[derive(Args)]
+struct MembershipArgs {
+    /// Peers.
+    #[arg(long, default_value_t = 100)]
+    peers: usize,
+    /// RNG seed (one seed, one run: the digest printed).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds measured after formation.
+    #[arg(long, default_value_t = 60.0)]
+    measure: f64,
+    /// Peers started per second while the swarm forms (as `swarm`'s default).
+    #[arg(long, default_value_t = 50.0)]
+    join_rate: f64,
+    /// Give up forming after this many seconds (the window is measured anyway).
+    #[arg(long, default_value_t = 300.0)]
+    max_formation: f64,
+    /// One-way latency: u:LO,HI | const:MS | exp:MEAN (milliseconds).
+    #[arg(long, default_value = "u:5,50")]
+    latency: Latency,
+    /// Probability that a message is lost.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Share of the peers that stall --stall-ms once a minute.
+    #[arg(long, default_value_t = 0.0)]
+    stall_share: f64,
+    /// How long a stall lasts, ms.
+    #[arg(long, default_value_t = 1000)]
+    stall_ms: u64,
+    /// Departures per second in the measured window, each replaced by a newcomer.
+    #[arg(long, default_value_t = 0.0)]
+    churn: f64,
+    /// Share of the departures that are graceful leaves (the rest crash).
+    #[arg(long, default_value_t = 0.0)]
+    leave_share: f64,
+    /// Crashes spread over the measured window, not replaced.
+    #[arg(long, default_value_t = 10)]
+    crashes: usize,
+    /// Gossip interval, ms (the node's default).
+    #[arg(long, default_value_t = 500)]
+    gossip_interval_ms: u64,
+    /// Gossip fanout (the node's default).
+    #[arg(long, default_value_t = 2)]
+    gossip_fanout: usize,
+    /// Prefix groups of this many bits of the Kademlia key (0: one swarm); see
+    /// docs/design/membership-at-scale.md.
+    #[arg(long, default_value_t = 0)]
+    group_bits: u32,
+    /// How long a relayed heartbeat keeps its member alive, ms (the node's default).
+    #[arg(long, default_value_t = 5000)]
+    gossip_liveness_ms: u64,
+    /// Write the report as JSON here too.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
 }
 
 /// Options of the commands that run many simulations.
@@ -719,6 +780,29 @@ fn real_main() -> Result<ExitCode> {
             let (quick, seed, threads) = (a.batch.quick, a.batch.seed, a.batch.threads());
             let opts = compare::CompareOptions { out: a.out, quick, seed, threads, protocols: a.protocols };
             print!("{}", compare::run(&opts)?.summary);
+        }
+        Command::Sim(SimCommand::Membership(a)) => {
+            use sigma_testnet::sim::membership;
+            let mut cfg = membership::Config::new(a.peers, a.seed);
+            cfg.measure = Duration::try_from_secs_f64(a.measure)?;
+            cfg.join_rate = a.join_rate;
+            cfg.max_formation = Duration::try_from_secs_f64(a.max_formation)?;
+            cfg.latency = a.latency;
+            cfg.loss = a.loss;
+            cfg.stall_share = a.stall_share;
+            cfg.stall = Duration::from_millis(a.stall_ms);
+            cfg.churn = a.churn;
+            cfg.leave_share = a.leave_share;
+            cfg.crashes = a.crashes;
+            cfg.gossip_interval = Duration::from_millis(a.gossip_interval_ms.max(10));
+            cfg.gossip_fanout = a.gossip_fanout.max(1);
+            cfg.group_bits = a.group_bits.min(16);
+            cfg.gossip_liveness = Duration::from_millis(a.gossip_liveness_ms).max(cfg.gossip_interval);
+            let report = membership::run(&cfg);
+            print!("{}", membership::summary(&report));
+            if let Some(path) = &a.json {
+                std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
+            }
         }
         Command::Sim(SimCommand::Run(a)) => {
             // A closed system has n processes and no quorum parameter.

@@ -13,7 +13,7 @@ use super::types::Counters;
 // Up to the parent for `Behaviour` alone: this file is one of its `impl` blocks (the
 // methods of one role, which coordinate that role's state with the others').
 use super::Behaviour;
-use crate::membership::{Readiness, Record};
+use crate::membership::Readiness;
 use crate::proto::{client::Phase, Client, Time};
 use crate::wire::{self, Rejection};
 
@@ -265,31 +265,8 @@ impl Behaviour {
     /// gossip request `reply_to`, only those newer than the request's
     /// ([`Membership::beats`](crate::membership::Membership::beats)).
     pub(super) fn gossip_table(&mut self, now: Time, reply_to: Option<u64>) -> wire::Gossip {
-        let own = self.membership.own_beat();
-        let own_delay = self.membership.own_delay();
-        let own_proof = self.gossip.chain.proof(own.1);
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let beats = std::iter::once((self.local, own, Duration::ZERO, Some(own_delay), own_proof.as_ref(), false))
-            .chain(self.membership.beats(now, reply_to))
-            .take(wire::MAX_GOSSIP_BEATS)
-            .map(|(peer, (incarnation, counter), age, delay, proof, counted)| wire::Beat {
-                peer,
-                incarnation,
-                counter,
-                age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
-                delay_ms: delay.map(ms),
-                proof: proof.cloned(),
-                counted,
-            })
-            .collect();
-        let leaves = self.membership.leaves().take(wire::MAX_GOSSIP_LEAVES).cloned().collect();
-        wire::Gossip {
-            beats,
-            serving: self.membership.serving(),
-            joints: self.membership.joint_newcomers().map(|p| p.copied().unwrap_or(self.local)).collect(),
-            delay_ms: Some(ms(self.membership.members_delay())),
-            leaves,
-        }
+        let own_proof = self.gossip.chain.proof(self.membership.own_beat().1);
+        self.membership.table(self.local, own_proof, now, reply_to)
     }
 
     /// Merges a gossip table from `peer`, a sigma peer (in the routing table, or an
@@ -310,53 +287,19 @@ impl Behaviour {
             return;
         }
         let now = self.clock.now();
-        let wall_ms = crate::liveness::wall_ms();
-        let mut woke = Vec::new();
-        let mut introduced = 0;
-        for b in &gossip.beats {
-            if b.peer == self.local {
-                continue;
-            }
-            let record = Record {
-                peer: b.peer,
-                beat: (b.incarnation, b.counter),
-                age: Duration::from_millis(u64::from(b.age_ms)) + transit,
-                delay_ms: b.delay_ms,
-                proof: b.proof.as_ref(),
-            };
-            match self.membership.heard_record(record, &peer, now, wall_ms, echo, &mut introduced) {
-                Ok(true) => woke.push(b.peer),
-                Ok(false) => {}
-                Err(why) => Counters::bump(&mut self.counters.inbound_failures, why.as_str()),
-            }
+        let merged = self.membership.merge(&self.local, peer, &gossip, transit, echo, now, crate::liveness::wall_ms());
+        for why in &merged.refused {
+            Counters::bump(&mut self.counters.inbound_failures, why.as_str());
         }
-        for leave in &gossip.leaves {
-            match self.membership.heard_leave(leave, wall_ms, now) {
-                Ok(true) => {
-                    self.counters.members_left += 1;
-                    tracing::info!(peer = %leave.peer, via = %peer, "member left the swarm");
-                }
-                Ok(false) => {}
-                Err(why) => Counters::bump(&mut self.counters.inbound_failures, why.as_str()),
-            }
+        for left in &merged.left {
+            self.counters.members_left += 1;
+            tracing::info!(peer = %left, via = %peer, "member left the swarm");
         }
-        for p in woke {
+        for p in merged.woke {
             self.hand_over_to(p);
         }
-        // The members `peer` counts, in its own words: its table came over its own
-        // connection (a joint quorum here may wait for them; docs/design/membership.md).
-        let me = gossip.beats.iter().any(|b| b.counted && b.peer == self.local);
-        let counted =
-            gossip.beats.iter().filter(|b| b.counted && b.peer != peer && b.peer != self.local).map(|b| b.peer);
-        self.membership.counted_by(&peer, counted, me);
-        if gossip.serving && self.membership.needs_voucher() {
-            let was_ready = self.membership.ready();
-            let named = gossip.beats.iter().map(|b| b.peer).filter(|p| *p != self.local);
-            let delay = gossip.delay_ms.map(Duration::from_millis);
-            self.membership.joined_through(peer, named, &gossip.joints, delay, now);
-            if !was_ready && self.membership.ready() {
-                tracing::info!(through = %peer, "joined the swarm: ready");
-            }
+        if merged.joined {
+            tracing::info!(through = %peer, "joined the swarm: ready");
         }
         self.housekeeping(now);
     }

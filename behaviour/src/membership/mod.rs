@@ -33,6 +33,7 @@
 //!   over as if it had just begun serving.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::time::Duration;
 
 use libp2p::kad::KBucketKey;
@@ -42,8 +43,10 @@ use crate::liveness::{Leave, Proof};
 use crate::proto::Time;
 
 mod departures;
+mod exchange;
 mod gossip;
 mod joint;
+pub use exchange::Merged;
 pub use gossip::Record;
 pub use joint::MAX_JOINTS;
 
@@ -54,6 +57,27 @@ pub const MAX_MEMBERS: usize = 10_000;
 /// Longest takeover delay a member's settings can impose on this peer (a lease of an
 /// hour is far past any sensible one; a larger value heard is taken as this).
 pub const MAX_TAKEOVER_DELAY: Duration = Duration::from_secs(3600);
+
+/// The member table's hasher: SipHash-1-3 as std's, keyed at random for each table, or
+/// with given keys ([`Membership::with_hash_keys`]) where a run must replay exactly (the
+/// membership simulator: the table's order decides, e.g., which newcomers are counted
+/// first when joint quorums run short).
+#[derive(Clone, Debug)]
+pub struct MemberHasher(u64, u64);
+
+impl Default for MemberHasher {
+    fn default() -> Self {
+        use rand::RngCore;
+        MemberHasher(rand::rngs::OsRng.next_u64(), rand::rngs::OsRng.next_u64())
+    }
+}
+
+impl BuildHasher for MemberHasher {
+    type Hasher = siphasher::sip::SipHasher13;
+    fn build_hasher(&self) -> Self::Hasher {
+        siphasher::sip::SipHasher13::new_with_keys(self.0, self.1)
+    }
+}
 
 /// Why a peer does not serve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,7 +282,7 @@ pub struct Membership {
     /// (until then it stays the longer one).
     members_delay_stale: bool,
     liveness: Duration,
-    members: HashMap<PeerId, Member>,
+    members: HashMap<PeerId, Member, MemberHasher>,
     /// Gossip requests numbered so far ([`Membership::next_exchange`]).
     exchange: u64,
     /// Counted members alive now (kept as a count: readiness is asked on every event).
@@ -314,7 +338,7 @@ impl Membership {
             inherited: None,
             members_delay_stale: false,
             liveness,
-            members: HashMap::new(),
+            members: HashMap::default(),
             exchange: 0,
             up: 0,
             pending: 0,
@@ -334,6 +358,16 @@ impl Membership {
             joints: Vec::new(),
             joint_off: false,
         }
+    }
+
+    /// The member table hashed with these keys instead of random ones: the same calls
+    /// then give the same answers in the same order (a simulation replays from its
+    /// seed). Random keys keep a remote peer from choosing ids that collide.
+    pub fn with_hash_keys(mut self, k0: u64, k1: u64) -> Self {
+        let mut members = HashMap::with_hasher(MemberHasher(k0, k1));
+        members.extend(self.members.drain());
+        self.members = members;
+        self
     }
 
     /// Test-only: a planted fault that breaks rule 1 (a newcomer counts only while this
@@ -430,6 +464,12 @@ impl Membership {
     /// frozen in a minority).
     pub fn is_departed(&self, peer: &PeerId) -> bool {
         self.members.get(peer).is_some_and(Member::departed)
+    }
+
+    /// The departures within the takeover delay, in the order they happened: (member,
+    /// when it stopped being alive here). A simulation reads who departed when.
+    pub fn recent_departures(&self) -> &[(PeerId, Time)] {
+        &self.departures
     }
 
     /// The departed members forgotten (past the window) since the last call.

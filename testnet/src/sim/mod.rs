@@ -5,5 +5,6 @@ pub mod analysis;
 pub mod compare;
 pub mod engine;
 pub use sigma_behaviour::latency;
+pub mod membership;
 pub mod paper;
 pub mod protocol;

@@ -378,6 +378,11 @@ struct MembershipArgs {
     /// Departures per second in the measured window, each replaced by a newcomer.
     #[arg(long, default_value_t = 0.0)]
     churn: f64,
+    /// Sessions drawn from a Weibull distribution of shape 0.5 with this median, in
+    /// seconds (measured DHT sessions: half of new peers gone within about 2 h, 7200),
+    /// each departure replaced by a newcomer; instead of, or on top of, --churn.
+    #[arg(long)]
+    session_median: Option<f64>,
     /// Share of the departures that are graceful leaves (the rest crash).
     #[arg(long, default_value_t = 0.0)]
     leave_share: f64,
@@ -793,6 +798,7 @@ fn real_main() -> Result<ExitCode> {
             cfg.stall = Duration::from_millis(a.stall_ms);
             cfg.churn = a.churn;
             cfg.leave_share = a.leave_share;
+            cfg.session_median = a.session_median.map(Duration::try_from_secs_f64).transpose()?;
             cfg.crashes = a.crashes;
             cfg.gossip_interval = Duration::from_millis(a.gossip_interval_ms.max(10));
             cfg.gossip_fanout = a.gossip_fanout.max(1);

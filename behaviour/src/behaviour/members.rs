@@ -143,8 +143,11 @@ impl Behaviour {
     /// enough are open, and keeps busy those it uses); every few rounds (`Gossip::start_round`)
     /// one target is an alive member in the routing table that is not connected, so
     /// that the gossip graph is Kademlia's (connected) one and not only the set of
-    /// connections of the moment. (A member known only by gossip may have no address
-    /// here: it is never a target.)
+    /// connections of the moment. While a joint quorum is pending here, one target is a
+    /// member it waits on ([`Membership::awaited`]): its reply ends the joint quorum in
+    /// about as many rounds as the view has members, where random targets take a
+    /// coupon collector's N ln N / fanout. (A member known only by gossip may have no
+    /// address here: it is never a target.)
     pub(super) fn gossip_round(&mut self, now: Time) {
         use rand::seq::{IteratorRandom, SliceRandom};
         if self.membership.readiness() == Readiness::Leaving {
@@ -159,22 +162,27 @@ impl Behaviour {
         let mixing = self.gossip.start_round();
         let fanout = self.config.gossip_fanout;
         let (connections, routing) = (&self.connections, &self.routing);
+        let reachable = |p: &&PeerId| connections.is_connected(p) || routing.is_routable(p);
+        let awaited = self.membership.awaited().filter(reachable).copied().choose(&mut self.rng);
         let (mut near, far): (Vec<PeerId>, Vec<PeerId>) = self
             .membership
             .alive()
-            .filter(|p| connections.is_connected(p) || routing.is_routable(p))
+            .filter(reachable)
+            .filter(|p| Some(**p) != awaited)
             .copied()
             .partition(|p| connections.is_connected(p));
+        let fanout = fanout - usize::from(awaited.is_some());
         let mix = usize::from(mixing || near.len() < fanout);
         let mut targets = far.into_iter().choose_multiple(&mut self.rng, mix.max(fanout.saturating_sub(near.len())));
         targets.truncate(fanout);
         let rest = fanout - targets.len();
         near.shuffle(&mut self.rng);
         targets.extend(near.into_iter().take(rest));
+        targets.extend(awaited);
         if targets.is_empty() {
             return;
         }
-        let table = self.gossip_table(now, None);
+        let table = self.gossip_table(now, None, &[]);
         for peer in targets {
             self.used(peer);
             let id = self.inner.gossip.send_request(&peer, table.clone());
@@ -262,11 +270,11 @@ impl Behaviour {
     }
 
     /// This peer's heartbeat and those of the members alive here; in the reply to
-    /// gossip request `reply_to`, only those newer than the request's
-    /// ([`Membership::beats`](crate::membership::Membership::beats)).
-    pub(super) fn gossip_table(&mut self, now: Time, reply_to: Option<u64>) -> wire::Gossip {
+    /// gossip request `reply_to`, only those newer than the request's, and those of
+    /// `keep` (the request's pending changes: [`Membership::table`]).
+    pub(super) fn gossip_table(&mut self, now: Time, reply_to: Option<u64>, keep: &[PeerId]) -> wire::Gossip {
         let own_proof = self.gossip.chain.proof(self.membership.own_beat().1);
-        self.membership.table(self.local, own_proof, now, reply_to)
+        self.membership.table(self.local, own_proof, now, reply_to, keep)
     }
 
     /// Merges a gossip table from `peer`, a sigma peer (in the routing table, or an
@@ -318,9 +326,11 @@ impl Behaviour {
                     // Its transit is not known here: the connection's last ping round
                     // trip stands for it (the liveness ping timeout if none yet).
                     let transit = self.connections.rtt(&peer).unwrap_or(self.config.ping_timeout);
+                    let keep: Vec<PeerId> =
+                        request.joints.iter().take(crate::membership::MAX_JOINTS).copied().collect();
                     self.merge_gossip(peer, request, Some(exchange), transit);
                     let now = self.clock.now();
-                    let table = self.gossip_table(now, Some(exchange));
+                    let table = self.gossip_table(now, Some(exchange), &keep);
                     let _ = self.inner.gossip.send_response(channel, table);
                 }
                 request_response::Message::Response { request_id, response } => {

@@ -31,9 +31,17 @@ pub struct Merged {
 impl Membership {
     /// This peer's gossip table: its own heartbeat (`own_proof` proves it, age 0) and
     /// those of the members alive here ([`Membership::beats`]; in the reply to gossip
-    /// request `reply_to`, only those newer than the request's), the signed leaves it
-    /// relays, whether it serves, the pending changes of its view and its takeover delay.
-    pub fn table(&self, local: PeerId, own_proof: Option<Proof>, now: Time, reply_to: Option<u64>) -> wire::Gossip {
+    /// request `reply_to`, only those newer than the request's and those of `keep`, the
+    /// request's `joints`), the signed leaves it relays, whether it serves, the pending
+    /// changes of its view and its takeover delay.
+    pub fn table(
+        &self,
+        local: PeerId,
+        own_proof: Option<Proof>,
+        now: Time,
+        reply_to: Option<u64>,
+        keep: &[PeerId],
+    ) -> wire::Gossip {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let (incarnation, counter) = self.own_beat();
         let own = wire::Beat {
@@ -46,14 +54,16 @@ impl Membership {
             counted: false,
         };
         let others =
-            self.beats(now, reply_to).map(|(peer, (incarnation, counter), age, delay, proof, counted)| wire::Beat {
-                peer,
-                incarnation,
-                counter,
-                age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
-                delay_ms: delay.map(ms),
-                proof: proof.cloned(),
-                counted,
+            self.beats(now, reply_to, keep).map(|(peer, (incarnation, counter), age, delay, proof, counted)| {
+                wire::Beat {
+                    peer,
+                    incarnation,
+                    counter,
+                    age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
+                    delay_ms: delay.map(ms),
+                    proof: proof.cloned(),
+                    counted,
+                }
             });
         wire::Gossip {
             beats: std::iter::once(own).chain(others).take(wire::MAX_GOSSIP_BEATS).collect(),

@@ -318,16 +318,22 @@ impl Membership {
     /// request `reply_to` ([`Membership::next_exchange`]), only those the request did not
     /// already hold as new: the requester ends up with the same table as if it had been
     /// sent ours whole (merging a beat no newer than its own changes nothing), for
-    /// about half the beats.
-    pub fn beats(
-        &self,
+    /// about half the beats. Members in `keep` are in the reply all the same: the
+    /// changes the requester's joint quorums wait on (its table's `joints`), whose
+    /// records say, in this peer's own words, whether it counts them.
+    pub fn beats<'a>(
+        &'a self,
         now: Time,
         reply_to: Option<u64>,
-    ) -> impl Iterator<Item = (PeerId, Beat, Duration, Option<Duration>, Option<&Proof>, bool)> + '_ {
+        keep: &'a [PeerId],
+    ) -> impl Iterator<Item = (PeerId, Beat, Duration, Option<Duration>, Option<&'a Proof>, bool)> + 'a {
         self.members
             .iter()
-            .filter(move |(_, m)| {
-                m.alive && m.beat != (0, 0) && m.proof.is_some() && reply_to.is_none_or(|x| m.echoed != x)
+            .filter(move |(p, m)| {
+                m.alive
+                    && m.beat != (0, 0)
+                    && m.proof.is_some()
+                    && reply_to.is_none_or(|x| m.echoed != x || keep.contains(p))
             })
             .map(move |(p, m)| (*p, m.beat, now.saturating_sub(m.beat_at), m.delay, m.proof.as_ref(), m.counted))
     }

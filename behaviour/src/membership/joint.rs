@@ -202,6 +202,12 @@ impl Membership {
         slots(mask).find(|i| self.joints[*i].as_ref().is_some_and(|j| j.peer.as_ref() == peer)).map_or(0, bit)
     }
 
+    /// The alive members whose own table a joint quorum pending here still waits for
+    /// (in its view, not yet known to count its change): gossip with them ends it.
+    pub fn awaited(&self) -> impl Iterator<Item = &PeerId> {
+        self.members.iter().filter(|(_, m)| m.alive && m.views & !m.counts != 0).map(|(p, _)| p)
+    }
+
     /// Whether a table of `from` listing `peer` (none: this peer) as counted would
     /// change anything here (`from` is in the view of `peer`'s pending joint quorum and
     /// not yet known to count it).

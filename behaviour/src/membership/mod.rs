@@ -1199,7 +1199,7 @@ mod tests {
         }
         m.tick(S);
         let all = |m: &Membership, reply_to| {
-            let mut v: Vec<PeerId> = m.beats(S, reply_to).map(|(p, ..)| p).collect();
+            let mut v: Vec<PeerId> = m.beats(S, reply_to, &[]).map(|(p, ..)| p).collect();
             v.sort();
             v
         };
@@ -1217,6 +1217,13 @@ mod tests {
         assert_eq!(all(&m, None), expected, "a round's table is still whole");
         let y = m.next_exchange();
         assert_eq!(all(&m, Some(y)), expected, "the marks are per request");
+        // A request whose joint quorums wait on peer 1 gets peer 1's record back: the
+        // reply says whether this peer counts it.
+        let mut kept: Vec<PeerId> = m.beats(S, Some(x), &peers[1..2]).map(|(p, ..)| p).collect();
+        kept.sort();
+        let mut with_1 = vec![peers[1], peers[2], peers[3]];
+        with_1.sort();
+        assert_eq!(kept, with_1, "kept though the request held it as new");
     }
 
     /// Only a member itself can refresh its heartbeat: a relayed beat without a proof,
@@ -1245,7 +1252,7 @@ mod tests {
             m.heard_record(own, &q, t * S, wall, None, &mut 0).unwrap();
         }
         assert!(m.is_alive(&q));
-        assert_eq!(m.beats(2 * S, None).map(|(p, ..)| p).collect::<Vec<_>>(), vec![p]);
+        assert_eq!(m.beats(2 * S, None, &[]).map(|(p, ..)| p).collect::<Vec<_>>(), vec![p]);
     }
 
     /// One table introduces at most [`MAX_NEW_PER_TABLE`] members, and with a member

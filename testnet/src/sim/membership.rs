@@ -6,8 +6,9 @@
 //! ([`Membership::table`], [`Membership::merge`]), each heartbeat proven by the node's
 //! hash chain ([`sigma_behaviour::liveness::Chain`], checked on every merge). What the
 //! simulator adds is only what the behaviour does around them: a round every gossip
-//! interval to `fanout` random members alive in the peer's view (the node prefers
-//! connected ones; here every peer is one message away), the reply to each request,
+//! interval to `fanout` members alive in the peer's view, one of them a member a
+//! pending joint quorum waits on if any, the others random (the node prefers connected
+//! ones; here every peer is one message away), the reply to each request,
 //! the housekeeping tick, and a joining peer's connections to its bootstrap peers.
 //!
 //! The network delivers each message after a latency drawn per message, or loses it;
@@ -87,6 +88,13 @@ pub struct Config {
     /// (the swarm keeps its size): a uniformly drawn peer, so sessions are exponential
     /// with mean `peers / churn` seconds.
     pub churn: f64,
+    /// Session times instead of a rate: from the measured window on, every peer stays
+    /// up for a draw of a Weibull distribution of shape 0.5 with this median (measured
+    /// DHT sessions are heavy-tailed: half of the new peers gone within about two hours,
+    /// a few staying for days), then departs and a newcomer takes its place with a
+    /// session of its own. A peer up at the start of the window draws its remaining
+    /// time from the same distribution.
+    pub session_median: Option<Duration>,
     /// Share of the departures that are graceful leaves (the rest crash).
     pub leave_share: f64,
     /// Crashes in the measured window, evenly spread, not replaced (on top of churn).
@@ -121,6 +129,7 @@ impl Config {
             stall: Duration::from_secs(1),
             stall_every: Duration::from_secs(60),
             churn: 0.0,
+            session_median: None,
             leave_share: 0.0,
             crashes: 0,
             group_bits: 0,
@@ -226,6 +235,7 @@ enum Ev {
     Crash(usize),
     Disconnect { peer: usize, from: usize },
     Churn,
+    SessionEnd(usize),
     StallStart(usize),
     StallEnd(usize),
     Check,
@@ -440,6 +450,7 @@ impl Sim {
                 Ev::Crash(p) => self.crash(p),
                 Ev::Disconnect { peer, from } => self.disconnect(peer, from),
                 Ev::Churn => self.churn(),
+                Ev::SessionEnd(p) => self.session_end(p),
                 Ev::StallStart(p) => self.stall(p),
                 Ev::StallEnd(p) => self.unstall(p),
                 Ev::Check => self.check(),
@@ -495,14 +506,19 @@ impl Sim {
         let fanout = self.cfg.gossip_fanout;
         let now = self.now;
         let peer = &mut self.peers[p];
-        let targets: Vec<PeerId> = peer.m.alive().copied().choose_multiple(&mut self.rng, fanout);
+        // As the node: one target a member a pending joint quorum waits on, if any.
+        let awaited = peer.m.awaited().copied().choose(&mut self.rng);
+        let rest = fanout - usize::from(awaited.is_some());
+        let mut targets: Vec<PeerId> =
+            peer.m.alive().filter(|q| Some(**q) != awaited).copied().choose_multiple(&mut self.rng, rest);
+        targets.extend(awaited);
         if targets.is_empty() {
             return;
         }
         let peer = &mut self.peers[p];
         let (_, counter) = peer.m.beat();
         let proof = peer.chain.proof(counter);
-        let table = Rc::new(peer.m.table(peer.id, proof, now, None));
+        let table = Rc::new(peer.m.table(peer.id, proof, now, None, &[]));
         for t in targets {
             let to = self.index[&t];
             self.send(p, to, table.clone(), None);
@@ -553,7 +569,7 @@ impl Sim {
         if let Some(exchange) = echo {
             let peer = &mut self.peers[to];
             let proof = peer.chain.proof(peer.m.own_beat().1);
-            let table = Rc::new(peer.m.table(peer.id, proof, now, Some(exchange)));
+            let table = Rc::new(peer.m.table(peer.id, proof, now, Some(exchange), &msg.table.joints));
             self.send(to, msg.from, table, Some(now));
         }
     }
@@ -723,17 +739,45 @@ impl Sim {
 
     fn churn(&mut self) {
         if let Some(&victim) = self.up.choose(&mut self.rng) {
-            if self.rng.gen_bool(self.cfg.leave_share) {
-                self.leave(victim);
-            } else {
-                self.crash(victim);
-            }
+            self.depart(victim);
         }
+        self.newcomer();
+        let gap = exp(&mut self.rng, 1.0 / self.cfg.churn);
+        self.after(gap, Ev::Churn);
+    }
+
+    /// Peer `p` departs: a graceful leave for `leave_share` of the departures, else a
+    /// crash.
+    fn depart(&mut self, p: usize) {
+        if self.rng.gen_bool(self.cfg.leave_share) {
+            self.leave(p);
+        } else {
+            self.crash(p);
+        }
+    }
+
+    /// A new peer joins (churn), with a session of its own if sessions are drawn.
+    fn newcomer(&mut self) {
         let peer = self.new_peer();
         self.counts.2 += 1;
         self.join(peer);
-        let gap = exp(&mut self.rng, 1.0 / self.cfg.churn);
-        self.after(gap, Ev::Churn);
+        self.draw_session(peer);
+    }
+
+    fn draw_session(&mut self, p: usize) {
+        if let Some(median) = self.cfg.session_median {
+            // Weibull, shape k = 1/2: scale = median / ln(2)^(1/k).
+            let scale = median.as_secs_f64() / std::f64::consts::LN_2.powi(2);
+            let u: f64 = self.rng.gen_range(f64::EPSILON..1.0);
+            self.after(Duration::from_secs_f64(scale * (-u.ln()).powi(2)), Ev::SessionEnd(p));
+        }
+    }
+
+    fn session_end(&mut self, p: usize) {
+        if matches!(self.peers[p].state, State::Up | State::Stalled) {
+            self.depart(p);
+            self.newcomer();
+        }
     }
 
     fn stall(&mut self, p: usize) {
@@ -808,6 +852,9 @@ impl Sim {
         if self.cfg.churn > 0.0 {
             let gap = exp(&mut self.rng, 1.0 / self.cfg.churn);
             self.after(gap, Ev::Churn);
+        }
+        for p in self.up.clone() {
+            self.draw_session(p);
         }
         let victims: Vec<usize> = self.up.choose_multiple(&mut self.rng, self.cfg.crashes).copied().collect();
         let k = victims.len() as f64;
@@ -1048,6 +1095,23 @@ mod tests {
             assert!(r.refused.keys().all(|k| *k == "beat_out_of_range"), "seed {seed}: {:?}", r.refused);
             assert!(r.bytes_per_peer_s > 0.0);
         }
+    }
+
+    /// Sessions end, each departure replaced by a newcomer that joins; half the
+    /// departures are graceful leaves, and a leave is no false removal. (With a
+    /// departure a second in 24 peers, a peer may be between joint quorums at the end.)
+    #[test]
+    fn sessions_end_and_newcomers_take_their_place() {
+        let mut cfg = small(4);
+        cfg.crashes = 0;
+        cfg.session_median = Some(Duration::from_secs(30));
+        cfg.leave_share = 0.5;
+        let r = run(&cfg);
+        assert!(r.crashes > 0 && r.leaves > 0, "{r:?}");
+        assert_eq!(r.joins, r.crashes + r.leaves, "{r:?}");
+        assert_eq!(r.false_removals, 0, "{r:?}");
+        assert!(!r.readiness.contains_key("joining"), "every newcomer joined: {r:?}");
+        assert!(r.serving_share > 0.9, "{r:?}");
     }
 
     /// Stalls longer than the liveness window do drop the stalled peer (the check

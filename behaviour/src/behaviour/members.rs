@@ -182,7 +182,7 @@ impl Behaviour {
         if targets.is_empty() {
             return;
         }
-        let table = self.gossip_table(now, None, &[]);
+        let table = self.gossip_table(now);
         for peer in targets {
             self.used(peer);
             let id = self.inner.gossip.send_request(&peer, table.clone());
@@ -269,23 +269,21 @@ impl Behaviour {
         }
     }
 
-    /// This peer's heartbeat and those of the members alive here; in the reply to
-    /// gossip request `reply_to`, only those newer than the request's, and those of
-    /// `keep` (the request's pending changes: [`Membership::table`]).
-    pub(super) fn gossip_table(&mut self, now: Time, reply_to: Option<u64>, keep: &[PeerId]) -> wire::Gossip {
+    /// This peer's heartbeat and those of the members alive here, for a round.
+    pub(super) fn gossip_table(&mut self, now: Time) -> wire::Gossip {
         let own_proof = self.gossip.chain.proof(self.membership.own_beat().1);
-        self.membership.table(self.local, own_proof, now, reply_to, keep)
+        self.membership.table(self.local, own_proof, now, None, &[])
     }
 
     /// Merges a gossip table from `peer`, a sigma peer (in the routing table, or an
     /// alive member): members that became alive take over the keys they are closer to;
     /// a joining peer joins through `peer` if it serves ([`Membership::joined_through`]).
     /// `echo`: the exchange number of a request (its reply is then
-    /// `gossip_table(now, echo)`), none for a reply. `transit`: how long the table may
+    /// [`Membership::reply`]), none for a reply. `transit`: how long the table may
     /// have been on its way (a reply: the round trip of its request; a request: the
     /// connection's last ping round trip), added to every age in it, so that a relayed
     /// beat is never taken as fresher than it is by the time spent between peers.
-    pub(super) fn merge_gossip(&mut self, peer: PeerId, gossip: wire::Gossip, echo: Option<u64>, transit: Duration) {
+    pub(super) fn merge_gossip(&mut self, peer: PeerId, gossip: &wire::Gossip, echo: Option<u64>, transit: Duration) {
         if !gossip.is_valid() {
             Counters::bump(&mut self.counters.inbound_failures, "gossip_oversized");
             return;
@@ -295,7 +293,7 @@ impl Behaviour {
             return;
         }
         let now = self.clock.now();
-        let merged = self.membership.merge(&self.local, peer, &gossip, transit, echo, now, crate::liveness::wall_ms());
+        let merged = self.membership.merge(&self.local, peer, gossip, transit, echo, now, crate::liveness::wall_ms());
         for why in &merged.refused {
             Counters::bump(&mut self.counters.inbound_failures, why.as_str());
         }
@@ -326,11 +324,10 @@ impl Behaviour {
                     // Its transit is not known here: the connection's last ping round
                     // trip stands for it (the liveness ping timeout if none yet).
                     let transit = self.connections.rtt(&peer).unwrap_or(self.config.ping_timeout);
-                    let keep: Vec<PeerId> =
-                        request.joints.iter().take(crate::membership::MAX_JOINTS).copied().collect();
-                    self.merge_gossip(peer, request, Some(exchange), transit);
+                    self.merge_gossip(peer, &request, Some(exchange), transit);
                     let now = self.clock.now();
-                    let table = self.gossip_table(now, Some(exchange), &keep);
+                    let own_proof = self.gossip.chain.proof(self.membership.own_beat().1);
+                    let table = self.membership.reply(self.local, own_proof, now, &request, exchange);
                     let _ = self.inner.gossip.send_response(channel, table);
                 }
                 request_response::Message::Response { request_id, response } => {
@@ -339,7 +336,7 @@ impl Behaviour {
                         Some(sent) => self.clock.now().saturating_sub(sent),
                         None => self.connections.rtt(&peer).unwrap_or(self.config.ping_timeout),
                     };
-                    self.merge_gossip(peer, response, None, transit);
+                    self.merge_gossip(peer, &response, None, transit);
                 }
             },
             request_response::Event::InboundFailure { .. } => {

@@ -74,6 +74,26 @@ impl Membership {
         }
     }
 
+    /// This peer's reply to gossip `request`, merged as exchange `exchange`: the table
+    /// without what the request held as new, but with the changes the request's joint
+    /// quorums wait on ([`Membership::table`]). Whole to a peer that does not serve: a
+    /// joining peer counts the members a serving peer's table names
+    /// ([`Membership::joined_through`]), and must not miss those it already held.
+    pub fn reply(
+        &self,
+        local: PeerId,
+        own_proof: Option<Proof>,
+        now: Time,
+        request: &wire::Gossip,
+        exchange: u64,
+    ) -> wire::Gossip {
+        if !request.serving {
+            return self.table(local, own_proof, now, None, &[]);
+        }
+        let keep = &request.joints[..request.joints.len().min(super::MAX_JOINTS)];
+        self.table(local, own_proof, now, Some(exchange), keep)
+    }
+
     /// Merges `from`'s table (already checked within its bounds, [`wire::Gossip::is_valid`]),
     /// at `now` and wall-clock time `wall_ms`: every heartbeat ([`Membership::heard_record`],
     /// each age plus `transit`, how long the table may have been on its way), every

@@ -1226,6 +1226,35 @@ mod tests {
         assert_eq!(kept, with_1, "kept though the request held it as new");
     }
 
+    /// A joining peer counts the members its voucher's table names: a reply to a peer
+    /// that does not serve is whole, even of what the request held as new.
+    #[test]
+    fn a_reply_to_a_peer_that_does_not_serve_is_whole() {
+        let mut m = view(false);
+        m.tick(Duration::ZERO);
+        let mut members = signed(3);
+        for member in &mut members {
+            relayed(&mut m, member, 1, Duration::ZERO, None).unwrap();
+            relayed(&mut m, member, 2, S, None).unwrap();
+        }
+        m.tick(S);
+        let x = m.next_exchange();
+        for member in &mut members {
+            relayed(&mut m, member, 2, S, Some(x)).unwrap();
+        }
+        let local = PeerId::random();
+        let request = |serving| crate::wire::Gossip {
+            beats: Vec::new(),
+            serving,
+            delay_ms: None,
+            leaves: Vec::new(),
+            joints: Vec::new(),
+        };
+        let named = |g: crate::wire::Gossip| g.beats.iter().filter(|b| b.peer != local).count();
+        assert_eq!(named(m.reply(local, None, S, &request(true), x)), 0, "a serving peer held them all");
+        assert_eq!(named(m.reply(local, None, S, &request(false), x)), 3, "a joining peer gets every member");
+    }
+
     /// Only a member itself can refresh its heartbeat: a relayed beat without a proof,
     /// or with another beat's, is refused and changes nothing; a beat of the member
     /// itself, straight from it, needs none (the connection authenticates it) but is not

@@ -569,7 +569,7 @@ impl Sim {
         if let Some(exchange) = echo {
             let peer = &mut self.peers[to];
             let proof = peer.chain.proof(peer.m.own_beat().1);
-            let table = Rc::new(peer.m.table(peer.id, proof, now, Some(exchange), &msg.table.joints));
+            let table = Rc::new(peer.m.reply(peer.id, proof, now, &msg.table, exchange));
             self.send(to, msg.from, table, Some(now));
         }
     }

@@ -293,7 +293,8 @@ impl Behaviour {
             return;
         }
         let now = self.clock.now();
-        let merged = self.membership.merge(&self.local, peer, gossip, transit, echo, now, crate::liveness::wall_ms());
+        let arrival = crate::membership::Arrival { transit, echo };
+        let merged = self.membership.merge(&self.local, peer, gossip, arrival, now, crate::liveness::wall_ms());
         for why in &merged.refused {
             Counters::bump(&mut self.counters.inbound_failures, why.as_str());
         }

@@ -15,6 +15,17 @@ use crate::liveness::{Proof, Refused};
 use crate::proto::Time;
 use crate::wire;
 
+/// How a table arrived: how long it may have been on its way (added to every age in
+/// it), and, for a request, its exchange number ([`Membership::next_exchange`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Arrival {
+    /// A reply: its request's round trip; a request: the connection's last ping round
+    /// trip (its transit is not known to its receiver).
+    pub transit: Duration,
+    /// The request's exchange number; none for a reply.
+    pub echo: Option<u64>,
+}
+
 /// What merging a table changed, for the owner to act on and count.
 #[derive(Debug, Default)]
 pub struct Merged {
@@ -96,20 +107,18 @@ impl Membership {
 
     /// Merges `from`'s table (already checked within its bounds, [`wire::Gossip::is_valid`]),
     /// at `now` and wall-clock time `wall_ms`: every heartbeat ([`Membership::heard_record`],
-    /// each age plus `transit`, how long the table may have been on its way), every
-    /// leave ([`Membership::heard_leave`]), what `from` counts in its own words
-    /// ([`Membership::counted_by`]: the table came over `from`'s own connection), and,
-    /// for a joining peer, its join through `from` if `from` serves
-    /// ([`Membership::joined_through`]). `echo`: the exchange number of a request
-    /// ([`Membership::next_exchange`]; its reply is then `table(.., Some(echo))`), none
-    /// for a reply. The owner calls [`Membership::tick`] after it.
+    /// each age plus the arrival's transit), every leave ([`Membership::heard_leave`]),
+    /// what `from` counts in its own words ([`Membership::counted_by`]: the table came
+    /// over `from`'s own connection), and, for a joining peer, its join through `from`
+    /// if `from` serves ([`Membership::joined_through`]). A request's reply is then
+    /// [`Membership::reply`] with the arrival's exchange number. The owner calls
+    /// [`Membership::tick`] after it.
     pub fn merge(
         &mut self,
         local: &PeerId,
         from: PeerId,
         gossip: &wire::Gossip,
-        transit: Duration,
-        echo: Option<u64>,
+        Arrival { transit, echo }: Arrival,
         now: Time,
         wall_ms: u64,
     ) -> Merged {

@@ -46,7 +46,7 @@ mod departures;
 mod exchange;
 mod gossip;
 mod joint;
-pub use exchange::Merged;
+pub use exchange::{Arrival, Merged};
 pub use gossip::Record;
 pub use joint::MAX_JOINTS;
 

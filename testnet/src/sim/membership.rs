@@ -36,7 +36,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use sigma_behaviour::latency::Latency;
 use sigma_behaviour::liveness::Chain;
-use sigma_behaviour::membership::Membership;
+use sigma_behaviour::membership::{Arrival, Membership};
 use sigma_behaviour::proto::Time;
 use sigma_behaviour::wire;
 
@@ -289,7 +289,7 @@ struct Peer {
     chain: Chain,
     state: State,
     /// What arrived while stalled, handled when the stall ends.
-    backlog: Vec<Box<Msg>>,
+    backlog: Vec<Msg>,
     /// Departures in this peer's view already read: up to this time, and how many at
     /// exactly that time.
     read_until: (Time, usize),
@@ -446,7 +446,7 @@ impl Sim {
                     State::Stalled => self.after(TICK, Ev::Tick(p)),
                     State::Idle | State::Down => {}
                 },
-                Ev::Deliver(msg) => self.deliver(msg),
+                Ev::Deliver(msg) => self.deliver(*msg),
                 Ev::Crash(p) => self.crash(p),
                 Ev::Disconnect { peer, from } => self.disconnect(peer, from),
                 Ev::Churn => self.churn(),
@@ -540,7 +540,7 @@ impl Sim {
         self.after(latency, Ev::Deliver(Box::new(Msg { to, from, table, reply_to_sent })));
     }
 
-    fn deliver(&mut self, msg: Box<Msg>) {
+    fn deliver(&mut self, msg: Msg) {
         let to = msg.to;
         match self.peers[to].state {
             State::Up => {}
@@ -561,7 +561,7 @@ impl Sim {
         };
         let peer = &mut self.peers[to];
         let local = peer.id;
-        let merged = peer.m.merge(&local, from_id, &msg.table, transit, echo, now, wall);
+        let merged = peer.m.merge(&local, from_id, &msg.table, Arrival { transit, echo }, now, wall);
         for why in &merged.refused {
             *self.refused.entry(why.as_str()).or_default() += 1;
         }

@@ -1,6 +1,6 @@
 //! Exhaustive check of one split of a prefix group into its two halves
 //! (docs/design/membership-at-scale.md, "Where groups come from"), before it is built:
-//! an abstract model of the split rule v1, not the crate's code.
+//! an abstract model of the split rule v1, not the crate's code; v2 (below) adds newcomers.
 //!
 //! # What is modelled
 //!
@@ -47,14 +47,53 @@
 //! # What is left out
 //!
 //! Time (a peer here notices a cut at once: the liveness window is today's rule's
-//! business), heartbeats and forgery (every word is its speaker's own), newcomers, leaves
-//! and forgetting, a second split, and which peer of a side hosts a key. A joining peer
-//! hears nobody (its join sets what it knows). The runs are bounded by [`BOUNDS`]: at
-//! most 3 cut changes and 1 restart.
+//! business), heartbeats and forgery (every word is its speaker's own), newcomers (in
+//! v2, below), leaves and forgetting, a second split, and which peer of a side hosts a
+//! key. A joining peer hears nobody (its join sets what it knows). The runs are bounded
+//! by [`BOUNDS`]: at most 3 cut changes and 1 restart.
+//!
+//! # v2: newcomers during the split ([`Model2`])
+//!
+//! Each peer p has its own counted set C_p (M at first) and pending joint quorums
+//! (docs/design/membership.md): for each y it counted by rule 1, the view it counted just
+//! before y, and which members of that view it heard directly count y; a joint quorum
+//! ends when every member of its view but p does. Today's rule at p: a strict majority of
+//! C_p and of every pending view. The split rule: not knowing, p serves both keys by
+//! today's rule; knowing, only its half's key x, iff it reaches a strict majority of
+//! C_p ∩ H_x, every pending view holds, and (`heard` ⊇ C_p or a majority of C_p).
+//! Newcomers (one, of a fixed bit) start at any time through a voucher q that serves a
+//! key, on q's side, taking q's C_q, `knows`, q's pending changes and one for its own
+//! join, each over q's settled view. A peer counts a newcomer only by rule 1 (heard
+//! directly while today's rule holds at it), opening a joint quorum. Hearing is eager
+//! among active peers on a side, for `heard` (both knowing) and the joint quorums' acks
+//! (q's own word that it counts y); learning the split, deciding it (today's rule) and
+//! counting are steps. Configurations: 5 peers 3/2 and 4/1, the newcomer in either half
+//! (6 peers 3/3 in the ignored test). A restart keeps `knows` ([`Restart::KnowsKept`]),
+//! loses C_p and its joint quorums (the rejoin takes its voucher's), and voids its word
+//! in the acks on its side only. Safety and non-vacuity as above (the newcomer present,
+//! counted, knowing and heard by all).
+//!
+//! Found: the rule breaks, in 7 steps with one cut: P0..P3 decide the split and hear each
+//! other; newcomer P5 joins through P4, who does not know the split yet, nor then P5; the cut
+//! {0,1,2,5} | {3,4}; P4 learns it from P3. P3 has heard all of C_3 = M and serves k1 on
+//! {3,4}, a majority of H_1 ∩ M; P5 serves k0 and k1 on {0,1,2,5}, 4 of its C_5 and 3 of
+//! its joint view M. Deciding only with no joint quorum pending, or a voucher counting
+//! its joiner at once, do not close it ([`Mend`]). Holding: a peer that does not know the
+//! split serves nothing while its own join is pending (`JoinerWaits`: by the time its own
+//! joint quorum ends, every member counts it, so each needs its word in `heard`); and a
+//! member's word enters `heard` only while no joint quorum is pending at it, with vouchers
+//! counting at once (`SettledWord`, ignored test). Left out in v2: two newcomers, leaves,
+//! forgetting, and runs past one cut change (default) or two / one restart (ignored).
+//! Eager hearing is *not* an exact reduction in v2 as it is in v1: a joiner's own joint
+//! view is its voucher's members less the changes pending there, and a larger view is not
+//! monotone. `Model2` takes [`Hearing::EachPair`] too, but even 5 peers 4/1 with one cut
+//! outgrow 4 GB that way, so no cross-check runs. The counterexample stands (its states
+//! are real); the holds are as strong as that reduction.
 //!
 //! Peers that share a half are interchangeable (and so are the halves, keys with them,
 //! when they are of one size): states are deduplicated up to that symmetry, and the counts
-//! pinned below are of symmetry classes. A trace is of concrete states.
+//! pinned below are of symmetry classes. A trace is of concrete states. In v2 only the
+//! initial peers within a half are (the newcomer stays put).
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt::Write as _;
@@ -405,50 +444,7 @@ impl Model {
         best
     }
 
-    /// Breadth first over every reachable symmetry class: the number of classes and
-    /// whether the split's point was reached, or the first violation (so a shortest one)
-    /// with its trace.
-    fn explore(&self) -> Outcome {
-        let init = self.init();
-        let mut seen: HashSet<u64, BuildHasherDefault<Mix>> = HashSet::default();
-        seen.insert(self.canonical(&init));
-        // Each state reached (concrete, as first reached), its parent and step.
-        let mut states: Vec<(State, u32, Option<Step>)> = vec![(init, 0, None)];
-        let mut queue = VecDeque::from([0u32]);
-        let mut split_serves = false;
-        while let Some(i) = queue.pop_front() {
-            let st = states[i as usize].0;
-            if let Err(e) = self.check(&st) {
-                return Err(self.trace(&states, i, e));
-            }
-            split_serves |= self.split_serves(&st);
-            for (step, n) in self.next(&st) {
-                if seen.insert(self.canonical(&n)) {
-                    states.push((n, i, Some(step)));
-                    queue.push_back(states.len() as u32 - 1);
-                }
-            }
-        }
-        Ok((states.len(), split_serves))
-    }
-
-    /// The steps to state `i`, each with the state after it.
-    fn trace(&self, states: &[(State, u32, Option<Step>)], mut i: u32, e: String) -> Violation {
-        let mut path = Vec::new();
-        while let (st, parent, Some(step)) = states[i as usize] {
-            path.push((step, st));
-            i = parent;
-        }
-        path.reverse();
-        let mut trace = format!("{e}, after {} steps (H1 = {}):\n", path.len(), names(self.half1));
-        let _ = writeln!(trace, "   0. start: {}", self.show(&states[0].0));
-        for (k, (step, st)) in path.iter().enumerate() {
-            let _ = writeln!(trace, "  {:>2}. {}: {}", k + 1, self.show_step(step), self.show(st));
-        }
-        Violation { steps: path.len(), trace }
-    }
-
-    fn show_step(&self, step: &Step) -> String {
+    fn show_step(&self, step: &Step, _after: &State) -> String {
         match *step {
             Step::Cut(0) => "heal".into(),
             Step::Cut(b) => format!("cut {} | {}", names(self.all() & !b), names(b)),
@@ -477,8 +473,104 @@ impl Model {
     }
 }
 
+/// What the breadth-first search needs of a model: v1's [`Model`] and v2's [`Model2`].
+trait Search {
+    type State: Copy;
+    type Step: Copy;
+    /// A state's symmetry class (what is remembered as seen).
+    type Class: std::hash::Hash + Eq;
+    fn init(&self) -> Self::State;
+    fn next(&self, st: &Self::State) -> Vec<(Self::Step, Self::State)>;
+    fn canonical(&self, st: &Self::State) -> Self::Class;
+    fn check(&self, st: &Self::State) -> Result<(), String>;
+    fn split_serves(&self, st: &Self::State) -> bool;
+    fn show(&self, st: &Self::State) -> String;
+    fn show_step(&self, step: &Self::Step, after: &Self::State) -> String;
+    fn half1(&self) -> Set;
+}
+
+/// Breadth first over every reachable symmetry class: the number of classes and whether
+/// the split's point was reached, or the first violation (so a shortest one) with its
+/// trace.
+fn search<M: Search>(m: &M) -> Outcome {
+    let init = m.init();
+    let mut seen: HashSet<M::Class, BuildHasherDefault<Mix>> = HashSet::default();
+    seen.insert(m.canonical(&init));
+    // Each state reached (concrete, as first reached), its parent and step.
+    let mut states: Vec<(M::State, u32, Option<M::Step>)> = vec![(init, 0, None)];
+    let mut queue = VecDeque::from([0u32]);
+    let mut split_serves = false;
+    while let Some(i) = queue.pop_front() {
+        let st = states[i as usize].0;
+        if let Err(e) = m.check(&st) {
+            return Err(trace(m, &states, i, e));
+        }
+        split_serves |= m.split_serves(&st);
+        for (step, n) in m.next(&st) {
+            if seen.insert(m.canonical(&n)) {
+                states.push((n, i, Some(step)));
+                queue.push_back(states.len() as u32 - 1);
+            }
+        }
+    }
+    Ok((states.len(), split_serves))
+}
+
+/// The steps to state `i`, each with the state after it.
+fn trace<M: Search>(m: &M, states: &[(M::State, u32, Option<M::Step>)], mut i: u32, e: String) -> Violation {
+    let mut path = Vec::new();
+    while let (st, parent, Some(step)) = states[i as usize] {
+        path.push((step, st));
+        i = parent;
+    }
+    path.reverse();
+    let mut trace = format!("{e}, after {} steps (H1 = {}):\n", path.len(), names(m.half1()));
+    let _ = writeln!(trace, "   0. start: {}", m.show(&states[0].0));
+    for (k, (step, st)) in path.iter().enumerate() {
+        let _ = writeln!(trace, "  {:>2}. {}: {}", k + 1, m.show_step(step, st), m.show(st));
+    }
+    Violation { steps: path.len(), trace }
+}
+
+/// The search over each model, by its inherent methods.
+macro_rules! searchable {
+    ($model:ty, $state:ty, $step:ty, $class:ty) => {
+        impl Search for $model {
+            type State = $state;
+            type Step = $step;
+            type Class = $class;
+            fn init(&self) -> $state {
+                <$model>::init(self)
+            }
+            fn next(&self, st: &$state) -> Vec<($step, $state)> {
+                <$model>::next(self, st)
+            }
+            fn canonical(&self, st: &$state) -> $class {
+                <$model>::canonical(self, st)
+            }
+            fn check(&self, st: &$state) -> Result<(), String> {
+                <$model>::check(self, st)
+            }
+            fn split_serves(&self, st: &$state) -> bool {
+                <$model>::split_serves(self, st)
+            }
+            fn show(&self, st: &$state) -> String {
+                <$model>::show(self, st)
+            }
+            fn show_step(&self, step: &$step, after: &$state) -> String {
+                <$model>::show_step(self, step, after)
+            }
+            fn half1(&self) -> Set {
+                self.half1
+            }
+        }
+    };
+}
+searchable!(Model, State, Step, u64);
+searchable!(Model2, State2, Step2, State2);
+
 fn names(s: Set) -> String {
-    let peers: Vec<String> = (0..MAX_PEERS).filter(|&p| has(s, p)).map(|p| p.to_string()).collect();
+    let peers: Vec<String> = (0..Set::BITS as usize).filter(|&p| has(s, p)).map(|p| p.to_string()).collect();
     format!("{{{}}}", peers.join(","))
 }
 
@@ -517,7 +609,7 @@ const CONFIGS: [Config; 3] = [
 ];
 
 fn explore_with(config: Config, fault: Fault, restart: Restart, hearing: Hearing, bounds: Bounds) -> Outcome {
-    Model::new(config, fault, restart, hearing, bounds).explore()
+    search(&Model::new(config, fault, restart, hearing, bounds))
 }
 
 fn explore(config: Config, fault: Fault, restart: Restart) -> Outcome {
@@ -604,3 +696,488 @@ const PINNED: [usize; 3] = [2_857, 1_754, 5_214];
 const PINNED_STEPS: [[usize; 3]; 2] = [[2, 2, 2], [8, 8, 9]];
 const PINNED_RELAYED: [usize; 3] = [3_527, 2_165, 5_336];
 const PINNED_RESTARTS: ([usize; 3], [usize; 3]) = ([9, 9, 10], [11_685, 6_596, 30_919]);
+
+// ---- v2: newcomers during the split ----
+
+const MAX2: usize = 7;
+
+/// A mend of the split rule tried against newcomers (v2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mend {
+    /// The rule as stated.
+    None,
+    /// A peer decides the split only while no joint quorum is pending at it.
+    NoDecideWhilePending,
+    /// A voucher counts its joiner as it vouches (rule 1 at once, opening a joint quorum).
+    VouchCounts,
+    /// `VouchCounts`, and a member's word that it knows the split enters `heard` only
+    /// while no joint quorum is pending at that member (its view is settled).
+    SettledWord,
+    /// A peer that does not know the split serves nothing while its own join is pending
+    /// (every join then waits for every member's word before serving, split or not).
+    JoinerWaits,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step2 {
+    Cut(Set),
+    Decide(u8),
+    Learn(u8, u8),
+    Count(u8, u8),
+    Hear(u8, u8),
+    Restart(u8),
+    Join(u8, u8),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct State2 {
+    side_b: Set,
+    /// The peers that have joined at least once (the initial ones, and newcomers started).
+    present: Set,
+    knows: Set,
+    joining: Set,
+    heard: [Set; MAX2],
+    counted: [Set; MAX2],
+    /// `joint[p][y]`: p's pending joint quorum for y's join, (view, the members of the view
+    /// heard directly to count y); (0, 0) when none.
+    joint: [[(Set, Set); MAX2]; MAX2],
+    cuts_left: u8,
+    restarts_left: u8,
+}
+
+struct Model2 {
+    /// Initial members 0..m, newcomers m..n.
+    m: usize,
+    n: usize,
+    half1: Set,
+    mend: Mend,
+    bounds: Bounds,
+    /// [`Hearing::Eager`], or one pair at a time.
+    eager: bool,
+    symmetries: Vec<[Set; 1 << MAX2]>,
+}
+
+impl Model2 {
+    fn new(config: Config2, mend: Mend, bounds: Bounds, hearing: Hearing) -> Self {
+        let n = config.peers + config.newcomers.len();
+        let mut half1 = config.half1.iter().fold(0, |s, &p| s | 1 << p);
+        for (j, &bit) in config.newcomers.iter().enumerate() {
+            if bit == 1 {
+                half1 |= 1 << (config.peers + j);
+            }
+        }
+        let eager = hearing == Hearing::Eager;
+        let mut model = Model2 { m: config.peers, n, half1, mend, bounds, eager, symmetries: Vec::new() };
+        let mut perm: Vec<usize> = (0..n).collect();
+        model.permutations(0, &mut perm);
+        model
+    }
+
+    /// Permutations of the initial peers within their halves (newcomers fixed).
+    fn permutations(&mut self, i: usize, perm: &mut Vec<usize>) {
+        if i == self.m {
+            if (0..self.m).all(|p| has(self.half1, p) == has(self.half1, perm[p])) {
+                let mut table = [0; 1 << MAX2];
+                for (s, image) in table.iter_mut().enumerate() {
+                    *image = (0..self.n).filter(|&p| s & (1 << p) != 0).fold(0, |t, p| t | 1 << perm[p]);
+                }
+                self.symmetries.push(table);
+            }
+            return;
+        }
+        for j in i..self.m {
+            perm.swap(i, j);
+            self.permutations(i + 1, perm);
+            perm.swap(i, j);
+        }
+    }
+
+    fn all(&self) -> Set {
+        ((1u16 << self.n) - 1) as Set
+    }
+
+    fn half(&self, x: usize) -> Set {
+        if x == 1 {
+            self.half1
+        } else {
+            self.all() & !self.half1
+        }
+    }
+
+    fn active(&self, st: &State2, p: usize) -> bool {
+        has(st.present, p) && !has(st.joining, p)
+    }
+
+    /// The present peers on p's side, p included.
+    fn reach(&self, st: &State2, p: usize) -> Set {
+        st.present & if has(st.side_b, p) { st.side_b } else { !st.side_b }
+    }
+
+    fn joints_hold(&self, st: &State2, p: usize, reach: Set) -> bool {
+        st.joint[p][..self.n].iter().all(|&(view, _)| view == 0 || majority(reach, view))
+    }
+
+    /// Whether q's word that it knows the split is taken into `heard`.
+    fn settled_word(&self, st: &State2, q: usize) -> bool {
+        self.mend != Mend::SettledWord || self.pending(st, q) == 0
+    }
+
+    fn pending(&self, st: &State2, p: usize) -> Set {
+        (0..self.n).filter(|&y| st.joint[p][y].0 != 0).fold(0, |s, y| s | 1 << y)
+    }
+
+    /// Today's rule: a majority of the members p counts and of every pending joint quorum.
+    fn today(&self, st: &State2, p: usize) -> bool {
+        let reach = self.reach(st, p);
+        self.active(st, p) && majority(reach, st.counted[p]) && self.joints_hold(st, p, reach)
+    }
+
+    fn serves(&self, st: &State2, p: usize, x: usize) -> bool {
+        if !has(st.knows, p) || !self.active(st, p) {
+            let waits = self.mend == Mend::JoinerWaits && st.joint[p][p].0 != 0;
+            return self.today(st, p) && !waits;
+        }
+        let (reach, c) = (self.reach(st, p), st.counted[p]);
+        let joint = st.heard[p] & c == c || majority(reach, c);
+        x == usize::from(has(self.half1, p))
+            && majority(reach, c & self.half(x))
+            && self.joints_hold(st, p, reach)
+            && joint
+    }
+
+    fn servers(&self, st: &State2, x: usize) -> Set {
+        (0..self.n).filter(|&p| self.serves(st, p, x)).fold(0, |s, p| s | 1 << p)
+    }
+
+    fn init(&self) -> State2 {
+        let members = ((1u16 << self.m) - 1) as Set;
+        let mut counted = [0; MAX2];
+        counted[..self.m].fill(members);
+        State2 {
+            side_b: 0,
+            present: members,
+            knows: 0,
+            joining: 0,
+            heard: [0; MAX2],
+            counted,
+            joint: [[(0, 0); MAX2]; MAX2],
+            cuts_left: self.bounds.cuts,
+            restarts_left: self.bounds.restarts,
+        }
+    }
+
+    fn next(&self, st: &State2) -> Vec<(Step2, State2)> {
+        let mut out = Vec::new();
+        if st.cuts_left > 0 {
+            for side_b in (0..=self.all()).step_by(2).filter(|&s| s & !st.present == 0 && s != st.side_b) {
+                out.push((Step2::Cut(side_b), State2 { side_b, cuts_left: st.cuts_left - 1, ..*st }));
+            }
+        }
+        let serving = self.servers(st, 0) | self.servers(st, 1);
+        for p in 0..self.n {
+            let p_bit = 1 << p;
+            let reach = self.reach(st, p);
+            if self.active(st, p) {
+                let no_pending = self.mend != Mend::NoDecideWhilePending || self.pending(st, p) == 0;
+                if !has(st.knows, p) && self.today(st, p) && no_pending {
+                    let mut n = *st;
+                    n.knows |= p_bit;
+                    n.heard[p] |= p_bit;
+                    out.push((Step2::Decide(p as u8), n));
+                }
+                for q in (0..self.n).filter(|&q| q != p && has(reach, q) && self.active(st, q)) {
+                    if !has(st.knows, p) && has(st.knows, q) {
+                        let mut n = *st;
+                        n.knows |= p_bit;
+                        n.heard[p] |= p_bit;
+                        if self.settled_word(st, q) {
+                            n.heard[p] |= 1 << q;
+                        }
+                        out.push((Step2::Learn(p as u8, q as u8), n));
+                    }
+                    // Rule 1: a newcomer alive here while p reaches a majority.
+                    if !has(st.counted[p], q) && self.today(st, p) {
+                        let mut n = *st;
+                        n.joint[p][q] = (st.counted[p], p_bit);
+                        n.counted[p] |= 1 << q;
+                        out.push((Step2::Count(p as u8, q as u8), n));
+                    }
+                }
+                if st.restarts_left > 0 {
+                    let mut n = *st;
+                    n.restarts_left -= 1;
+                    n.joining |= p_bit;
+                    n.heard[p] = 0;
+                    n.counted[p] = 0;
+                    n.joint[p] = [(0, 0); MAX2];
+                    // Its word is void where a later incarnation is heard: on its side.
+                    for r in (0..self.n).filter(|&r| has(reach, r)) {
+                        for j in &mut n.joint[r] {
+                            j.1 &= !p_bit;
+                        }
+                    }
+                    out.push((Step2::Restart(p as u8), n));
+                }
+            } else if has(st.joining, p) || (p >= self.m && !has(st.present, p)) {
+                // A restarted peer rejoins, or a newcomer starts, through a serving voucher
+                // (a newcomer appears on its voucher's side).
+                for q in (0..self.n).filter(|&q| has(serving, q)) {
+                    let starting = !has(st.present, p);
+                    if !starting && !has(reach, q) {
+                        continue;
+                    }
+                    let mut n = *st;
+                    n.present |= p_bit;
+                    n.joining &= !p_bit;
+                    n.side_b = if has(st.side_b, q) { n.side_b | p_bit } else { n.side_b & !p_bit };
+                    let knows = has(st.knows, q) || has(st.knows, p);
+                    n.knows = if knows { n.knows | p_bit } else { n.knows & !p_bit };
+                    n.heard[p] = if knows { p_bit } else { 0 };
+                    n.counted[p] = st.counted[q] | p_bit;
+                    // The voucher's pending changes, and p's own join, over its settled view.
+                    let changes = self.pending(st, q);
+                    let view = st.counted[q] & !changes;
+                    n.joint[p] = [(0, 0); MAX2];
+                    for y in (0..self.n).filter(|&y| has(changes | p_bit, y)) {
+                        n.joint[p][y] = (view, 0);
+                    }
+                    let vouch_counts = matches!(self.mend, Mend::VouchCounts | Mend::SettledWord);
+                    if vouch_counts && !has(st.counted[q], p) {
+                        n.joint[q][p] = (st.counted[q], 1 << q);
+                        n.counted[q] |= p_bit;
+                    }
+                    out.push((Step2::Join(p as u8, q as u8), n));
+                }
+            }
+        }
+        if self.eager {
+            out.retain_mut(|(_, n)| {
+                self.hear_all(n);
+                n != st
+            });
+        } else {
+            for p in (0..self.n).filter(|&p| self.active(st, p)) {
+                for q in (0..self.n).filter(|&q| q != p && has(self.reach(st, p), q) && self.active(st, q)) {
+                    let mut n = *st;
+                    self.hear(&mut n, p, q);
+                    if n != *st {
+                        out.push((Step2::Hear(p as u8, q as u8), n));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every active peer hears every other on its side: their word on the split (both
+    /// knowing: v1's eager hearing) and on whom they count (the joint quorums' acks).
+    fn hear_all(&self, st: &mut State2) {
+        let active = (0..self.n).filter(|&p| self.active(st, p)).fold(0, |s: Set, p| s | 1 << p);
+        loop {
+            let before = *st;
+            for p in (0..self.n).filter(|&p| has(active, p)) {
+                let reach = self.reach(st, p) & active;
+                for q in (0..self.n).filter(|&q| has(reach, q)) {
+                    self.hear(st, p, q);
+                }
+            }
+            if *st == before {
+                return;
+            }
+        }
+    }
+
+    /// p hears q directly (both active, on one side).
+    fn hear(&self, st: &mut State2, p: usize, q: usize) {
+        if has(st.knows, p) && has(st.knows, q) && self.settled_word(st, q) {
+            st.heard[p] |= 1 << q;
+        }
+        for y in 0..self.n {
+            let (view, ack) = &mut st.joint[p][y];
+            if has(*view, q) && has(st.counted[q], y) {
+                *ack |= 1 << q;
+            }
+            if *view != 0 && *view & !*ack & !(1 << p) == 0 {
+                (*view, *ack) = (0, 0);
+            }
+        }
+    }
+
+    fn check(&self, st: &State2) -> Result<(), String> {
+        for x in 0..2 {
+            let servers = self.servers(st, x);
+            let (on_a, on_b) = (servers & !st.side_b, servers & st.side_b);
+            if on_a != 0 && on_b != 0 {
+                return Err(format!("k{x} is served on both sides, by {} and by {}", names(on_a), names(on_b)));
+            }
+        }
+        Ok(())
+    }
+
+    fn split_serves(&self, st: &State2) -> bool {
+        let all = self.all();
+        let halves_apart = st.side_b == self.half(0) || st.side_b == self.half(1);
+        halves_apart
+            && st.present == all
+            && st.knows == all
+            && st.joining == 0
+            && (0..self.n).all(|p| st.heard[p] == all && st.counted[p] == all)
+            && (0..2).all(|x| self.servers(st, x) & self.half(x) != 0)
+    }
+
+    fn canonical(&self, st: &State2) -> State2 {
+        let mut best = *st;
+        for map in &self.symmetries[1..] {
+            let image = |s: Set| map[s as usize];
+            let mut c = State2 { side_b: image(st.side_b), present: image(st.present), ..*st };
+            if has(c.side_b, 0) {
+                c.side_b = c.present & !c.side_b;
+            }
+            c.knows = image(st.knows);
+            c.joining = image(st.joining);
+            for p in 0..self.n {
+                let to = image(1 << p).trailing_zeros() as usize;
+                c.heard[to] = image(st.heard[p]);
+                c.counted[to] = image(st.counted[p]);
+                for y in 0..self.n {
+                    let (view, ack) = st.joint[p][y];
+                    c.joint[to][image(1 << y).trailing_zeros() as usize] = (image(view), image(ack));
+                }
+            }
+            best = best.min(c);
+        }
+        best
+    }
+
+    fn show_step(&self, step: &Step2, st: &State2) -> String {
+        match *step {
+            Step2::Cut(0) => "heal".into(),
+            Step2::Cut(b) => format!("cut {} | {}", names(st.present & !b), names(b)),
+            Step2::Decide(p) => format!("P{p} decides the split"),
+            Step2::Learn(p, q) => format!("P{p} learns it from P{q}"),
+            Step2::Count(p, q) => format!("P{p} counts P{q}"),
+            Step2::Hear(p, q) => format!("P{p} hears P{q}"),
+            Step2::Restart(p) => format!("P{p} restarts"),
+            Step2::Join(p, q) => format!("P{p} joins through P{q}"),
+        }
+    }
+
+    fn show(&self, st: &State2) -> String {
+        let sides = match st.side_b {
+            0 => "healed".to_string(),
+            b => format!("{} | {}", names(st.present & !b), names(b)),
+        };
+        let mut peers = Vec::new();
+        for p in (0..self.n).filter(|&p| has(st.present, p)) {
+            let mut s = format!("P{p} c{} h{}", names(st.counted[p]), names(st.heard[p]));
+            for y in (0..self.n).filter(|&y| st.joint[p][y].0 != 0) {
+                let (view, ack) = st.joint[p][y];
+                let _ = write!(s, " J{y}{}/{}", names(view), names(ack));
+            }
+            peers.push(s);
+        }
+        format!(
+            "[{sides}] knows {} joining {} | {} | k0 by {}, k1 by {}",
+            names(st.knows),
+            names(st.joining),
+            peers.join("; "),
+            names(self.servers(st, 0)),
+            names(self.servers(st, 1)),
+        )
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Config2 {
+    name: &'static str,
+    peers: usize,
+    half1: &'static [usize],
+    /// The bit of each newcomer (peers `peers`, `peers + 1`).
+    newcomers: &'static [u8],
+}
+
+const CONFIGS2: [Config2; 4] = [
+    Config2 { name: "5 peers, 3/2, a newcomer in H1", peers: 5, half1: &[3, 4], newcomers: &[1] },
+    Config2 { name: "5 peers, 3/2, a newcomer in H0", peers: 5, half1: &[3, 4], newcomers: &[0] },
+    Config2 { name: "5 peers, 4/1, a newcomer in H1", peers: 5, half1: &[4], newcomers: &[1] },
+    Config2 { name: "5 peers, 4/1, a newcomer in H0", peers: 5, half1: &[4], newcomers: &[0] },
+];
+
+/// 7 peers: 6 seconds for a mend that holds, so only in the ignored test.
+const LARGE2: Config2 =
+    Config2 { name: "6 peers, 3/3, a newcomer in H1", peers: 6, half1: &[3, 4, 5], newcomers: &[1] };
+
+/// v2's default bounds: one cut change, no restart (the counterexample needs no more; a
+/// restart or a second cut multiplies the space by 10 to 20, see the ignored test).
+const BOUNDS2: Bounds = Bounds { cuts: 1, restarts: 0 };
+
+fn explore2(config: Config2, mend: Mend, bounds: Bounds) -> Outcome {
+    explore2_with(config, mend, bounds, Hearing::Eager)
+}
+
+fn explore2_with(config: Config2, mend: Mend, bounds: Bounds, hearing: Hearing) -> Outcome {
+    let start = std::time::Instant::now();
+    let out = search(&Model2::new(config, mend, bounds, hearing));
+    match &out {
+        Ok((states, split)) => {
+            eprintln!(
+                "{}, {mend:?}, {bounds:?}: holds, {states} states, split {split}, {:?}",
+                config.name,
+                start.elapsed()
+            )
+        }
+        Err(v) => eprintln!("{}, {mend:?}, {bounds:?}: caught, {:?}, {}", config.name, start.elapsed(), v.trace),
+    }
+    out
+}
+
+/// A newcomer that joins through a voucher not yet aware of the split does not know it;
+/// a peer that heard every member it counts say it knows the split serves its half on
+/// a majority of the half alone, while the newcomer, cut off with the other half, serves
+/// both keys on a majority of its view and of its joint quorum. Neither deciding only
+/// while no joint quorum is pending nor a voucher counting its joiner at once closes it.
+#[test]
+fn v2_a_newcomer_through_an_unaware_voucher_breaks_the_rule() {
+    let mends = [Mend::None, Mend::NoDecideWhilePending, Mend::VouchCounts];
+    let steps = mends.map(|mend| CONFIGS2.map(|config| explore2(config, mend, BOUNDS2).expect_err("not caught").steps));
+    assert_eq!(steps, PINNED2_STEPS);
+}
+
+/// The mends that hold in v2's default bounds, and reach the split's point with the
+/// newcomer counted by all.
+#[test]
+fn v2_a_joiner_that_waits_holds() {
+    let counts = CONFIGS2.map(|config| {
+        let (states, split) = explore2(config, Mend::JoinerWaits, BOUNDS2).unwrap_or_else(|v| panic!("{}", v.trace));
+        assert!(split, "{}: the halves never serve their keys apart", config.name);
+        states
+    });
+    assert_eq!(counts, PINNED2);
+}
+
+/// The larger runs: `SettledWord` (5 s), `JoinerWaits` with a restart or a second cut,
+/// and both on 6 peers with a newcomer (caught in 8 steps without a mend). Last run: all
+/// hold and split; 1,160,662 states for `SettledWord` (3/2), `JoinerWaits` 353,641 (3/2,
+/// 2 cuts), 1,245,689 and 1,244,261 (3/2, a restart), 372,525 (6 peers, 3/3).
+#[test]
+#[ignore = "millions of states, a minute: run with --ignored"]
+fn v2_mends_hold_in_larger_bounds() {
+    let runs = [
+        (Mend::SettledWord, BOUNDS2),
+        (Mend::JoinerWaits, Bounds { cuts: 2, restarts: 0 }),
+        (Mend::JoinerWaits, Bounds { cuts: 1, restarts: 1 }),
+    ];
+    let caught = explore2(LARGE2, Mend::None, BOUNDS2).expect_err("6 peers: not caught");
+    assert_eq!(caught.steps, 8);
+    let (_, split) = explore2(LARGE2, Mend::JoinerWaits, BOUNDS2).unwrap_or_else(|v| panic!("{}", v.trace));
+    assert!(split, "6 peers: the halves never serve their keys apart");
+    for (mend, bounds) in runs {
+        for config in &CONFIGS2[..2] {
+            let (_, split) = explore2(*config, mend, bounds).unwrap_or_else(|v| panic!("{}", v.trace));
+            assert!(split, "{}, {mend:?}: the halves never serve their keys apart", config.name);
+        }
+    }
+}
+
+const PINNED2_STEPS: [[usize; 4]; 3] = [[7; 4]; 3];
+const PINNED2: [usize; 4] = [72_077, 72_077, 40_207, 40_207];

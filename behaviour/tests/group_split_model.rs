@@ -198,7 +198,51 @@ struct Model {
     bounds: Bounds,
     /// The permutations of the peers that keep the rule (within each half; across the
     /// halves when they are of one size), each as its table from a set to its image.
-    symmetries: Vec<[Set; 1 << MAX_PEERS]>,
+    symmetries: Vec<Vec<Set>>,
+}
+
+/// Peers 0..n.
+fn all(n: usize) -> Set {
+    ((1u16 << n) - 1) as Set
+}
+
+/// Half x of peers 0..n, half 1 being `half1`.
+fn half(n: usize, half1: Set, x: usize) -> Set {
+    if x == 1 {
+        half1
+    } else {
+        all(n) & !half1
+    }
+}
+
+/// Every permutation of peers 0..m (the others fixed, n in all) that `keeps` accepts, as
+/// a table from each set of peers to its image: every permutation, by swapping each
+/// position with each later one, filtered.
+fn symmetries(m: usize, n: usize, keeps: &dyn Fn(&[usize]) -> bool) -> Vec<Vec<Set>> {
+    fn go(
+        i: usize,
+        n: usize,
+        perm: &mut Vec<usize>,
+        m: usize,
+        keeps: &dyn Fn(&[usize]) -> bool,
+        out: &mut Vec<Vec<Set>>,
+    ) {
+        if i == m {
+            if keeps(perm) {
+                let image = |s: usize| (0..n).filter(|&p| s & (1 << p) != 0).fold(0, |t, p| t | 1 << perm[p]);
+                out.push((0..1usize << n).map(image).collect());
+            }
+            return;
+        }
+        for j in i..m {
+            perm.swap(i, j);
+            go(i + 1, n, perm, m, keeps, out);
+            perm.swap(i, j);
+        }
+    }
+    let mut out = Vec::new();
+    go(0, n, &mut (0..n).collect(), m, keeps, &mut out);
+    out
 }
 
 fn count(s: Set) -> usize {
@@ -225,37 +269,17 @@ struct Violation {
 impl Model {
     fn new(config: Config, fault: Fault, restart: Restart, hearing: Hearing, bounds: Bounds) -> Self {
         let half1 = config.half1.iter().fold(0, |s, &p| s | 1 << p);
-        let mut model = Model { n: config.peers, half1, fault, restart, hearing, bounds, symmetries: Vec::new() };
-        let mut perm: Vec<usize> = (0..model.n).collect();
-        model.permutations(0, &mut perm);
-        model
-    }
-
-    /// Collects every permutation that maps each half onto one half (all permutations, by
-    /// swapping each position with each later one, filtered).
-    fn permutations(&mut self, i: usize, perm: &mut Vec<usize>) {
-        if i == self.n {
-            let bit = |p: usize| has(self.half1, p);
-            let within = (0..self.n).all(|p| bit(p) == bit(perm[p]));
-            let across = (0..self.n).all(|p| bit(p) != bit(perm[p]));
-            if within || across {
-                let mut table = [0; 1 << MAX_PEERS];
-                for (s, image) in table.iter_mut().enumerate() {
-                    *image = (0..self.n).filter(|&p| has(s as Set, p)).fold(0, |t, p| t | 1 << perm[p]);
-                }
-                self.symmetries.push(table);
-            }
-            return;
-        }
-        for j in i..self.n {
-            perm.swap(i, j);
-            self.permutations(i + 1, perm);
-            perm.swap(i, j);
-        }
+        let n = config.peers;
+        // Each half onto itself, or onto the other (when they are of one size).
+        let bit = |p: usize| has(half1, p);
+        let symmetries = symmetries(n, n, &|perm: &[usize]| {
+            (0..n).all(|p| bit(p) == bit(perm[p])) || (0..n).all(|p| bit(p) != bit(perm[p]))
+        });
+        Model { n, half1, fault, restart, hearing, bounds, symmetries }
     }
 
     fn all(&self) -> Set {
-        ((1u16 << self.n) - 1) as Set
+        all(self.n)
     }
 
     fn bit(&self, p: usize) -> usize {
@@ -263,11 +287,7 @@ impl Model {
     }
 
     fn half(&self, x: usize) -> Set {
-        if x == 1 {
-            self.half1
-        } else {
-            self.all() & !self.half1
-        }
+        half(self.n, self.half1, x)
     }
 
     /// The members on p's side, p included.
@@ -397,18 +417,6 @@ impl Model {
         }
     }
 
-    /// Safety: no key served on both sides.
-    fn check(&self, st: &State) -> Result<(), String> {
-        for x in 0..2 {
-            let servers = self.servers(st, x);
-            let (on_a, on_b) = (servers & !st.side_b, servers & st.side_b);
-            if on_a != 0 && on_b != 0 {
-                return Err(format!("k{x} is served on both sides, by {} and by {}", names(on_a), names(on_b)));
-            }
-        }
-        Ok(())
-    }
-
     /// The split done, and each half serving its own key while cut from the other.
     fn split_serves(&self, st: &State) -> bool {
         let m = self.all();
@@ -482,12 +490,27 @@ trait Search {
     fn init(&self) -> Self::State;
     fn next(&self, st: &Self::State) -> Vec<(Self::Step, Self::State)>;
     fn canonical(&self, st: &Self::State) -> Self::Class;
-    fn check(&self, st: &Self::State) -> Result<(), String>;
+    fn servers(&self, st: &Self::State, x: usize) -> Set;
+    fn side_b(st: &Self::State) -> Set;
+    /// Safety: no key served on both sides.
+    fn check(&self, st: &Self::State) -> Result<(), String> {
+        for x in 0..2 {
+            let servers = self.servers(st, x);
+            let (on_a, on_b) = (servers & !Self::side_b(st), servers & Self::side_b(st));
+            if on_a != 0 && on_b != 0 {
+                return Err(format!("k{x} is served on both sides, by {} and by {}", names(on_a), names(on_b)));
+            }
+        }
+        Ok(())
+    }
     fn split_serves(&self, st: &Self::State) -> bool;
     fn show(&self, st: &Self::State) -> String;
     fn show_step(&self, step: &Self::Step, after: &Self::State) -> String;
     fn half1(&self) -> Set;
 }
+
+/// A state reached (concrete, as first reached), its parent's index and the step to it.
+type Reached<M> = (<M as Search>::State, u32, Option<<M as Search>::Step>);
 
 /// Breadth first over every reachable symmetry class: the number of classes and whether
 /// the split's point was reached, or the first violation (so a shortest one) with its
@@ -496,8 +519,7 @@ fn search<M: Search>(m: &M) -> Outcome {
     let init = m.init();
     let mut seen: HashSet<M::Class, BuildHasherDefault<Mix>> = HashSet::default();
     seen.insert(m.canonical(&init));
-    // Each state reached (concrete, as first reached), its parent and step.
-    let mut states: Vec<(M::State, u32, Option<M::Step>)> = vec![(init, 0, None)];
+    let mut states: Vec<Reached<M>> = vec![(init, 0, None)];
     let mut queue = VecDeque::from([0u32]);
     let mut split_serves = false;
     while let Some(i) = queue.pop_front() {
@@ -517,7 +539,7 @@ fn search<M: Search>(m: &M) -> Outcome {
 }
 
 /// The steps to state `i`, each with the state after it.
-fn trace<M: Search>(m: &M, states: &[(M::State, u32, Option<M::Step>)], mut i: u32, e: String) -> Violation {
+fn trace<M: Search>(m: &M, states: &[Reached<M>], mut i: u32, e: String) -> Violation {
     let mut path = Vec::new();
     while let (st, parent, Some(step)) = states[i as usize] {
         path.push((step, st));
@@ -548,8 +570,11 @@ macro_rules! searchable {
             fn canonical(&self, st: &$state) -> $class {
                 <$model>::canonical(self, st)
             }
-            fn check(&self, st: &$state) -> Result<(), String> {
-                <$model>::check(self, st)
+            fn servers(&self, st: &$state, x: usize) -> Set {
+                <$model>::servers(self, st, x)
+            }
+            fn side_b(st: &$state) -> Set {
+                st.side_b
             }
             fn split_serves(&self, st: &$state) -> bool {
                 <$model>::split_serves(self, st)
@@ -754,7 +779,7 @@ struct Model2 {
     bounds: Bounds,
     /// [`Hearing::Eager`], or one pair at a time.
     eager: bool,
-    symmetries: Vec<[Set; 1 << MAX2]>,
+    symmetries: Vec<Vec<Set>>,
 }
 
 impl Model2 {
@@ -767,41 +792,18 @@ impl Model2 {
             }
         }
         let eager = hearing == Hearing::Eager;
-        let mut model = Model2 { m: config.peers, n, half1, mend, bounds, eager, symmetries: Vec::new() };
-        let mut perm: Vec<usize> = (0..n).collect();
-        model.permutations(0, &mut perm);
-        model
-    }
-
-    /// Permutations of the initial peers within their halves (newcomers fixed).
-    fn permutations(&mut self, i: usize, perm: &mut Vec<usize>) {
-        if i == self.m {
-            if (0..self.m).all(|p| has(self.half1, p) == has(self.half1, perm[p])) {
-                let mut table = [0; 1 << MAX2];
-                for (s, image) in table.iter_mut().enumerate() {
-                    *image = (0..self.n).filter(|&p| s & (1 << p) != 0).fold(0, |t, p| t | 1 << perm[p]);
-                }
-                self.symmetries.push(table);
-            }
-            return;
-        }
-        for j in i..self.m {
-            perm.swap(i, j);
-            self.permutations(i + 1, perm);
-            perm.swap(i, j);
-        }
+        // The initial peers within their halves; newcomers fixed.
+        let m = config.peers;
+        let symmetries = symmetries(m, n, &|perm: &[usize]| (0..m).all(|p| has(half1, p) == has(half1, perm[p])));
+        Model2 { m, n, half1, mend, bounds, eager, symmetries }
     }
 
     fn all(&self) -> Set {
-        ((1u16 << self.n) - 1) as Set
+        all(self.n)
     }
 
     fn half(&self, x: usize) -> Set {
-        if x == 1 {
-            self.half1
-        } else {
-            self.all() & !self.half1
-        }
+        half(self.n, self.half1, x)
     }
 
     fn active(&self, st: &State2, p: usize) -> bool {
@@ -1001,17 +1003,6 @@ impl Model2 {
                 (*view, *ack) = (0, 0);
             }
         }
-    }
-
-    fn check(&self, st: &State2) -> Result<(), String> {
-        for x in 0..2 {
-            let servers = self.servers(st, x);
-            let (on_a, on_b) = (servers & !st.side_b, servers & st.side_b);
-            if on_a != 0 && on_b != 0 {
-                return Err(format!("k{x} is served on both sides, by {} and by {}", names(on_a), names(on_b)));
-            }
-        }
-        Ok(())
     }
 
     fn split_serves(&self, st: &State2) -> bool {

@@ -489,7 +489,15 @@ impl Sim {
         self.after(phase, Ev::Round(p));
         let phase = TICK.mul_f64(self.rng.gen_range(0.0..1.0));
         self.after(phase, Ev::Tick(p));
-        if self.window.0 <= self.now && self.cfg.stall_share > 0.0 && self.rng.gen_bool(self.cfg.stall_share) {
+        if self.window.0 <= self.now {
+            self.maybe_stalling(p);
+        }
+    }
+
+    /// Peer `p` is one of the stalling share, or not (drawn once, when the window
+    /// begins or it joins during it): it then stalls once every `stall_every`.
+    fn maybe_stalling(&mut self, p: usize) {
+        if self.cfg.stall_share > 0.0 && self.rng.gen_bool(self.cfg.stall_share) {
             let phase = self.cfg.stall_every.mul_f64(self.rng.gen_range(0.0..1.0));
             self.after(phase, Ev::StallStart(p));
         }
@@ -582,7 +590,7 @@ impl Sim {
         match (peer.serving_since, peer.m.serving()) {
             (None, true) => peer.serving_since = Some(now),
             (Some(since), false) => {
-                peer.serving_for += now.saturating_sub(since.max(self.window.0)).min(now.saturating_sub(self.window.0));
+                peer.serving_for += now.saturating_sub(since.max(self.window.0));
                 peer.serving_since = None;
             }
             _ => {}
@@ -650,7 +658,7 @@ impl Sim {
         peer.down_at = Some(now);
         peer.backlog.clear();
         if let Some(since) = peer.serving_since.take() {
-            peer.serving_for += now.saturating_sub(since.max(self.window.0)).min(now.saturating_sub(self.window.0));
+            peer.serving_for += now.saturating_sub(since.max(self.window.0));
         }
         self.up.retain(|q| *q != p);
     }
@@ -844,10 +852,7 @@ impl Sim {
             if peer.serving_since.is_some() {
                 peer.serving_since = Some(now);
             }
-            if self.cfg.stall_share > 0.0 && self.rng.gen_bool(self.cfg.stall_share) {
-                let phase = self.cfg.stall_every.mul_f64(self.rng.gen_range(0.0..1.0));
-                self.after(phase, Ev::StallStart(p));
-            }
+            self.maybe_stalling(p);
         }
         if self.cfg.churn > 0.0 {
             let gap = exp(&mut self.rng, 1.0 / self.cfg.churn);

@@ -342,7 +342,7 @@ enum SimCommand {
     /// The membership of a swarm in virtual time: the node's own membership and gossip
     /// tables for every peer, with loss, stalls, crashes and churn. Prints the bytes
     /// per peer and second, crash detection, false removals and formation against the
-    /// goals of docs/benchmarks.md ("Membership at scale").
+    /// goals of docs/benchmarks.md ("Membership in virtual time").
     Membership(MembershipArgs),
 }
 

@@ -17,7 +17,7 @@
 //! every draw comes from one seeded RNG (the peers' keys and the member tables' hash
 //! keys too), so one seed gives one run: [`Report::digest`].
 //!
-//! What it measures, for the goals of docs/benchmarks.md ("Membership at scale"):
+//! What it measures, for the goals of docs/benchmarks.md ("Membership in virtual time"):
 //! bytes sent per peer and second (the CBOR payload of every table, as the wire encodes
 //! it; the transport's framing is not counted), how long after a crash each peer's view
 //! drops the crashed peer, false removals (a peer that is up, stalled or not, dropped
@@ -973,7 +973,7 @@ pub struct Goal {
     pub met: bool,
 }
 
-/// The report's figures against the goals (docs/benchmarks.md, "Membership at scale").
+/// The report's figures against the goals (docs/benchmarks.md, "Membership in virtual time").
 pub fn goals(r: &Report) -> Vec<Goal> {
     let (bound, goal) = if r.peers <= 1_000 {
         (1_000.0, "≤ 1 KB/s a peer at 1,000 peers")

@@ -10,11 +10,7 @@ use sigma_node::{LockError, LockOptions, Node, NodeHandle};
 const LEASE: Duration = Duration::from_secs(1);
 
 async fn three() -> (Vec<Node>, Vec<NodeHandle>) {
-    common::init_tracing();
-    let nodes = common::swarm(3, &common::config(5, 3, LEASE)).await;
-    let handles: Vec<NodeHandle> = nodes.iter().map(|n| n.handle()).collect();
-    common::wait_mesh(&handles, 2).await;
-    (nodes, handles)
+    common::meshed(3, &common::config(5, 3, LEASE)).await
 }
 
 /// True when no replica of `name` on any node has `peer` as owner or waiter.

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sigma_node::semaphore::{self, MAX_SLOTS};
-use sigma_node::{LockError, LockOptions, NodeHandle};
+use sigma_node::{LockError, LockOptions};
 use tokio::task::JoinSet;
 
 const NODES: usize = 4;
@@ -45,10 +45,7 @@ fn most_at_once(sections: &[Held]) -> (usize, Option<Instant>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_slots_never_have_three_holders_and_everyone_is_served() {
-    common::init_tracing();
-    let nodes = common::swarm(NODES, &common::config(16, 12, Duration::from_secs(2))).await;
-    let handles: Vec<NodeHandle> = nodes.iter().map(|n| n.handle()).collect();
-    common::wait_mesh(&handles, NODES - 1).await;
+    let (nodes, handles) = common::meshed(NODES, &common::config(16, 12, Duration::from_secs(2))).await;
 
     let sections = std::sync::Arc::new(Mutex::new(Vec::<Held>::new()));
     let mut tasks = JoinSet::new();
@@ -105,10 +102,7 @@ async fn two_slots_never_have_three_holders_and_everyone_is_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_slot_held_a_bounded_try_times_out_and_a_release_lets_it_in() {
-    common::init_tracing();
-    let nodes = common::swarm(3, &common::config(8, 6, Duration::from_secs(2))).await;
-    let handles: Vec<NodeHandle> = nodes.iter().map(|n| n.handle()).collect();
-    common::wait_mesh(&handles, 2).await;
+    let (nodes, handles) = common::meshed(3, &common::config(8, 6, Duration::from_secs(2))).await;
     let wait = |ms| LockOptions { timeout: Some(Duration::from_millis(ms)), ..LockOptions::default() };
 
     let a = handles[0].acquire_slot("busy", 2, wait(10_000)).await.expect("first slot");

@@ -6,16 +6,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use sigma_node::NodeHandle;
 
 const LEASE: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_wins_within_about_one_lease_after_the_holder_vanishes() {
-    common::init_tracing();
-    let mut nodes = common::swarm(5, &common::config(8, 6, LEASE)).await;
-    let handles: Vec<NodeHandle> = nodes.iter().map(|n| n.handle()).collect();
-    common::wait_mesh(&handles, 4).await;
+    let (mut nodes, handles) = common::meshed(5, &common::config(8, 6, LEASE)).await;
 
     let holder = handles[1].lock_timeout("vanish", Duration::from_secs(10)).await.expect("holder acquires");
     let first_token = holder.token();

@@ -15,11 +15,7 @@ const TICK: Option<Duration> = Some(Duration::from_millis(100));
 const PATIENCE: Duration = Duration::from_secs(10);
 
 async fn three() -> (Vec<Node>, Vec<NodeHandle>) {
-    common::init_tracing();
-    let nodes = common::swarm(3, &common::config(5, 3, LEASE)).await;
-    let handles: Vec<NodeHandle> = nodes.iter().map(|n| n.handle()).collect();
-    common::wait_mesh(&handles, 2).await;
-    (nodes, handles)
+    common::meshed(3, &common::config(5, 3, LEASE)).await
 }
 
 /// The next state on `watch` that passes `want`, each state on the way kept in `seen`;

@@ -59,6 +59,16 @@ pub async fn swarm(count: usize, base: &NodeConfig) -> Vec<Node> {
     nodes
 }
 
+/// Starts `count` nodes ([`swarm`]) with tracing on, and waits until each is meshed with
+/// all the others ([`wait_mesh`]): the nodes and their handles.
+pub async fn meshed(count: usize, base: &NodeConfig) -> (Vec<Node>, Vec<NodeHandle>) {
+    init_tracing();
+    let nodes = swarm(count, base).await;
+    let handles: Vec<NodeHandle> = nodes.iter().map(|n| n.handle()).collect();
+    wait_mesh(&handles, count - 1).await;
+    (nodes, handles)
+}
+
 /// Polls `check` every 20 ms until it returns true; panics after `timeout`.
 pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Duration
 where

@@ -123,6 +123,9 @@ pub enum Refused {
     /// One table introduced more new members than a table may
     /// ([`crate::membership::MAX_NEW_PER_TABLE`]).
     TooManyNew,
+    /// Of a peer of another prefix group: not a member here (not bad input: a table
+    /// from across a split just done).
+    OtherGroup,
 }
 
 impl Refused {
@@ -136,6 +139,7 @@ impl Refused {
             Refused::OutOfRange => "beat_out_of_range",
             Refused::NotListed => "beat_not_listed",
             Refused::TooManyNew => "beat_too_many_new",
+            Refused::OtherGroup => "beat_other_group",
         }
     }
 }

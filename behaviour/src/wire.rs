@@ -414,6 +414,23 @@ pub struct Gossip {
     /// its own. At most `membership::MAX_JOINTS`; absent from older peers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub joints: Vec<PeerId>,
+    /// The sender's prefix group (docs/design/membership-at-scale.md): absent from peers
+    /// from before groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<Group>,
+}
+
+/// A peer's prefix group as its gossip table states it: the members are the peers whose
+/// Kademlia keys share the first `depth` bits with the sender's, or the first
+/// `depth - 1` while the split to `depth` is pending there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Group {
+    /// Bits of the prefix, at most [`crate::membership::MAX_DEPTH`].
+    pub depth: u8,
+    /// The split to `depth` is pending at the sender: not every member of the parent
+    /// group has said, in its own table, that it knows of it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub splitting: bool,
 }
 
 /// Most leaves in one gossip message.
@@ -429,6 +446,7 @@ impl Gossip {
         self.beats.len() <= MAX_GOSSIP_BEATS
             && self.leaves.len() <= MAX_GOSSIP_LEAVES
             && self.joints.len() <= crate::membership::MAX_JOINTS
+            && self.group.is_none_or(|g| g.depth <= crate::membership::MAX_DEPTH)
     }
 }
 
@@ -805,6 +823,7 @@ mod tests {
             delay_ms: Some(u64::MAX),
             leaves,
             joints: (0..crate::membership::MAX_JOINTS).map(|_| PeerId::random()).collect(),
+            group: Some(Group { depth: crate::membership::MAX_DEPTH, splitting: true }),
         };
         assert!(full.is_valid());
         let mut codec = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default()
@@ -821,8 +840,18 @@ mod tests {
             delay_ms: None,
             leaves: vec![],
             joints: vec![],
+            group: None,
         };
         assert!(!over.is_valid());
+        let deep = Gossip {
+            beats: vec![],
+            serving: true,
+            delay_ms: None,
+            leaves: vec![],
+            joints: vec![],
+            group: Some(Group { depth: crate::membership::MAX_DEPTH + 1, splitting: false }),
+        };
+        assert!(!deep.is_valid(), "a group deeper than any");
     }
 
     /// The serving bit is an optional field of the gossip, not a new protocol: a table
@@ -853,13 +882,20 @@ mod tests {
         let read = block_on(new.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap();
         assert_eq!(
             read,
-            Gossip { beats: beats.clone(), serving: true, delay_ms: None, leaves: vec![], joints: vec![] }
+            Gossip { beats: beats.clone(), serving: true, delay_ms: None, leaves: vec![], joints: vec![], group: None }
         );
         let mut buf = futures::io::Cursor::new(Vec::new());
         block_on(new.write_request(
             &GOSSIP_PROTOCOL,
             &mut buf,
-            Gossip { beats: beats.clone(), serving: false, delay_ms: Some(1), leaves: vec![], joints: vec![] },
+            Gossip {
+                beats: beats.clone(),
+                serving: false,
+                delay_ms: Some(1),
+                leaves: vec![],
+                joints: vec![],
+                group: None,
+            },
         ))
         .unwrap();
         buf.set_position(0);

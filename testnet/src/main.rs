@@ -399,6 +399,11 @@ struct MembershipArgs {
     /// docs/design/membership-at-scale.md.
     #[arg(long, default_value_t = 0)]
     group_bits: u32,
+    /// Groups split as the node's membership decides them: the swarm starts as one
+    /// group, and a group splits once each half counts this many members (instead of
+    /// --group-bits).
+    #[arg(long, conflicts_with = "group_bits")]
+    split_at: Option<usize>,
     /// How long a relayed heartbeat keeps its member alive, ms (the node's default).
     #[arg(long, default_value_t = 5000)]
     gossip_liveness_ms: u64,
@@ -803,6 +808,7 @@ fn real_main() -> Result<ExitCode> {
             cfg.gossip_interval = Duration::from_millis(a.gossip_interval_ms.max(10));
             cfg.gossip_fanout = a.gossip_fanout.max(1);
             cfg.group_bits = a.group_bits.min(16);
+            cfg.split_at = a.split_at.map(|n| n.max(1));
             cfg.gossip_liveness = Duration::from_millis(a.gossip_liveness_ms).max(cfg.gossip_interval);
             let report = membership::run(&cfg);
             print!("{}", membership::summary(&report));

@@ -201,8 +201,14 @@ impl Behaviour {
         let now = self.clock.now();
         self.housekeeping(now);
         let Some(leave) = self.gossip.chain.leave() else { return 0 };
-        let table =
-            wire::Gossip { beats: Vec::new(), serving: false, delay_ms: None, leaves: vec![leave], joints: vec![] };
+        let table = wire::Gossip {
+            beats: Vec::new(),
+            serving: false,
+            delay_ms: None,
+            leaves: vec![leave],
+            joints: vec![],
+            group: None,
+        };
         let targets: Vec<PeerId> = self
             .connections
             .peers()

@@ -82,6 +82,7 @@ impl Membership {
             joints: self.joint_newcomers().map(|p| p.copied().unwrap_or(local)).collect(),
             delay_ms: Some(ms(self.members_delay())),
             leaves: self.leaves().take(wire::MAX_GOSSIP_LEAVES).cloned().collect(),
+            group: self.group(),
         }
     }
 
@@ -148,11 +149,14 @@ impl Membership {
         let me = gossip.beats.iter().any(|b| b.counted && b.peer == *local);
         let counted = gossip.beats.iter().filter(|b| b.counted && b.peer != from && b.peer != *local).map(|b| b.peer);
         self.counted_by(&from, counted, me);
-        if gossip.serving && self.needs_voucher() {
+        self.heard_group(&from, gossip.group, gossip.joints.is_empty(), now);
+        // A peer that states its group joins this one only once it counts it: this
+        // peer is then in its view when its word on a split is taken (module `group`).
+        if gossip.serving && self.needs_voucher() && (me || gossip.group.is_none()) {
             let was_ready = self.ready();
             let named = gossip.beats.iter().map(|b| b.peer).filter(|p| p != local);
             let delay = gossip.delay_ms.map(Duration::from_millis);
-            self.joined_through(from, named, &gossip.joints, delay, now);
+            self.joined_through(from, named, &gossip.joints, delay, gossip.group, now);
             merged.joined = !was_ready && self.ready();
         }
         merged

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 
 // `Membership`'s own methods, kept in a file of their own: the type and its fields
@@ -29,7 +30,11 @@ pub struct Record<'a> {
 
 impl Membership {
     /// `peer` is a live sigma peer: connected, and in the routing table. Idempotent.
+    /// A peer of another group ([`Membership::with_groups`]) is not a member here.
     pub fn connected(&mut self, peer: PeerId, now: Time) {
+        if !self.members.contains_key(&peer) && !self.may_be_member(&KBucketKey::from(peer)) {
+            return;
+        }
         if !self.members.contains_key(&peer) && self.members.len() >= MAX_MEMBERS {
             self.forget_one(now);
         }
@@ -76,6 +81,9 @@ impl Membership {
             return Ok(self.heard(peer, beat, age, now, echo));
         }
         if known.is_none() {
+            if !self.may_be_member(&KBucketKey::from(peer)) {
+                return Err(Refused::OtherGroup);
+            }
             if *introduced >= MAX_NEW_PER_TABLE {
                 return Err(Refused::TooManyNew);
             }
@@ -120,6 +128,10 @@ impl Membership {
                 // A later incarnation of a member that left is a newcomer.
                 m.left = None;
                 let restarted = m.beat != (0, 0) && beat.0 > m.beat.0 && m.counts != 0;
+                if beat.0 > m.beat.0 {
+                    // What it said of a split, it said in an earlier life.
+                    m.word = false;
+                }
                 let first = m.beat == (0, 0) && !m.up && !m.seen;
                 let was = m.alive;
                 m.beat = beat;
@@ -260,16 +272,19 @@ impl Membership {
     /// `peer`'s takeover delay (`delay`, [`Membership::members_delay`] there) for one
     /// membership window. A peer not joining ignores it; so does one that could not
     /// record the joint quorums (more pending than [`MAX_JOINTS`](super::MAX_JOINTS), or
-    /// every member named pending): it waits for another table.
+    /// every member named pending): it waits for another table. With prefix groups,
+    /// it takes `peer`'s `group` ([`Membership::with_groups`]), and ignores a peer of
+    /// another group.
     pub fn joined_through(
         &mut self,
         peer: PeerId,
         members: impl IntoIterator<Item = PeerId>,
         pending: &[PeerId],
         delay: Option<Duration>,
+        group: Option<crate::wire::Group>,
         now: Time,
     ) {
-        if !self.needs_voucher() {
+        if !self.needs_voucher() || !self.may_vouch(&peer, group) {
             return;
         }
         let members: Vec<PeerId> = members.into_iter().collect();
@@ -282,6 +297,7 @@ impl Membership {
             return;
         }
         self.vouched = true;
+        self.join_group(group, now);
         if let Some(d) = delay {
             self.inherited = Some((d.min(MAX_TAKEOVER_DELAY), now + self.window));
         }

@@ -24,6 +24,10 @@
 //! - **Serving.** A ready peer serves (hosts replicas, grants votes) while it reaches a
 //!   strict majority of the members, itself included. A 50/50 split serves on neither
 //!   side.
+//! - **Prefix groups** ([`Membership::with_groups`], module `group`): the members are
+//!   the peers of this peer's group, every rule above holds within it, and while a
+//!   split of the group is pending here a peer also needs a strict majority of its own
+//!   half. Off unless the owner turns it on (the node does not yet).
 //! - **Takeover delay.** When serving begins (start, rejoin after a split, resume after
 //!   a stall) every replica this peer starts grants nothing for the delay; and for one
 //!   delay after a member departs, replicas whose key that member was closer to start
@@ -45,9 +49,11 @@ use crate::proto::Time;
 mod departures;
 mod exchange;
 mod gossip;
+mod group;
 mod joint;
 pub use exchange::{Arrival, Merged};
 pub use gossip::Record;
+pub use group::{same_prefix, MAX_DEPTH};
 pub use joint::MAX_JOINTS;
 
 /// Most members remembered; beyond it the longest-departed is forgotten first (and, to
@@ -112,6 +118,15 @@ pub enum Readiness {
         /// Members of that earlier view still members, this peer included if it is one.
         of: usize,
     },
+    /// Reaches a strict majority of its members, but only `reachable` of the `members`
+    /// members of its own half of its group, whose split is pending here (prefix
+    /// groups: docs/design/membership-at-scale.md).
+    Half {
+        /// Reachable members of this peer's half, itself included.
+        reachable: usize,
+        /// Counted members of this peer's half, itself included.
+        members: usize,
+    },
 }
 
 impl Readiness {
@@ -124,6 +139,7 @@ impl Readiness {
             Readiness::Leaving => "leaving",
             Readiness::Minority { .. } => "minority",
             Readiness::Joint { .. } => "joint",
+            Readiness::Half { .. } => "half",
         }
     }
 }
@@ -146,6 +162,11 @@ impl std::fmt::Display for Readiness {
                 f,
                 "reaches {reachable} of the {of} peers of its view before a recent join: no strict majority of \
                  them, and they do not all count the newcomer yet"
+            ),
+            Readiness::Half { reachable, members } => write!(
+                f,
+                "reaches {reachable} of the {members} members of its half of a group that is splitting (itself \
+                 included): no strict majority of them"
             ),
         }
     }
@@ -219,6 +240,9 @@ struct Member {
     /// It left (its own signed leave, relayed until it is forgotten): in no count, not
     /// alive, until a later incarnation of it is heard.
     left: Option<Leave>,
+    /// Said, in its own settled table, that it knows of the split pending here
+    /// ([`group`]); void when a later incarnation of it is heard.
+    word: bool,
 }
 
 impl Member {
@@ -239,6 +263,7 @@ impl Member {
             delay: None,
             proof: None,
             left: None,
+            word: false,
         }
     }
 
@@ -320,6 +345,8 @@ pub struct Membership {
     joints: Vec<Option<joint::Joint>>,
     /// Test-only: the joint quorum off ([`Membership::without_joint_quorum`]).
     joint_off: bool,
+    /// Prefix groups ([`Membership::with_groups`]); none: the swarm is one group.
+    groups: Option<group::Groups>,
 }
 
 impl Membership {
@@ -357,6 +384,7 @@ impl Membership {
             count_every_newcomer: false,
             joints: Vec::new(),
             joint_off: false,
+            groups: None,
         }
     }
 
@@ -556,8 +584,11 @@ impl Membership {
         if 2 * reachable <= members {
             return Readiness::Minority { reachable, members };
         }
-        match self.joint_unmet() {
-            Some((reachable, of)) => Readiness::Joint { reachable, of },
+        if let Some((reachable, of)) = self.joint_unmet() {
+            return Readiness::Joint { reachable, of };
+        }
+        match self.half_unmet() {
+            Some((reachable, members)) => Readiness::Half { reachable, members },
             None => Readiness::Serving,
         }
     }
@@ -628,6 +659,8 @@ impl Membership {
                     self.members_delay_stale = true;
                 }
             }
+            self.end_split_if_done(now);
+            self.decide_split();
             if self.members_delay_stale {
                 self.recompute_members_delay();
             }
@@ -741,7 +774,7 @@ mod tests {
         m.tick(S);
         assert_eq!(m.readiness(), Readiness::Joining, "no serving peer heard yet");
         assert_eq!(m.uncounted(), 1, "a peer that does not serve counts no newcomer");
-        m.joined_through(p, [], &[], None, S);
+        m.joined_through(p, [], &[], None, None, S);
         m.tick(S);
         assert_eq!(m.readiness(), Readiness::Serving);
         assert!(m.serving());
@@ -935,7 +968,7 @@ mod tests {
         for p in [b, c, d] {
             e.heard(p, (1, 1), Duration::ZERO, S, None);
         }
-        e.joined_through(a, [b, c, d], &[d], None, S);
+        e.joined_through(a, [b, c, d], &[d], None, None, S);
         assert_eq!(e.joints_pending(), 2, "D's, and its own join");
         e.connected(d, S);
         e.tick(S);
@@ -959,7 +992,7 @@ mod tests {
         f.connected(a, S);
         f.bootstrapped();
         f.heard(d, (1, 1), Duration::ZERO, S, None);
-        f.joined_through(a, [d], &[a, d], None, S);
+        f.joined_through(a, [d], &[a, d], None, None, S);
         assert_eq!(f.readiness(), Readiness::Joining, "not joined through it");
     }
 
@@ -994,7 +1027,7 @@ mod tests {
         for p in [b, c] {
             d.heard(p, (1, 1), Duration::ZERO, Duration::ZERO, None);
         }
-        d.joined_through(a, [b, c], &[], Some(66 * S), Duration::ZERO);
+        d.joined_through(a, [b, c], &[], Some(66 * S), None, Duration::ZERO);
         assert_eq!(d.delay(), 66 * S, "the delay in force where it joined");
         assert_eq!(d.members_delay(), 10 * S, "not handed on to its own joiners");
         d.tick(Duration::ZERO);
@@ -1005,7 +1038,7 @@ mod tests {
         // Only the first serving peer heard vouches; later ones are ordinary gossip.
         let x = PeerId::random();
         d.heard(x, (1, 1), Duration::ZERO, S, None);
-        d.joined_through(x, [], &[], Some(600 * S), S);
+        d.joined_through(x, [], &[], Some(600 * S), None, S);
         assert_eq!(d.members(), 4);
         assert_eq!(d.delay(), 66 * S);
         // Kept for one membership window.
@@ -1249,6 +1282,7 @@ mod tests {
             delay_ms: None,
             leaves: Vec::new(),
             joints: Vec::new(),
+            group: None,
         };
         let named = |g: crate::wire::Gossip| g.beats.iter().filter(|b| b.peer != local).count();
         assert_eq!(named(m.reply(local, None, S, &request(true), x)), 0, "a serving peer held them all");

@@ -1073,7 +1073,7 @@ impl State {
                     let m = &mut self.peers[p].membership;
                     m.heard_record(record, &from, now, wall, None, &mut introduced).expect("a proven beat");
                 }
-                self.peers[p].membership.joined_through(from, named, &pending, Some(delay), now);
+                self.peers[p].membership.joined_through(from, named, &pending, Some(delay), None, now);
                 self.touch_m(p);
                 changed = true;
             }
@@ -1336,6 +1336,7 @@ impl State {
                 Readiness::Serving => "serving".to_string(),
                 Readiness::Minority { reachable, members } => format!("minority {reachable}/{members}"),
                 Readiness::Joint { reachable, of } => format!("joint {reachable}/{of}"),
+                Readiness::Half { reachable, members } => format!("half {reachable}/{members}"),
                 other => other.as_str().to_string(),
             };
             let hosts: Vec<String> = peer

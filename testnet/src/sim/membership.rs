@@ -29,6 +29,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use libp2p::identity::Keypair;
+use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
 use rand::seq::{IteratorRandom, SliceRandom};
 use rand::{Rng, RngCore, SeedableRng};
@@ -104,6 +105,11 @@ pub struct Config {
     /// A group's first peer starts it (serves at once), the others join through up
     /// peers of their group.
     pub group_bits: u32,
+    /// Prefix groups split as the node's membership decides them
+    /// (`Membership::with_groups`): the swarm starts as one group, and a group splits
+    /// once each half counts this many members. A newcomer joins through the peers
+    /// closest to its own key (a Kademlia lookup's answer). None: no splits.
+    pub split_at: Option<usize>,
     /// Gossip interval (the node's default: 500 ms).
     pub gossip_interval: Duration,
     /// Gossip fanout (the node's default: 2).
@@ -133,6 +139,7 @@ impl Config {
             leave_share: 0.0,
             crashes: 0,
             group_bits: 0,
+            split_at: None,
             gossip_interval: Duration::from_millis(500),
             gossip_fanout: 2,
             gossip_liveness: Duration::from_secs(5),
@@ -211,6 +218,14 @@ pub struct Report {
     pub serving_share: f64,
     /// Records refused on merge, by reason.
     pub refused: BTreeMap<&'static str, u64>,
+    /// The groups of the up peers at the end (by their own membership's group, the
+    /// parent's while a split is pending there): how many, their sizes, and the peers
+    /// with a split pending.
+    pub groups: usize,
+    /// Smallest, median and largest group at the end.
+    pub group_sizes: (usize, usize, usize),
+    /// Up peers with a split pending at the end.
+    pub splitting: usize,
     /// The up peers' readiness at the end, by kind.
     pub readiness: BTreeMap<&'static str, usize>,
     /// Crashes, leaves and joins in the measured window.
@@ -391,6 +406,7 @@ impl Sim {
         let group = group_of(&id, self.cfg.group_bits);
         let joining = !self.founded.insert(group);
         let cfg = &self.cfg;
+        let split_at = cfg.split_at;
         // The node's takeover delay with the default lease (10 s), drift (5%: 0.5 s)
         // and these liveness settings (docs/design/membership.md).
         let delay = Duration::from_millis(10_500) + cfg.liveness_timeout() + Duration::from_secs(1);
@@ -398,6 +414,10 @@ impl Sim {
         let m = Membership::new(joining, Duration::from_secs(600), delay, cfg.liveness_timeout())
             .with_gossip(cfg.gossip_liveness, incarnation)
             .with_hash_keys(self.rng.next_u64(), self.rng.next_u64());
+        let m = match split_at {
+            Some(n) => m.with_groups(id, 0, Some(n)),
+            None => m,
+        };
         let chain = Chain::new(key, incarnation, Some(ms(delay)));
         self.index.insert(id, self.peers.len());
         self.peers.push(Peer {
@@ -464,16 +484,21 @@ impl Sim {
         }
     }
 
-    /// Peer `p` starts: a joining peer connects to a few random up peers of its group.
+    /// Peer `p` starts: a joining peer connects to a few random up peers of its group
+    /// (with splits: to the up peers closest to its key).
     fn join(&mut self, p: usize) {
         let group = self.peers[p].group;
         let peers = &self.peers;
-        let bootstrap: Vec<usize> = self
-            .up
-            .iter()
-            .copied()
-            .filter(|q| peers[*q].group == group)
-            .choose_multiple(&mut self.rng, self.cfg.bootstrap_peers.max(1));
+        let k = self.cfg.bootstrap_peers.max(1);
+        let bootstrap: Vec<usize> = if self.cfg.split_at.is_some() {
+            let key = KBucketKey::from(peers[p].id);
+            let mut by_distance: Vec<_> =
+                self.up.iter().map(|q| (key.distance(&KBucketKey::from(peers[*q].id)), *q)).collect();
+            by_distance.sort_unstable();
+            by_distance.into_iter().take(k).map(|(_, q)| q).collect()
+        } else {
+            self.up.iter().copied().filter(|q| peers[*q].group == group).choose_multiple(&mut self.rng, k)
+        };
         let peer = &mut self.peers[p];
         peer.state = State::Up;
         peer.up_at = self.now;
@@ -732,6 +757,7 @@ impl Sim {
                 delay_ms: None,
                 leaves: vec![leave],
                 joints: vec![],
+                group: None,
             });
             for t in targets {
                 let to = self.index[&t];
@@ -810,6 +836,28 @@ impl Sim {
         self.after(next, Ev::StallStart(p));
     }
 
+    /// Peer `p`'s group: its membership's (the parent's while a split is pending
+    /// there), as (depth, prefix); or the fixed one of [`Config::group_bits`].
+    fn group_key(&self, p: usize) -> (u8, u32) {
+        let peer = &self.peers[p];
+        match peer.m.group() {
+            Some(g) => {
+                let depth = g.depth - u8::from(g.splitting);
+                (depth, group_of(&peer.id, u32::from(depth)))
+            }
+            None => (self.cfg.group_bits as u8, peer.group),
+        }
+    }
+
+    /// Up peers per group ([`Sim::group_key`]).
+    fn group_sizes(&self) -> HashMap<(u8, u32), usize> {
+        let mut sizes = HashMap::new();
+        for p in &self.up {
+            *sizes.entry(self.group_key(*p)).or_default() += 1;
+        }
+        sizes
+    }
+
     fn in_window(&self) -> bool {
         self.window.0 <= self.now && self.now < self.window.1
     }
@@ -825,14 +873,15 @@ impl Sim {
         if self.serving.is_none() && all_up && self.up.iter().all(|p| self.peers[*p].m.serving()) {
             self.serving = Some(self.now);
         }
-        let mut sizes: HashMap<u32, usize> = HashMap::new();
-        for p in &self.up {
-            *sizes.entry(self.peers[*p].group).or_default() += 1;
-        }
+        let sizes = self.group_sizes();
         let formed = self.serving.is_some()
             && self.up.iter().all(|p| {
-                let (m, size) = (&self.peers[*p].m, sizes[&self.peers[*p].group]);
-                m.serving() && m.members() == size && m.reachable() + 1 == size && m.joints_pending() == 0
+                let (m, size) = (&self.peers[*p].m, sizes[&self.group_key(*p)]);
+                m.serving()
+                    && m.members() == size
+                    && m.reachable() + 1 == size
+                    && m.joints_pending() == 0
+                    && m.group().is_none_or(|g| !g.splitting)
             });
         if formed {
             self.formed = Some(self.now);
@@ -898,6 +947,13 @@ impl Sim {
             .filter(|c| end.saturating_sub(c.at) >= Duration::from_secs(30))
             .map(|c| c.waiting)
             .sum();
+        let mut sizes: Vec<usize> = self.group_sizes().into_values().collect();
+        sizes.sort_unstable();
+        let group_sizes = match (sizes.first(), sizes.last()) {
+            (Some(lo), Some(hi)) => (*lo, sizes[sizes.len() / 2], *hi),
+            _ => (0, 0, 0),
+        };
+        let splitting = self.up.iter().filter(|p| self.peers[**p].m.group().is_some_and(|g| g.splitting)).count();
         let mut report = Report {
             peers: self.cfg.peers,
             seed: self.cfg.seed,
@@ -915,6 +971,9 @@ impl Sim {
             false_removals_per_10k_peer_hours: self.false_removals as f64 / peer_hours.max(1e-9) * 1e4,
             serving_share: serving.as_secs_f64() / peer_time.as_secs_f64().max(1e-9),
             refused: self.refused.clone(),
+            groups: sizes.len(),
+            group_sizes,
+            splitting,
             readiness: self.up.iter().fold(BTreeMap::new(), |mut map, p| {
                 *map.entry(self.peers[*p].m.readiness().as_str()).or_default() += 1;
                 map
@@ -1052,6 +1111,11 @@ pub fn summary(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
+        "groups at the end: {} (sizes min {}, p50 {}, max {}), {} peers with a split pending",
+        r.groups, r.group_sizes.0, r.group_sizes.1, r.group_sizes.2, r.splitting
+    );
+    let _ = writeln!(
+        out,
         "detection per view: p50 {:.1} s, p99 {:.1} s, max {:.1} s ({} samples)",
         r.detection.p50, r.detection.p99, r.detection.max, r.detection.n
     );
@@ -1128,6 +1192,26 @@ mod tests {
         assert_eq!(r.false_removals, 0, "{r:?}");
         assert!(!r.readiness.contains_key("joining"), "every newcomer joined: {r:?}");
         assert!(r.serving_share > 0.9, "{r:?}");
+    }
+
+    /// The membership's own splits: a swarm started as one group ends in several, every
+    /// split ended, every view complete (its group's size), crashes detected, and no live
+    /// peer dropped; the same seed replays.
+    #[test]
+    fn groups_split_by_the_membership_form_and_detect_crashes() {
+        let mut cfg = small(5);
+        cfg.peers = 48;
+        cfg.split_at = Some(6);
+        cfg.max_formation = Duration::from_secs(300);
+        let r = run(&cfg);
+        assert!(r.groups >= 2, "no split: {r:?}");
+        assert!(r.group_sizes.0 >= 6, "a group below the split threshold: {r:?}");
+        assert_eq!(r.splitting, 0, "{r:?}");
+        assert!(r.formed_s.is_some(), "views never complete: {r:?}");
+        assert_eq!(r.detection_everywhere.n, 3, "{r:?}");
+        assert_eq!(r.undetected, 0, "{r:?}");
+        assert_eq!(r.false_removals, 0, "{r:?}");
+        assert_eq!(run(&cfg).digest, r.digest);
     }
 
     #[test]

@@ -316,7 +316,7 @@ impl Net {
                 Some(Readiness::Joining) => why.0 += 1,
                 // Short of a joint quorum: a majority of its members, not of its view
                 // before a recent join; counted with the minority.
-                Some(Readiness::Minority { .. } | Readiness::Joint { .. }) => why.1 += 1,
+                Some(Readiness::Minority { .. } | Readiness::Joint { .. } | Readiness::Half { .. }) => why.1 += 1,
                 _ => {}
             }
         }

@@ -418,6 +418,12 @@ pub struct Gossip {
     /// from before groups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<Group>,
+    /// A request for acknowledgements only: the sender's own beat and its `joints`; the
+    /// reply holds the replier's own beat and its records of the members `joints`
+    /// names, each saying whether the replier counts it (`membership::Membership::
+    /// ack_request`). A peer from before the field answers with its table.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub acks: bool,
 }
 
 /// A peer's prefix group as its gossip table states it: the members are the peers whose
@@ -824,6 +830,7 @@ mod tests {
             leaves,
             joints: (0..crate::membership::MAX_JOINTS).map(|_| PeerId::random()).collect(),
             group: Some(Group { depth: crate::membership::MAX_DEPTH, splitting: true }),
+            acks: true,
         };
         assert!(full.is_valid());
         let mut codec = libp2p::request_response::cbor::codec::Codec::<Gossip, Gossip>::default()
@@ -841,6 +848,7 @@ mod tests {
             leaves: vec![],
             joints: vec![],
             group: None,
+            acks: false,
         };
         assert!(!over.is_valid());
         let deep = Gossip {
@@ -850,6 +858,7 @@ mod tests {
             leaves: vec![],
             joints: vec![],
             group: Some(Group { depth: crate::membership::MAX_DEPTH + 1, splitting: false }),
+            acks: false,
         };
         assert!(!deep.is_valid(), "a group deeper than any");
     }
@@ -882,7 +891,15 @@ mod tests {
         let read = block_on(new.read_request(&GOSSIP_PROTOCOL, &mut buf)).unwrap();
         assert_eq!(
             read,
-            Gossip { beats: beats.clone(), serving: true, delay_ms: None, leaves: vec![], joints: vec![], group: None }
+            Gossip {
+                beats: beats.clone(),
+                serving: true,
+                delay_ms: None,
+                leaves: vec![],
+                joints: vec![],
+                group: None,
+                acks: false
+            }
         );
         let mut buf = futures::io::Cursor::new(Vec::new());
         block_on(new.write_request(
@@ -895,6 +912,7 @@ mod tests {
                 leaves: vec![],
                 joints: vec![],
                 group: None,
+                acks: false,
             },
         ))
         .unwrap();

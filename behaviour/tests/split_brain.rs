@@ -510,7 +510,15 @@ async fn a_forged_membership_changes_nothing_at_the_peer_it_is_sent_to() {
             .map(|g| beat(*g, incarnation, round))
             .chain(inflated.iter().map(|p| beat(*p, u64::MAX, u64::MAX)))
             .collect();
-        let table = wire::Gossip { beats, serving: true, delay_ms: None, leaves: vec![], joints: vec![], group: None };
+        let table = wire::Gossip {
+            beats,
+            serving: true,
+            delay_ms: None,
+            leaves: vec![],
+            joints: vec![],
+            group: None,
+            acks: false,
+        };
         net.swarms[3].behaviour_mut().forge.send_request(&victim, table);
         net.drive(Duration::from_millis(100), |_, _, _| false).await;
         serving &= net.swarms[0].behaviour().sigma.readiness() == Readiness::Serving;

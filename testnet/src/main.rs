@@ -404,6 +404,10 @@ struct MembershipArgs {
     /// --group-bits).
     #[arg(long, conflicts_with = "group_bits")]
     split_at: Option<usize>,
+    /// Each round, also ask up to this many members that a pending joint quorum waits
+    /// on for their acknowledgements alone (the node does not yet).
+    #[arg(long, default_value_t = 0)]
+    ack_requests: usize,
     /// How long a relayed heartbeat keeps its member alive, ms (the node's default).
     #[arg(long, default_value_t = 5000)]
     gossip_liveness_ms: u64,
@@ -809,6 +813,7 @@ fn real_main() -> Result<ExitCode> {
             cfg.gossip_fanout = a.gossip_fanout.max(1);
             cfg.group_bits = a.group_bits.min(16);
             cfg.split_at = a.split_at.map(|n| n.max(1));
+            cfg.ack_requests = a.ack_requests.min(64);
             cfg.gossip_liveness = Duration::from_millis(a.gossip_liveness_ms).max(cfg.gossip_interval);
             let report = membership::run(&cfg);
             print!("{}", membership::summary(&report));

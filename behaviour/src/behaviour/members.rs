@@ -208,6 +208,7 @@ impl Behaviour {
             leaves: vec![leave],
             joints: vec![],
             group: None,
+            acks: false,
         };
         let targets: Vec<PeerId> = self
             .connections

@@ -83,6 +83,7 @@ impl Membership {
             delay_ms: Some(ms(self.members_delay())),
             leaves: self.leaves().take(wire::MAX_GOSSIP_LEAVES).cloned().collect(),
             group: self.group(),
+            acks: false,
         }
     }
 
@@ -103,7 +104,25 @@ impl Membership {
             return self.table(local, own_proof, now, None, &[]);
         }
         let keep = &request.joints[..request.joints.len().min(super::MAX_JOINTS)];
-        self.table(local, own_proof, now, Some(exchange), keep)
+        let mut table = self.table(local, own_proof, now, Some(exchange), keep);
+        if request.acks {
+            table.beats.retain(|b| b.peer == local || keep.contains(&b.peer));
+            table.leaves.clear();
+        }
+        table
+    }
+
+    /// A request for acknowledgements only ([`wire::Gossip::acks`]), for a member a
+    /// joint quorum pending here waits on ([`Membership::awaited`]): this peer's own
+    /// beat and the changes pending here, without the other members' records. The
+    /// member's reply says, in its own words, which of them it counts; it costs a few
+    /// hundred bytes where a round's table costs one record per member.
+    pub fn ack_request(&self, local: PeerId, own_proof: Option<Proof>, now: Time) -> wire::Gossip {
+        let mut table = self.table(local, own_proof, now, None, &[]);
+        table.beats.truncate(1);
+        table.leaves.clear();
+        table.acks = true;
+        table
     }
 
     /// Merges `from`'s table (already checked within its bounds, [`wire::Gossip::is_valid`]),

@@ -319,6 +319,7 @@ mod tests {
             leaves: vec![],
             joints: pending.to_vec(),
             group: Some(group),
+            acks: false,
         };
         let arrival = Arrival { transit: Duration::ZERO, echo: None };
         m.merge(local, from, &gossip, arrival, now, liveness::wall_ms());

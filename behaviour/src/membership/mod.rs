@@ -1283,10 +1283,39 @@ mod tests {
             leaves: Vec::new(),
             joints: Vec::new(),
             group: None,
+            acks: false,
         };
         let named = |g: crate::wire::Gossip| g.beats.iter().filter(|b| b.peer != local).count();
         assert_eq!(named(m.reply(local, None, S, &request(true), x)), 0, "a serving peer held them all");
         assert_eq!(named(m.reply(local, None, S, &request(false), x)), 3, "a joining peer gets every member");
+    }
+
+    /// An acknowledgement request carries only the asker's beat and pending changes, and
+    /// its reply only the replier's beat and its records of those changes, each saying
+    /// whether the replier counts it: what ends the asker's joint quorums.
+    #[test]
+    fn an_ack_request_gets_the_records_of_its_changes_alone() {
+        let mut m = view(false);
+        m.tick(Duration::ZERO);
+        let mut members = signed(3);
+        for member in &mut members {
+            relayed(&mut m, member, 1, Duration::ZERO, None).unwrap();
+            relayed(&mut m, member, 2, S, None).unwrap();
+        }
+        m.tick(S);
+        let local = PeerId::random();
+        let ask = m.ack_request(local, None, S);
+        assert!(ask.acks);
+        assert_eq!(ask.beats.iter().map(|b| b.peer).collect::<Vec<_>>(), vec![local], "its own beat alone");
+        let request = crate::wire::Gossip { beats: Vec::new(), serving: true, joints: vec![members[1].0], ..ask };
+        let x = m.next_exchange();
+        let reply = m.reply(local, None, S, &request, x);
+        let named: Vec<(PeerId, bool)> = reply.beats.iter().map(|b| (b.peer, b.counted)).collect();
+        assert_eq!(named, vec![(local, false), (members[1].0, m.is_counted(&members[1].0))]);
+        assert!(!reply.acks, "a reply is a table");
+        let y = m.next_exchange();
+        let whole = m.reply(local, None, S, &crate::wire::Gossip { acks: false, ..request }, y);
+        assert_eq!(whole.beats.len(), 4, "a round's request gets every record the asker lacks");
     }
 
     /// Only a member itself can refresh its heartbeat: a relayed beat without a proof,

@@ -110,6 +110,10 @@ pub struct Config {
     /// once each half counts this many members. A newcomer joins through the peers
     /// closest to its own key (a Kademlia lookup's answer). None: no splits.
     pub split_at: Option<usize>,
+    /// Each round, also ask up to this many members a pending joint quorum waits on for
+    /// their acknowledgements alone (`Membership::ack_request`), on top of the round's
+    /// targets. The node does not yet (0).
+    pub ack_requests: usize,
     /// Gossip interval (the node's default: 500 ms).
     pub gossip_interval: Duration,
     /// Gossip fanout (the node's default: 2).
@@ -140,6 +144,7 @@ impl Config {
             crashes: 0,
             group_bits: 0,
             split_at: None,
+            ack_requests: 0,
             gossip_interval: Duration::from_millis(500),
             gossip_fanout: 2,
             gossip_liveness: Duration::from_secs(5),
@@ -551,10 +556,19 @@ impl Sim {
         let peer = &mut self.peers[p];
         let (_, counter) = peer.m.beat();
         let proof = peer.chain.proof(counter);
-        let table = Rc::new(peer.m.table(peer.id, proof, now, None, &[]));
+        let table = Rc::new(peer.m.table(peer.id, proof.clone(), now, None, &[]));
+        let asked: Vec<PeerId> = match self.cfg.ack_requests {
+            0 => Vec::new(),
+            k => peer.m.awaited().filter(|q| !targets.contains(q)).copied().choose_multiple(&mut self.rng, k),
+        };
+        let ask = (!asked.is_empty()).then(|| Rc::new(peer.m.ack_request(peer.id, proof, now)));
         for t in targets {
             let to = self.index[&t];
             self.send(p, to, table.clone(), None);
+        }
+        for (t, ask) in asked.into_iter().zip(std::iter::repeat_with(|| ask.clone().expect("asked"))) {
+            let to = self.index[&t];
+            self.send(p, to, ask, None);
         }
     }
 
@@ -758,6 +772,7 @@ impl Sim {
                 leaves: vec![leave],
                 joints: vec![],
                 group: None,
+                acks: false,
             });
             for t in targets {
                 let to = self.index[&t];

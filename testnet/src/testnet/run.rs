@@ -189,6 +189,8 @@ pub struct RunReport {
     pub connection_peaks: Vec<u32>,
     /// The bound every node was started with (`--max-connections`).
     pub connection_bound: u32,
+    /// The membership's cost per node over the workload (none: not scraped).
+    pub membership: Option<super::membership::Figures>,
     /// The `sigma lock` command holders, if any ran.
     pub holders: Option<HolderReport>,
     /// The election observers, if any ran.
@@ -278,6 +280,8 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
         phases: Vec::new(),
     }));
     let http = api::client()?;
+    // The membership's counters at the start of the measured window.
+    let scrapes_at_start = scrape_all(&cluster, &http).await;
     let pb = view(opts.duration);
     let fired = Arc::new(AtomicU64::new(0));
     let peaks = Arc::new(Mutex::new(Vec::new()));
@@ -350,6 +354,10 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
 
     // Counters of the live nodes, then down.
     let mut cluster = outcome.cluster;
+    let scrapes_at_end = scrape_all(&cluster, &http).await;
+    let membership = (!scrapes_at_start.is_empty())
+        .then(|| super::membership::figures(&scrapes_at_start, &scrapes_at_end))
+        .filter(|f| f.nodes > 0);
     let mut completed = outcome.retired;
     let mut node_regressions = 0;
     for m in &cluster.members {
@@ -386,6 +394,7 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     );
     let peaks = std::mem::take(&mut *peaks.lock().expect("not poisoned"));
     report.add_connections(peaks, opts.up.params.max_connections.unwrap_or(DAEMON_MAX_CONNECTIONS));
+    report.membership = membership;
     if opts.holders > 0 {
         report.add_holders(holder_report);
     }
@@ -394,6 +403,23 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     }
     let summary = render(&report);
     Ok((report, summary))
+}
+
+/// Scrapes the membership's counters of every running node at once (a node that does
+/// not answer within 3 s is left out).
+async fn scrape_all(cluster: &Cluster, http: &reqwest::Client) -> Vec<super::membership::Scrape> {
+    let asks = cluster.members.iter().filter(|m| m.record.state == State::Running).map(|m| {
+        let r = &m.record;
+        super::membership::scrape(http, r.index, r.pid, r.api, Duration::from_secs(3))
+    });
+    let mut scrapes = Vec::new();
+    for s in futures::future::join_all(asks).await {
+        match s {
+            Ok(s) => scrapes.push(s),
+            Err(e) => eprintln!("sigma-testnet: membership counters unavailable: {e:#}"),
+        }
+    }
+    scrapes
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -568,6 +594,7 @@ fn build_report(
         findings,
         connection_peaks: Vec::new(),
         connection_bound: 0,
+        membership: None,
         holders: None,
         observers: None,
         slots: opts.slots,
@@ -802,6 +829,25 @@ pub fn render(r: &RunReport) -> String {
             r.connection_bound
         );
     }
+    if let Some(m) = &r.membership {
+        let _ = writeln!(
+            s,
+            "membership per node:     gossip sent {:.0} B/s (p99 {:.0}), received {:.0} B/s, {:.1} tables/s; {:.1} \
+             pings/s (≈ {:.0} B/s each way); connections opened {:.1} a minute (most {:.0}); over the workload ({:.1} s, \
+             {} of {} nodes: one process throughout)",
+            m.bytes_out_per_s,
+            m.bytes_out_per_s_p99,
+            m.bytes_in_per_s,
+            m.tables_out_per_s,
+            m.pings_per_s,
+            m.pings_per_s * 64.0,
+            m.opened_per_min,
+            m.opened_per_min_max,
+            m.window_s,
+            m.nodes,
+            m.scraped
+        );
+    }
     if !r.unavailability.is_empty() {
         let _ = writeln!(
             s,
@@ -937,6 +983,13 @@ pub fn render(r: &RunReport) -> String {
         let _ = writeln!(s, "first acquire errors:");
         for e in &a.sample_errors {
             let _ = writeln!(s, "    {e}");
+        }
+    }
+    if let Some(m) = &r.membership {
+        let _ =
+            writeln!(s, "membership against the goals of issue 37 (as `sim membership` prints them; not PASS/FAIL):");
+        for g in super::membership::goals(m, r.nodes, !r.chaos.is_empty()) {
+            let _ = writeln!(s, "    {}", g.line());
         }
     }
     let _ = writeln!(s);

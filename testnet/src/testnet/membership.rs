@@ -3,15 +3,34 @@
 //! over the workload (from right after formation to its end), from each node's
 //! `/metrics` scraped at both ends of that window ([`scrape`]); a node killed or
 //! restarted in between (another process) is left out.
+//!
+//! With `kill` faults, [`detect`] follows each killed node out of the live nodes' views:
+//! every [`POLL`] it asks each node alive at the kill (seen down within [`WATCH`]) for its status (`member_peers`,
+//! alive or not) until none holds the killed peer alive ([`Kills`]).
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
+use libp2p::PeerId;
 use serde::Serialize;
+use tokio::sync::watch;
 
+use super::workload::{NodeState, World};
 use crate::swarm::measure::quantile;
-use crate::swarm::membership::Goal;
+use crate::swarm::membership::{Goal, Spread};
+
+/// How often the views of the nodes alive at a kill are read.
+pub const POLL: Duration = Duration::from_millis(500);
+/// How often the nodes' states are looked at for a kill (the kill's time is the first
+/// look that saw the node down: at most this late, plus a round of reads).
+pub const WATCH: Duration = Duration::from_millis(50);
+/// A killed node still held alive by a view this long after its kill is given up on
+/// (that view counts as never dropping it).
+pub const GIVE_UP: Duration = Duration::from_secs(60);
+/// Kills followed at once (past it, a kill is not measured).
+const MAX_FOLLOWED: usize = 64;
 
 /// What one node's membership had cost when scraped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -181,9 +200,214 @@ pub fn goals(f: &Figures, nodes: usize, faults: bool) -> Vec<Goal> {
     ]
 }
 
+/// A kill being followed: the killed peer, when, the nodes whose view may still hold
+/// it alive, and when the last view so far dropped it.
+#[derive(Clone, Debug)]
+struct Followed {
+    peer: PeerId,
+    at: Instant,
+    waiting: Vec<usize>,
+    last: Duration,
+}
+
+/// Kills followed out of the views, and what they measured.
+#[derive(Clone, Debug, Default)]
+pub struct Kills {
+    followed: Vec<Followed>,
+    /// Per view that dropped a killed peer: the time from the kill.
+    pub per_view: Vec<Duration>,
+    /// Per kill dropped by every view: until the last one did.
+    pub everywhere: Vec<Duration>,
+    /// Views that still held a killed peer alive when given up on (or at the end).
+    pub never: usize,
+    /// Kills not followed: more than [`MAX_FOLLOWED`] at once, or the node came back
+    /// (restarted, the same peer) before every view dropped it.
+    pub not_followed: usize,
+}
+
+impl Kills {
+    /// `peer` was killed at `at`; `live`: the nodes up then (their views are followed).
+    pub fn killed(&mut self, peer: PeerId, at: Instant, live: Vec<usize>) {
+        if self.followed.len() >= MAX_FOLLOWED {
+            self.not_followed += 1;
+            return;
+        }
+        self.followed.push(Followed { peer, at, waiting: live, last: Duration::ZERO });
+    }
+
+    /// The nodes whose views are to be read now.
+    pub fn to_read(&self) -> Vec<usize> {
+        let mut nodes: Vec<usize> = self.followed.iter().flat_map(|f| f.waiting.iter().copied()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
+    /// Node `node`'s view read at `now`: `alive(peer)` tells whether it holds `peer`
+    /// alive; `None`: the node is down (its view no longer counts).
+    pub fn read(&mut self, node: usize, now: Instant, alive: Option<&dyn Fn(&PeerId) -> bool>) {
+        for f in &mut self.followed {
+            let Some(i) = f.waiting.iter().position(|n| *n == node) else { continue };
+            match alive {
+                None => {
+                    f.waiting.swap_remove(i);
+                }
+                Some(alive) if !alive(&f.peer) => {
+                    f.waiting.swap_remove(i);
+                    let d = now.saturating_duration_since(f.at);
+                    self.per_view.push(d);
+                    f.last = f.last.max(d);
+                }
+                Some(_) => {}
+            }
+        }
+        self.settle(now);
+    }
+
+    /// The kills of `peer` are over: it came back before every view dropped it.
+    pub fn back(&mut self, peer: &PeerId) {
+        let before = self.followed.len();
+        self.followed.retain(|f| f.peer != *peer);
+        self.not_followed += before - self.followed.len();
+    }
+
+    /// Kills every view dropped are done; those past [`GIVE_UP`] too, their remaining
+    /// views counted as never.
+    pub fn settle(&mut self, now: Instant) {
+        let (mut everywhere, mut never) = (Vec::new(), 0);
+        self.followed.retain(|f| {
+            if f.waiting.is_empty() {
+                everywhere.push(f.last);
+                return false;
+            }
+            if now.saturating_duration_since(f.at) >= GIVE_UP {
+                never += f.waiting.len();
+                return false;
+            }
+            true
+        });
+        self.everywhere.extend(everywhere);
+        self.never += never;
+    }
+
+    /// The end of the run: every kill still followed counts its views left as never.
+    pub fn finish(&mut self) {
+        self.never += self.followed.drain(..).map(|f| f.waiting.len()).sum::<usize>();
+    }
+}
+
+/// Detection of killed nodes, as the report shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Detection {
+    pub per_view: Spread,
+    pub everywhere: Spread,
+    pub never: usize,
+    pub not_followed: usize,
+}
+
+/// Follows every node that goes down (a `kill` fault, a crash) out of the views of the
+/// nodes up at that moment, until `stop`. `peers`: the peer id of each node index (nodes
+/// joined later are not followed).
+pub async fn detect(
+    world: Arc<Mutex<World>>,
+    http: reqwest::Client,
+    peers: Vec<PeerId>,
+    mut stop: watch::Receiver<bool>,
+) -> Detection {
+    let mut kills = Kills::default();
+    let mut was: Vec<NodeState> = Vec::new();
+    let mut next_read = Instant::now();
+    loop {
+        let nodes: Vec<(NodeState, SocketAddr)> =
+            world.lock().expect("not poisoned").nodes.iter().map(|s| (s.state, s.api)).collect();
+        let now = Instant::now();
+        let up: Vec<usize> = (0..nodes.len()).filter(|i| nodes[*i].0 == NodeState::Up).collect();
+        for (i, (state, _)) in nodes.iter().enumerate() {
+            let before = was.get(i).copied();
+            match (before, state) {
+                (Some(NodeState::Up), NodeState::Down) if i < peers.len() => {
+                    kills.killed(peers[i], now, up.clone());
+                }
+                (Some(NodeState::Down), NodeState::Up) if i < peers.len() => kills.back(&peers[i]),
+                _ => {}
+            }
+        }
+        was = nodes.iter().map(|n| n.0).collect();
+        let to_read = if now >= next_read { kills.to_read() } else { Vec::new() };
+        if !to_read.is_empty() {
+            next_read = now + POLL;
+        }
+        let reads = to_read.into_iter().map(|i| {
+            let (state, api) = nodes.get(i).copied().unwrap_or((NodeState::Down, ([127, 0, 0, 1], 0).into()));
+            let http = http.clone();
+            async move {
+                if state == NodeState::Down {
+                    return (i, None);
+                }
+                (i, super::api::status(&http, api, POLL * 2).await.ok())
+            }
+        });
+        for (i, status) in futures::future::join_all(reads).await {
+            let read = Instant::now();
+            match status {
+                Some(st) => {
+                    let alive = |p: &PeerId| st.member_peers.iter().any(|m| m.peer == *p && m.alive);
+                    kills.read(i, read, Some(&alive));
+                }
+                // Down now: its view no longer counts. A paused or slow node is read
+                // again at the next poll.
+                None if nodes.get(i).is_none_or(|n| n.0 == NodeState::Down) => kills.read(i, read, None),
+                None => {}
+            }
+        }
+        kills.settle(Instant::now());
+        tokio::select! {
+            _ = tokio::time::sleep(WATCH) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    kills.finish();
+    Detection {
+        per_view: Spread::of(&kills.per_view),
+        everywhere: Spread::of(&kills.everywhere),
+        never: kills.never,
+        not_followed: kills.not_followed,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kill is followed until every view alive at it dropped it; a view whose node
+    /// goes down no longer counts; one that holds on past GIVE_UP counts as never.
+    #[test]
+    fn a_kill_is_followed_out_of_every_view() {
+        let t0 = Instant::now();
+        let s = |x: u64| t0 + Duration::from_secs(x);
+        let (a, b) = (PeerId::random(), PeerId::random());
+        let mut k = Kills::default();
+        k.killed(a, s(0), vec![1, 2, 3]);
+        k.killed(b, s(1), vec![1, 2]);
+        assert_eq!(k.to_read(), vec![1, 2, 3]);
+        let holds = |p: &PeerId| *p == a;
+        k.read(1, s(2), Some(&|_: &PeerId| true));
+        k.read(2, s(2), Some(&holds)); // dropped b after 1 s, still holds a
+        k.read(3, s(3), None); // node 3 went down
+        k.read(1, s(4), Some(&holds)); // b dropped everywhere at 3 s
+        assert_eq!(k.everywhere, vec![Duration::from_secs(3)]);
+        k.read(2, s(5), Some(&|_: &PeerId| false));
+        assert_eq!(k.to_read(), vec![1]);
+        k.settle(s(61));
+        assert_eq!(k.never, 1, "node 1 held a past the give-up");
+        assert_eq!(k.per_view, vec![Duration::from_secs(1), Duration::from_secs(3), Duration::from_secs(5)]);
+        assert!(k.to_read().is_empty());
+        // A peer back before every view dropped it is not measured.
+        k.killed(a, s(70), vec![1]);
+        k.back(&a);
+        k.finish();
+        assert_eq!((k.never, k.not_followed, k.everywhere.len()), (1, 1, 1));
+    }
 
     const TEXT: &str = "# TYPE sigma_gossip_bytes counter\n\
         sigma_gossip_bytes_total{direction=\"out\"} 5000\n\

@@ -191,6 +191,9 @@ pub struct RunReport {
     pub connection_bound: u32,
     /// The membership's cost per node over the workload (none: not scraped).
     pub membership: Option<super::membership::Figures>,
+    /// Nodes that went down (killed, crashed) followed out of the live nodes' views
+    /// (none: a run without faults).
+    pub detection: Option<super::membership::Detection>,
     /// The `sigma lock` command holders, if any ran.
     pub holders: Option<HolderReport>,
     /// The election observers, if any ran.
@@ -297,9 +300,13 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
         seed: opts.chaos.seed,
     };
     let holders = Holders::start(&hopts, &shared).context("starting the command holders")?;
+    // The peer id of each node index, for following killed nodes out of the views.
+    let peer_ids: Vec<libp2p::PeerId> = cluster.members.iter().filter_map(|m| m.record.peer_id.parse().ok()).collect();
     let observers = Observers::start(opts.observers, &resource_name(0), &shared, &http, start);
     let supervisor = Supervisor::new(cluster, shared.clone(), opts.chaos.clone(), start, pb.clone(), fired.clone())?;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let detector = (!opts.chaos.faults.is_empty() && peer_ids.len() == opts.up.nodes)
+        .then(|| tokio::spawn(super::membership::detect(shared.clone(), http.clone(), peer_ids, stop_rx.clone())));
     let supervisor = tokio::spawn(supervisor.run(stop_rx));
 
     // The live view.
@@ -341,6 +348,10 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     // Faults first (a paused node is resumed, its holder lets go), then the clients.
     let _ = stop_tx.send(true);
     let outcome = supervisor.await.context("the chaos supervisor panicked")?;
+    let detection = match detector {
+        Some(d) => Some(d.await.context("the kill detector panicked")?),
+        None => None,
+    };
     let (counters, records) = workload.stop(Duration::from_secs(2)).await;
     // A command running now ends after its hold; a `sigma lock` still waiting is dropped
     // (and its command with it) a few seconds later.
@@ -395,6 +406,7 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     let peaks = std::mem::take(&mut *peaks.lock().expect("not poisoned"));
     report.add_connections(peaks, opts.up.params.max_connections.unwrap_or(DAEMON_MAX_CONNECTIONS));
     report.membership = membership;
+    report.detection = detection;
     if opts.holders > 0 {
         report.add_holders(holder_report);
     }
@@ -595,6 +607,7 @@ fn build_report(
         connection_peaks: Vec::new(),
         connection_bound: 0,
         membership: None,
+        detection: None,
         holders: None,
         observers: None,
         slots: opts.slots,
@@ -985,10 +998,45 @@ pub fn render(r: &RunReport) -> String {
             let _ = writeln!(s, "    {e}");
         }
     }
+    if let Some(d) = &r.detection {
+        let _ = writeln!(
+            s,
+            "killed nodes out of the views: per view p50 {:.1} s, p99 {:.1} s, max {:.1} s ({} views); out of every \
+             view p50 {:.1} s, p99 {:.1} s, max {:.1} s ({} nodes down); {} views held one past {} s or to the end, {} \
+             not followed (back first); views read every {} ms, kills seen within {} ms",
+            d.per_view.p50,
+            d.per_view.p99,
+            d.per_view.max,
+            d.per_view.n,
+            d.everywhere.p50,
+            d.everywhere.p99,
+            d.everywhere.max,
+            d.everywhere.n,
+            d.never,
+            super::membership::GIVE_UP.as_secs(),
+            d.not_followed,
+            super::membership::POLL.as_millis(),
+            super::membership::WATCH.as_millis()
+        );
+    }
     if let Some(m) = &r.membership {
         let _ =
             writeln!(s, "membership against the goals of issue 37 (as `sim membership` prints them; not PASS/FAIL):");
         for g in super::membership::goals(m, r.nodes, !r.chaos.is_empty()) {
+            let _ = writeln!(s, "    {}", g.line());
+        }
+        if let Some(d) = &r.detection {
+            let e = &d.everywhere;
+            let g = crate::swarm::membership::Goal {
+                what: "killed node out of every view".into(),
+                figure: if e.n == 0 {
+                    "no node down".into()
+                } else {
+                    format!("p50 {:.1} s, p99 {:.1} s ({} nodes, {} views never)", e.p50, e.p99, e.n, d.never)
+                },
+                goal: "p50 ≤ 2 s, p99 ≤ 5 s",
+                met: e.n > 0 && e.p50 <= 2.0 && e.p99 <= 5.0 && d.never == 0,
+            };
             let _ = writeln!(s, "    {}", g.line());
         }
     }

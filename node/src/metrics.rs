@@ -21,6 +21,8 @@
 //! | `sigma_requests_out_total`, `sigma_batches_out_total`, `sigma_requests_in_total` (transport requests: a batch counts one) | counter | |
 //! | `sigma_messages_rejected_total` | counter | `reason` |
 //! | `sigma_inbound_failures_total`, `sigma_outbound_failures_total` | counter | `kind` |
+//! | `sigma_gossip_bytes_total`, `sigma_gossip_messages_total` (membership tables, requests and replies: their CBOR as the gossip protocol writes it) | counter | `direction`: out, in |
+//! | `sigma_pings_total` (liveness pings of this peer answered: 32 bytes each way) | counter | |
 //! | `sigma_acquisitions_total`, `sigma_acquired_total`, `sigma_lost_total` | counter | |
 //! | `sigma_token_regressions_total` (a won token not above the last one seen here) | counter | |
 //! | `sigma_revoked_total` | counter | held locks revoked by an operator (`sigma release --token`) |
@@ -440,6 +442,22 @@ impl Collector for CounterCollector {
             c.replicas_held,
         )?;
         counter(&mut e, "ping_failures", "Connections closed because a liveness ping failed", c.ping_failures)?;
+        counter(&mut e, "pings", "Liveness pings of this peer answered (32 bytes each way)", c.pings)?;
+        let directions = |out: u64, inn: u64| BTreeMap::from([("out", out), ("in", inn)]);
+        labelled(
+            &mut e,
+            "gossip_bytes",
+            "Bytes of the membership gossip's tables (requests and replies) as its protocol writes them, by direction",
+            "direction",
+            &directions(c.gossip_bytes_out, c.gossip_bytes_in),
+        )?;
+        labelled(
+            &mut e,
+            "gossip_messages",
+            "Membership gossip tables (requests and replies), by direction",
+            "direction",
+            &directions(c.gossip_out, c.gossip_in),
+        )?;
         counter(
             &mut e,
             "connections_trimmed",
@@ -495,6 +513,8 @@ mod tests {
         c.messages_in.insert("request", 7);
         c.rejected.insert("bad_resource", 2);
         c.acquired = 3;
+        c.gossip_bytes_out = 4096;
+        c.gossip_in = 9;
         let t = ReplicaTotals { hosted: 4, grants: 5, ..ReplicaTotals::default() };
         m.set_snapshot(Snapshot { counters: c, replicas: t, token_regressions: 0 });
         m.observe_acquire(Outcome::Acquired, Duration::from_millis(3));
@@ -509,6 +529,10 @@ mod tests {
             "sigma_acquire_duration_seconds_count{outcome=\"acquired\"} 1",
             "sigma_http_locks_held 1",
             "sigma_token_regressions_total 0",
+            "sigma_gossip_bytes_total{direction=\"out\"} 4096",
+            "sigma_gossip_bytes_total{direction=\"in\"} 0",
+            "sigma_gossip_messages_total{direction=\"in\"} 9",
+            "sigma_pings_total 0",
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");
         }

@@ -50,4 +50,10 @@ async fn fifty_peers_under_churn_agree_on_one_host_per_key_and_keep_exclusion() 
     assert!(a.hosted > 0, "keys are hosted after convergence (seed {seed})\n{summary}");
     assert_eq!(a.agree, a.hosted, "one host per key, the closest live peer (seed {seed})\n{summary}");
     assert!(report.replay_reached_pct >= 99.0, "lookups reach the closest peer (seed {seed})\n{summary}");
+    // The membership's figures are measured: traffic in every phase, every kill
+    // followed, and each killed peer either dropped by some view or still held by one.
+    assert!(report.membership.iter().all(|m| m.peer_s > 0.0 && m.bytes_out_per_s > 0.0), "{summary}");
+    assert!(report.membership[2].bytes_in_per_s > 0.0 && report.membership[2].pings_per_s > 0.0, "{summary}");
+    assert_eq!(report.kills, report.left, "{summary}");
+    assert!(report.detection.n as u64 + report.undetected > 0, "{summary}");
 }

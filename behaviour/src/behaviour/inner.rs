@@ -12,6 +12,7 @@ use libp2p::{ping, PeerId};
 
 use super::config::{Config, KAD_REFRESH};
 use super::link;
+use super::traffic::{GossipCodec, GossipTraffic};
 use crate::wire;
 
 /// The inner behaviours, composed by the derive macro.
@@ -24,8 +25,8 @@ pub struct Inner {
     pub link: link::Behaviour,
     /// Liveness: a connection whose ping fails is closed.
     pub ping: ping::Behaviour,
-    /// Membership gossip: heartbeats.
-    pub gossip: request_response::Behaviour<request_response::cbor::codec::Codec<wire::Gossip, wire::Gossip>>,
+    /// Membership gossip: heartbeats (libp2p's CBOR codec's wire, its bytes counted).
+    pub gossip: request_response::Behaviour<GossipCodec>,
 }
 
 /// Events of [`Inner`].
@@ -80,8 +81,14 @@ pub fn kad_protocol(n: usize) -> libp2p::StreamProtocol {
 
 impl Inner {
     /// The inner behaviours of the peer `local` as `config` sets them; the transport's
-    /// codecs count refused frames into `codec_stats`.
-    pub(super) fn new(local: PeerId, config: &Config, codec_stats: Arc<wire::CodecStats>) -> Self {
+    /// codecs count refused frames into `codec_stats`, the gossip's its bytes into
+    /// `gossip_traffic`.
+    pub(super) fn new(
+        local: PeerId,
+        config: &Config,
+        codec_stats: Arc<wire::CodecStats>,
+        gossip_traffic: Arc<GossipTraffic>,
+    ) -> Self {
         // Our own Kademlia protocol: sigma peers form their own DHT and never join another
         // network's by accident.
         let mut kad_config = kad::Config::new(kad_protocol(config.proto.n()));
@@ -116,9 +123,7 @@ impl Inner {
             ping::Config::new().with_interval(config.ping_interval).with_timeout(config.ping_timeout),
         );
         let gossip = request_response::Behaviour::with_codec(
-            request_response::cbor::codec::Codec::default()
-                .set_request_size_maximum(wire::MAX_GOSSIP_BYTES)
-                .set_response_size_maximum(wire::MAX_GOSSIP_BYTES),
+            GossipCodec::new(gossip_traffic),
             [(wire::GOSSIP_PROTOCOL, ProtocolSupport::Full)],
             request_response::Config::default().with_request_timeout(config.gossip_liveness),
         );

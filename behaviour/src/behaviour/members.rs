@@ -62,6 +62,19 @@ impl Behaviour {
         members.into_iter().map(|p| (p, self.membership.is_alive(&p))).collect()
     }
 
+    /// Whether `peer` is alive in this peer's view now.
+    pub fn is_alive(&self, peer: &PeerId) -> bool {
+        self.membership.is_alive(peer)
+    }
+
+    /// The behaviour's clock now, and the members this peer's view dropped within the
+    /// takeover delay, in the order it dropped them, each with when (on that clock): for
+    /// a harness that measures detection and false removals, reading them more often
+    /// than the delay (the list is cleared past the membership's bound on members).
+    pub fn recent_departures(&self) -> (Time, &[(PeerId, Time)]) {
+        (self.clock.now(), self.membership.recent_departures())
+    }
+
     /// Whether `peer` is a member here (alive, or departed within the window).
     pub fn is_member(&self, peer: &PeerId) -> bool {
         self.membership.is_alive(peer) || self.membership.is_departed(peer)

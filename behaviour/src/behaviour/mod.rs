@@ -81,6 +81,7 @@ mod ownership;
 mod placement;
 mod probe;
 mod routing;
+mod traffic;
 mod types;
 mod util;
 
@@ -90,9 +91,10 @@ pub use config::{
     DEFAULT_MEMBERSHIP_WINDOW, DEFAULT_PING_INTERVAL, DEFAULT_PING_TIMEOUT,
 };
 pub use inner::{kad_protocol, Inner, InnerEvent, KAD_PROTOCOL};
+pub use traffic::GossipCodec;
 pub use types::{
     AcquireError, AcquisitionId, AcquisitionInfo, Counters, Event, ProbeId, ReplicaAnswer, ReplicaInfo, ReplicaTotals,
-    StateSizes,
+    StateSizes, Traffic,
 };
 
 use acquiring::Acquiring;
@@ -144,6 +146,8 @@ pub struct Behaviour {
     rng: rand_chacha::ChaCha8Rng,
     /// Frames the codec refused (shared with every connection's codec).
     codec_stats: Arc<wire::CodecStats>,
+    /// The gossip's tables and bytes, both ways (shared with its codec).
+    gossip_traffic: Arc<traffic::GossipTraffic>,
     next_id: u64,
 }
 
@@ -155,7 +159,8 @@ impl Behaviour {
     pub fn new(key: &libp2p::identity::Keypair, config: Config) -> Self {
         let local = key.public().to_peer_id();
         let codec_stats = Arc::new(wire::CodecStats::default());
-        let inner = Inner::new(local, &config, codec_stats.clone());
+        let gossip_traffic = Arc::new(traffic::GossipTraffic::default());
+        let inner = Inner::new(local, &config, codec_stats.clone(), gossip_traffic.clone());
         // A stall is what other peers may take for death: the shorter of the two ways.
         let stall = (config.ping_interval + config.ping_timeout).min(config.gossip_liveness);
         // The incarnation: a restarted peer's heartbeats must rank above its old ones.
@@ -210,6 +215,7 @@ impl Behaviour {
                 rand_chacha::ChaCha8Rng::from_seed(seed)
             },
             codec_stats,
+            gossip_traffic,
             next_id: 0,
         }
     }
@@ -233,6 +239,9 @@ impl Behaviour {
         c.joint = matches!(self.membership.readiness(), crate::membership::Readiness::Joint { .. });
         c.joints_pending = self.membership.joints_pending();
         (c.reachable_members, c.members) = self.members();
+        let t = self.traffic();
+        (c.gossip_bytes_out, c.gossip_bytes_in, c.gossip_out, c.gossip_in) =
+            (t.gossip_bytes_out, t.gossip_bytes_in, t.gossip_out, t.gossip_in);
         for (kind, n) in [("malformed", &self.codec_stats.malformed), ("oversized", &self.codec_stats.oversized)] {
             let n = n.load(Ordering::Relaxed);
             if n > 0 {
@@ -240,6 +249,13 @@ impl Behaviour {
             }
         }
         c
+    }
+
+    /// What the membership has cost on the wire so far (cheap: a few atomic reads, for
+    /// a caller that samples it often; [`Behaviour::counters`] has the same figures).
+    pub fn traffic(&self) -> Traffic {
+        let (gossip_bytes_out, gossip_bytes_in, gossip_out, gossip_in) = self.gossip_traffic.read();
+        Traffic { gossip_bytes_out, gossip_bytes_in, gossip_out, gossip_in, pings: self.counters.pings }
     }
 
     /// Sizes of the per-lock and per-peer state.
@@ -313,6 +329,7 @@ impl Behaviour {
                 self.connections.ping_failed(peer, connection);
             }
             InnerEvent::Ping(ping::Event { peer, result: Ok(rtt), .. }) => {
+                self.counters.pings += 1;
                 self.connections.ping_rtt(peer, rtt);
             }
         }

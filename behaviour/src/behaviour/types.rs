@@ -281,6 +281,16 @@ pub struct Counters {
     pub members_forgotten_by_operator: u64,
     /// Connections closed because a liveness ping failed.
     pub ping_failures: u64,
+    /// Liveness pings of this peer answered (round trips of libp2p's ping: 32 bytes each
+    /// way; the pings this peer answers are its peers' count).
+    pub pings: u64,
+    /// Membership gossip tables (requests and replies) sent and received, and their
+    /// bytes: the CBOR the gossip protocol writes on its stream ([`GossipCodec`](super::GossipCodec);
+    /// the multiplexer's and the encryption's framing not counted).
+    pub gossip_out: u64,
+    pub gossip_in: u64,
+    pub gossip_bytes_out: u64,
+    pub gossip_bytes_in: u64,
     /// Peers disconnected to stay under the connection watermarks (least recently used).
     pub connections_trimmed: u64,
     /// Times the event loop was found stalled past the liveness timeout.
@@ -329,6 +339,20 @@ impl Counters {
     pub(super) fn bump(map: &mut BTreeMap<&'static str, u64>, key: &'static str) {
         *map.entry(key).or_default() += 1;
     }
+}
+
+/// What the membership has cost on the wire so far ([`Behaviour::traffic`](super::Behaviour::traffic)):
+/// the fields of [`Counters`] of the same names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Gossip tables sent and received (requests and replies).
+    pub gossip_out: u64,
+    pub gossip_in: u64,
+    /// Their bytes, sent and received.
+    pub gossip_bytes_out: u64,
+    pub gossip_bytes_in: u64,
+    /// Liveness pings of this peer answered.
+    pub pings: u64,
 }
 
 /// Totals of the hosted replicas' own counters.

@@ -17,7 +17,11 @@
 //! - keys with two hosts at once during churn and after, and for how long (from each
 //!   peer's hosted keys, sampled every [`peer::SAMPLE_EVERY`]);
 //! - acquire latency, messages per CS entry (the behaviours' counters), and exclusion
-//!   violations (two holders whose validity overlaps: the testnet's checker).
+//!   violations (two holders whose validity overlaps: the testnet's checker);
+//! - the membership figures of `sim membership` ([`membership`]): gossip bytes a peer a
+//!   second and connections opened a peer a minute, forming, under churn and settling;
+//!   how long a churned-out peer stays alive in the views; false removals; each against
+//!   its goal.
 //!
 //! Randomness (keys, bootstrap peers, churn victims, clients' choices) comes from ChaCha8
 //! seeded by `--seed`; the tokio scheduling is not deterministic, so a seed reproduces
@@ -25,11 +29,12 @@
 
 pub mod cli;
 pub mod measure;
+pub mod membership;
 pub mod peer;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +49,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use self::measure::{quantile, Agreement, DoubleHosts};
+use self::membership::{Goal, Rates, Spread, END, MAX_KILLS, PHASES, PHASE_NAMES};
 use self::peer::{Command, Final, LookupStats, Outcome, PeerSpec, Span};
 use crate::testnet::check::{self, Cs};
 
@@ -200,6 +206,18 @@ pub struct Shared {
     pub connections: ConnectionCounts,
     /// The peers alive, for the clients.
     live: Mutex<Vec<LivePeer>>,
+    /// The phase in force: forming, churn, settling ([`membership::PHASES`]), then
+    /// [`membership::END`].
+    pub phase: AtomicUsize,
+    /// Peers killed by churn, with when (since the start); at most [`MAX_KILLS`].
+    pub kills: Mutex<HashMap<PeerId, Duration>>,
+    /// Per view that dropped a killed peer: the peer, the time since its kill (at most
+    /// [`membership::MAX_DETECTIONS`]).
+    pub detections: Mutex<Vec<(PeerId, Duration)>>,
+    /// Peers up dropped from a view after formation.
+    pub false_removals: AtomicU64,
+    /// Views that still held a killed peer alive at the end.
+    pub undetected: AtomicU64,
 }
 
 /// Connection events of all peers.
@@ -213,6 +231,8 @@ pub struct ConnectionCounts {
     pub closed_idle: AtomicU64,
     pub closed_error: AtomicU64,
     pub closed_local: AtomicU64,
+    /// Connections dialled and established, by the phase in force.
+    pub opened: [AtomicU64; PHASES + 1],
 }
 
 /// A live peer as the clients see it.
@@ -292,7 +312,12 @@ impl Net {
                 return;
             }
             let at = rng.gen_range(0..live.len());
-            live.swap_remove(at).index
+            let victim = live.swap_remove(at);
+            let mut kills = self.shared.kills.lock().expect("kills");
+            if kills.len() < MAX_KILLS {
+                kills.insert(victim.peer, self.shared.start.elapsed());
+            }
+            victim.index
         };
         if let Some(r) = self.running.remove(&victim) {
             let _ = r.stop.send(());
@@ -539,7 +564,97 @@ pub struct Report {
     pub closed: [u64; 3],
     pub max_established_p50: f64,
     pub max_established: f64,
+    /// Seconds of each phase: forming, churn, settling.
+    pub phase_s: [f64; PHASES],
+    /// The membership's cost per peer in each phase.
+    pub membership: Vec<Rates>,
+    /// Peers killed by churn (at most [`MAX_KILLS`] followed).
+    pub kills: usize,
+    /// Per view that had a killed peer and dropped it: the time from the kill; per
+    /// killed peer: until the last view that dropped it did.
+    pub detection: Spread,
+    pub detection_everywhere: Spread,
+    /// Views that still held a killed peer alive at the end.
+    pub undetected: u64,
+    /// Peers up dropped from a view after formation (churn and settling).
+    pub false_removals: u64,
     pub wall_s: f64,
+}
+
+impl Report {
+    /// Peer-hours after formation (churn and settling): the false removals' exposure.
+    pub fn peer_hours(&self) -> f64 {
+        self.membership.iter().skip(1).map(|r| r.peer_s).sum::<f64>() / 3600.0
+    }
+
+    /// The membership's figures against the goals of issue 37, as `sim membership`
+    /// prints them: traffic and connections once settled (no churn), connections under
+    /// churn, a killed peer out of every view, false removals, formation.
+    pub fn goals(&self) -> Vec<Goal> {
+        let settled = &self.membership[2];
+        let (bound, goal) = if self.peers <= 1_000 {
+            (1_000.0, "≤ 1 KB/s a peer at 1,000 peers")
+        } else {
+            (1_500.0, "≤ 1.5 KB/s a peer at 10,000 peers")
+        };
+        let mut goals = vec![
+            Goal {
+                what: "membership traffic (settling, no churn)".into(),
+                figure: format!(
+                    "{:.1} KB/s a peer sent (p99 {}), {:.1} received",
+                    settled.bytes_out_per_s / 1e3,
+                    settled.bytes_out_per_s_p99.map_or("-".into(), |p| format!("{:.1}", p / 1e3)),
+                    settled.bytes_in_per_s / 1e3
+                ),
+                goal,
+                met: settled.bytes_out_per_s <= bound,
+            },
+            Goal {
+                what: "connections opened (settling, no churn)".into(),
+                figure: format!("{:.1} a peer a minute", settled.opened_per_min),
+                goal: "≤ 1 a peer a minute",
+                met: settled.opened_per_min <= 1.0,
+            },
+        ];
+        if self.churn_per_s > 0.0 {
+            goals.push(Goal {
+                what: format!("connections opened (churn {}/s)", self.churn_per_s),
+                figure: format!("{:.1} a peer a minute", self.membership[1].opened_per_min),
+                goal: "≤ 10 a peer a minute, churn 1/s at 1,000",
+                met: self.membership[1].opened_per_min <= 10.0,
+            });
+        }
+        let d = &self.detection_everywhere;
+        goals.push(Goal {
+            what: "killed peer out of every view".into(),
+            figure: if d.n == 0 {
+                "no peer killed".into()
+            } else {
+                format!("p50 {:.1} s, p99 {:.1} s ({} kills, {} views never)", d.p50, d.p99, d.n, self.undetected)
+            },
+            goal: "p50 ≤ 2 s, p99 ≤ 5 s",
+            met: d.n > 0 && d.p50 <= 2.0 && d.p99 <= 5.0 && self.undetected == 0,
+        });
+        let hours = self.peer_hours();
+        let upper = membership::poisson_upper_95(self.false_removals) / hours.max(1e-9) * 1e4;
+        goals.push(Goal {
+            what: "false removals (after formation)".into(),
+            figure: format!("{} in {:.2} peer-hours (≤ {:.0} per 10,000 at 95%)", self.false_removals, hours, upper),
+            goal: "≤ 1 per 10,000 peer-hours",
+            met: upper <= 1.0,
+        });
+        goals.push(Goal {
+            what: "formation (every peer serving)".into(),
+            figure: if self.formed_serving >= self.peers {
+                format!("{:.1} s", self.formed_s)
+            } else {
+                format!("{}/{} serving after {:.1} s", self.formed_serving, self.peers, self.formed_s)
+            },
+            goal: "≤ 20 s at 1,000 in-process peers",
+            met: self.formed_serving >= self.peers && self.formed_s <= 20.0,
+        });
+        goals
+    }
 }
 
 /// Runs the swarm and measures it.
@@ -557,6 +672,11 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         lost: AtomicU64::new(0),
         connections: ConnectionCounts::default(),
         live: Mutex::new(Vec::new()),
+        phase: AtomicUsize::new(0),
+        kills: Mutex::new(HashMap::new()),
+        detections: Mutex::new(Vec::new()),
+        false_removals: AtomicU64::new(0),
+        undetected: AtomicU64::new(0),
     });
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut net = Net {
@@ -597,6 +717,7 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
     let formed_serving = net.serving().0;
 
     // Churn and clients.
+    shared.phase.store(1, Ordering::Relaxed);
     let (stop_clients, stop_rx) = watch::channel(false);
     let clients: Vec<JoinHandle<ClientStats>> = (0..opts.clients)
         .map(|c| tokio::spawn(client(c, opts.seed, opts.clone(), shared.clone(), stop_rx.clone())))
@@ -629,8 +750,10 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
     let churn_end = shared.start.elapsed();
 
     // Settle: the clients go on without churn, then stop.
+    shared.phase.store(2, Ordering::Relaxed);
     tokio::time::sleep(opts.timing.settle).await;
     let settle_end = shared.start.elapsed();
+    shared.phase.store(END, Ordering::Relaxed);
     let _ = stop_clients.send(true);
     let mut cstats = ClientStats::default();
     for c in clients {
@@ -724,6 +847,12 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
     let mut lookup_ms: Vec<f64> = lookups.iter().map(|l| l.time.as_secs_f64() * 1e3).collect();
     lookup_ms.sort_by(f64::total_cmp);
     let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let ledgers: Vec<membership::Ledger> = finals.iter().map(|f| f.ledger).collect();
+    let membership: Vec<Rates> = (0..PHASES)
+        .map(|p| membership::rates(&ledgers, p, shared.connections.opened[p].load(Ordering::Relaxed)))
+        .collect();
+    let (detection, detection_everywhere) = membership::detection(&shared.detections.lock().expect("detections"));
+    let kills = shared.kills.lock().expect("kills").len();
 
     Ok(Report {
         seed: opts.seed,
@@ -802,6 +931,13 @@ pub async fn run(opts: &SwarmOptions) -> anyhow::Result<Report> {
         ],
         max_established_p50: quantile(&conns, 0.5),
         max_established: conns.last().copied().unwrap_or(f64::NAN),
+        phase_s: [formed_s, (churn_end - churn_start).as_secs_f64(), (settle_end - churn_end).as_secs_f64()],
+        membership,
+        kills,
+        detection,
+        detection_everywhere,
+        undetected: shared.undetected.load(Ordering::Relaxed),
+        false_removals: shared.false_removals.load(Ordering::Relaxed),
         wall_s: shared.start.elapsed().as_secs_f64(),
     })
 }
@@ -965,7 +1101,52 @@ pub fn render(r: &Report) -> String {
         r.max_established_p50,
         r.max_established
     );
+    let _ = writeln!(
+        s,
+        "  membership traffic a peer (gossip tables, requests and replies, as their protocol writes them; \
+         liveness pings apart: 32 bytes each way, each peer answering about as many as it sends, so ≈ 64 B each way a ping):"
+    );
+    for (p, m) in r.membership.iter().enumerate() {
+        let name = match p {
+            1 if r.churn_per_s > 0.0 => format!("churn {}/s", r.churn_per_s),
+            1 => "no churn".into(),
+            2 => "settling, no churn".into(),
+            _ => PHASE_NAMES[p].into(),
+        };
+        let _ = writeln!(
+            s,
+            "    {name} ({:.0} s, {:.0} peer-s): sent {:.0} B/s (p99 {} over {} peers up throughout), received {:.0} \
+             B/s, {:.1} tables/s sent; {:.1} pings/s (≈ {:.0} B/s each way); connections opened {:.1} a peer a minute",
+            r.phase_s[p],
+            m.peer_s,
+            m.bytes_out_per_s,
+            m.bytes_out_per_s_p99.map_or("-".into(), |x| format!("{x:.0}")),
+            m.whole_peers,
+            m.bytes_in_per_s,
+            m.tables_out_per_s,
+            m.pings_per_s,
+            m.pings_per_s * 64.0,
+            m.opened_per_min
+        );
+    }
+    let (d, e) = (&r.detection, &r.detection_everywhere);
+    let _ = writeln!(
+        s,
+        "  killed peers out of the views ({} killed by churn): per view p50 {:.1} s, p99 {:.1} s, max {:.1} s ({} \
+         views); out of every view p50 {:.1} s, p99 {:.1} s, max {:.1} s ({} kills); {} views still held one at the end",
+        r.kills, d.p50, d.p99, d.max, d.n, e.p50, e.p99, e.max, e.n, r.undetected
+    );
+    let _ = writeln!(
+        s,
+        "  false removals (a peer up dropped from a view after formation): {} in {:.2} peer-hours ({} stalls seen)",
+        r.false_removals,
+        r.peer_hours(),
+        r.stalls
+    );
     let _ = writeln!(s, "  wall time {:.0} s", r.wall_s);
+    for g in r.goals() {
+        let _ = writeln!(s, "{}", g.line());
+    }
     let mark = |ok: bool| if ok { "[PASS]" } else { "[FAIL]" };
     let _ = writeln!(s, "{} exclusion violations: {}", mark(r.violations == 0), r.violations);
     let _ = writeln!(

@@ -7,7 +7,9 @@
 //! events happen, so that a busy runtime delays the record no more than the event:
 //! the critical sections (enter at `Event::Acquired`, exit at `release`, `Event::Lost`
 //! or the peer's departure), the acquire latencies, the hosted replica keys (sampled
-//! every [`SAMPLE_EVERY`]) and the peer's counters when it stops.
+//! every [`SAMPLE_EVERY`]), its membership's traffic by phase ([`Ledger`]), the
+//! departures its view records (detections of killed peers, false removals), and the
+//! peer's counters when it stops.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +27,7 @@ use libp2p::{identify, yamux, Multiaddr, PeerId, Swarm, Transport};
 use sigma_behaviour::{AcquisitionId, Behaviour, Config, Counters, Event, Readiness};
 use tokio::sync::{mpsc, oneshot};
 
+use super::membership::{DepartureCursor, Ledger, END, MAX_DETECTIONS};
 use super::Shared;
 use crate::testnet::check::Cs;
 
@@ -135,6 +138,8 @@ pub struct Final {
     pub serving: bool,
     /// Most connections it had established at once (as sampled).
     pub max_established: u32,
+    /// Its time up and membership traffic by phase.
+    pub ledger: Ledger,
 }
 
 /// A client's acquisition in progress or held, as this peer's task sees it.
@@ -203,6 +208,9 @@ pub async fn run(
     let mut lookups: Vec<(kad::QueryId, Instant, LookupStats, oneshot::Sender<LookupStats>)> = Vec::new();
     let mut hosted: HashMap<(usize, u16), (Duration, Duration)> = HashMap::new();
     let mut max_established = 0u32;
+    let mut ledger = Ledger::default();
+    let mut departures = DepartureCursor::default();
+    let mut last_sample = Instant::now();
     let mut sample = tokio::time::interval(SAMPLE_EVERY);
     sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -218,6 +226,10 @@ pub async fn run(
                 let now = Instant::now();
                 max_established = max_established.max(swarm.network_info().connection_counters().num_established());
                 let sigma = &mut swarm.behaviour_mut().sigma;
+                let phase = shared.phase.load(Ordering::Relaxed);
+                ledger.sample(phase, now - last_sample, sigma.traffic());
+                last_sample = now;
+                read_departures(sigma, &mut departures, &shared, phase);
                 serving.store(sigma.readiness() == Readiness::Serving, Ordering::Relaxed);
                 sample_hosted(sigma, &mut hosted, &shared, index);
                 expire(sigma, &mut held, now);
@@ -258,7 +270,15 @@ pub async fn run(
     shared.spans.lock().expect("spans").extend(spans);
     shared.hosted.lock().expect("hosted").remove(&index);
     let serves = sigma.readiness() == Readiness::Serving;
-    let last = Final { index, counters: sigma.counters(), serving: serves, max_established };
+    let phase = shared.phase.load(Ordering::Relaxed);
+    ledger.sample(phase, now - last_sample, sigma.traffic());
+    if phase == END {
+        // The views that still hold a killed peer alive at the end.
+        let kills = shared.kills.lock().expect("kills");
+        let held = kills.keys().filter(|p| sigma.is_alive(p)).count();
+        shared.undetected.fetch_add(held as u64, Ordering::Relaxed);
+    }
+    let last = Final { index, counters: sigma.counters(), serving: serves, max_established, ledger };
     shared.finals.lock().expect("finals").push(last);
     serving.store(false, Ordering::Relaxed);
 }
@@ -274,8 +294,12 @@ fn on_event(
         SwarmEvent::Behaviour(PeerBehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
             swarm.behaviour_mut().sigma.identified(&peer_id, &info.protocols, info.listen_addrs);
         }
-        SwarmEvent::ConnectionEstablished { .. } => {
+        SwarmEvent::ConnectionEstablished { endpoint, .. } => {
             shared.connections.established.fetch_add(1, Ordering::Relaxed);
+            if endpoint.is_dialer() {
+                let phase = shared.phase.load(Ordering::Relaxed).min(END);
+                shared.connections.opened[phase].fetch_add(1, Ordering::Relaxed);
+            }
         }
         SwarmEvent::ConnectionClosed { cause, .. } => {
             let c = &shared.connections;
@@ -446,6 +470,44 @@ fn sample_hosted(
         map.remove(&index);
     } else {
         map.insert(index, keys);
+    }
+}
+
+/// A departure this close before its peer's kill was recorded is the kill's (the
+/// behaviour's clock and the harness's are read a moment apart).
+const KILL_SLACK: Duration = Duration::from_millis(200);
+
+/// Reads the departures this peer's view recorded since the last sample: a killed peer
+/// dropped is a detection (the time since its kill), a peer up dropped after formation
+/// is a false removal.
+fn read_departures(sigma: &Behaviour, cursor: &mut DepartureCursor, shared: &Shared, phase: usize) {
+    let (now, list) = sigma.recent_departures();
+    let fresh = cursor.fresh(list);
+    if fresh.is_empty() {
+        return;
+    }
+    let elapsed = shared.start.elapsed();
+    let mut detected = Vec::new();
+    let mut false_removals = 0;
+    {
+        let kills = shared.kills.lock().expect("kills");
+        for (who, t) in fresh {
+            // When the view dropped it, since the run's start.
+            let at = elapsed.saturating_sub(now.saturating_sub(t));
+            match kills.get(&who) {
+                Some(&killed) if at + KILL_SLACK >= killed => detected.push((who, at.saturating_sub(killed))),
+                _ if (1..END).contains(&phase) => false_removals += 1,
+                _ => {}
+            }
+        }
+    }
+    if false_removals > 0 {
+        shared.false_removals.fetch_add(false_removals, Ordering::Relaxed);
+    }
+    if !detected.is_empty() {
+        let mut d = shared.detections.lock().expect("detections");
+        let room = MAX_DETECTIONS.saturating_sub(d.len());
+        d.extend(detected.into_iter().take(room));
     }
 }
 

@@ -7,6 +7,8 @@
 //! - [`chaos`]: faults at seeded random moments (kill, restart, join, pause) and a
 //!   supervisor that notices nodes dying on their own;
 //! - [`check`]: exclusion, fencing tokens, starvation, from the recorded intervals;
+//! - [`membership`]: the membership's cost per node over the workload, from the
+//!   daemons' `/metrics` at both ends, against the goals `sim membership` prints;
 //! - [`holders`]: `sigma lock NAME -- CMD` run for real, checked from the commands' own
 //!   timestamps (`run --holders N`);
 //! - [`run`]: `sigma-testnet run`, the whole job (up, workload, faults, checker, down)
@@ -24,6 +26,7 @@ pub mod check;
 pub mod cluster;
 pub mod flood;
 pub mod holders;
+pub mod membership;
 pub mod observers;
 pub mod proc;
 pub mod run;

@@ -189,6 +189,11 @@ pub struct RunReport {
     pub connection_peaks: Vec<u32>,
     /// The bound every node was started with (`--max-connections`).
     pub connection_bound: u32,
+    /// The membership's cost per node over the workload (none: not scraped).
+    pub membership: Option<super::membership::Figures>,
+    /// Nodes that went down (killed, crashed) followed out of the live nodes' views
+    /// (none: a run without faults).
+    pub detection: Option<super::membership::Detection>,
     /// The `sigma lock` command holders, if any ran.
     pub holders: Option<HolderReport>,
     /// The election observers, if any ran.
@@ -278,6 +283,8 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
         phases: Vec::new(),
     }));
     let http = api::client()?;
+    // The membership's counters at the start of the measured window.
+    let scrapes_at_start = scrape_all(&cluster, &http).await;
     let pb = view(opts.duration);
     let fired = Arc::new(AtomicU64::new(0));
     let peaks = Arc::new(Mutex::new(Vec::new()));
@@ -293,9 +300,13 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
         seed: opts.chaos.seed,
     };
     let holders = Holders::start(&hopts, &shared).context("starting the command holders")?;
+    // The peer id of each node index, for following killed nodes out of the views.
+    let peer_ids: Vec<libp2p::PeerId> = cluster.members.iter().filter_map(|m| m.record.peer_id.parse().ok()).collect();
     let observers = Observers::start(opts.observers, &resource_name(0), &shared, &http, start);
     let supervisor = Supervisor::new(cluster, shared.clone(), opts.chaos.clone(), start, pb.clone(), fired.clone())?;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let detector = (!opts.chaos.faults.is_empty() && peer_ids.len() == opts.up.nodes)
+        .then(|| tokio::spawn(super::membership::detect(shared.clone(), http.clone(), peer_ids, stop_rx.clone())));
     let supervisor = tokio::spawn(supervisor.run(stop_rx));
 
     // The live view.
@@ -337,6 +348,10 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     // Faults first (a paused node is resumed, its holder lets go), then the clients.
     let _ = stop_tx.send(true);
     let outcome = supervisor.await.context("the chaos supervisor panicked")?;
+    let detection = match detector {
+        Some(d) => Some(d.await.context("the kill detector panicked")?),
+        None => None,
+    };
     let (counters, records) = workload.stop(Duration::from_secs(2)).await;
     // A command running now ends after its hold; a `sigma lock` still waiting is dropped
     // (and its command with it) a few seconds later.
@@ -350,6 +365,10 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
 
     // Counters of the live nodes, then down.
     let mut cluster = outcome.cluster;
+    let scrapes_at_end = scrape_all(&cluster, &http).await;
+    let membership = (!scrapes_at_start.is_empty())
+        .then(|| super::membership::figures(&scrapes_at_start, &scrapes_at_end))
+        .filter(|f| f.nodes > 0);
     let mut completed = outcome.retired;
     let mut node_regressions = 0;
     for m in &cluster.members {
@@ -386,6 +405,8 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     );
     let peaks = std::mem::take(&mut *peaks.lock().expect("not poisoned"));
     report.add_connections(peaks, opts.up.params.max_connections.unwrap_or(DAEMON_MAX_CONNECTIONS));
+    report.membership = membership;
+    report.detection = detection;
     if opts.holders > 0 {
         report.add_holders(holder_report);
     }
@@ -394,6 +415,23 @@ pub async fn run(opts: &RunOptions) -> Result<(RunReport, String)> {
     }
     let summary = render(&report);
     Ok((report, summary))
+}
+
+/// Scrapes the membership's counters of every running node at once (a node that does
+/// not answer within 3 s is left out).
+async fn scrape_all(cluster: &Cluster, http: &reqwest::Client) -> Vec<super::membership::Scrape> {
+    let asks = cluster.members.iter().filter(|m| m.record.state == State::Running).map(|m| {
+        let r = &m.record;
+        super::membership::scrape(http, r.index, r.pid, r.api, Duration::from_secs(3))
+    });
+    let mut scrapes = Vec::new();
+    for s in futures::future::join_all(asks).await {
+        match s {
+            Ok(s) => scrapes.push(s),
+            Err(e) => eprintln!("sigma-testnet: membership counters unavailable: {e:#}"),
+        }
+    }
+    scrapes
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -568,6 +606,8 @@ fn build_report(
         findings,
         connection_peaks: Vec::new(),
         connection_bound: 0,
+        membership: None,
+        detection: None,
         holders: None,
         observers: None,
         slots: opts.slots,
@@ -802,6 +842,25 @@ pub fn render(r: &RunReport) -> String {
             r.connection_bound
         );
     }
+    if let Some(m) = &r.membership {
+        let _ = writeln!(
+            s,
+            "membership per node:     gossip sent {:.0} B/s (p99 {:.0}), received {:.0} B/s, {:.1} tables/s; {:.1} \
+             pings/s (≈ {:.0} B/s each way); connections opened {:.1} a minute (most {:.0}); over the workload ({:.1} s, \
+             {} of {} nodes: one process throughout)",
+            m.bytes_out_per_s,
+            m.bytes_out_per_s_p99,
+            m.bytes_in_per_s,
+            m.tables_out_per_s,
+            m.pings_per_s,
+            m.pings_per_s * 64.0,
+            m.opened_per_min,
+            m.opened_per_min_max,
+            m.window_s,
+            m.nodes,
+            m.scraped
+        );
+    }
     if !r.unavailability.is_empty() {
         let _ = writeln!(
             s,
@@ -937,6 +996,48 @@ pub fn render(r: &RunReport) -> String {
         let _ = writeln!(s, "first acquire errors:");
         for e in &a.sample_errors {
             let _ = writeln!(s, "    {e}");
+        }
+    }
+    if let Some(d) = &r.detection {
+        let _ = writeln!(
+            s,
+            "killed nodes out of the views: per view p50 {:.1} s, p99 {:.1} s, max {:.1} s ({} views); out of every \
+             view p50 {:.1} s, p99 {:.1} s, max {:.1} s ({} nodes down); {} views held one past {} s or to the end, {} \
+             not followed (back first); views read every {} ms, kills seen within {} ms",
+            d.per_view.p50,
+            d.per_view.p99,
+            d.per_view.max,
+            d.per_view.n,
+            d.everywhere.p50,
+            d.everywhere.p99,
+            d.everywhere.max,
+            d.everywhere.n,
+            d.never,
+            super::membership::GIVE_UP.as_secs(),
+            d.not_followed,
+            super::membership::POLL.as_millis(),
+            super::membership::WATCH.as_millis()
+        );
+    }
+    if let Some(m) = &r.membership {
+        let _ =
+            writeln!(s, "membership against the goals of issue 37 (as `sim membership` prints them; not PASS/FAIL):");
+        for g in super::membership::goals(m, r.nodes, !r.chaos.is_empty()) {
+            let _ = writeln!(s, "    {}", g.line());
+        }
+        if let Some(d) = &r.detection {
+            let e = &d.everywhere;
+            let g = crate::swarm::membership::Goal {
+                what: "killed node out of every view".into(),
+                figure: if e.n == 0 {
+                    "no node down".into()
+                } else {
+                    format!("p50 {:.1} s, p99 {:.1} s ({} nodes, {} views never)", e.p50, e.p99, e.n, d.never)
+                },
+                goal: "p50 ≤ 2 s, p99 ≤ 5 s",
+                met: e.n > 0 && e.p50 <= 2.0 && e.p99 <= 5.0 && d.never == 0,
+            };
+            let _ = writeln!(s, "    {}", g.line());
         }
     }
     let _ = writeln!(s);

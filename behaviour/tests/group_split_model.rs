@@ -95,9 +95,9 @@
 //! pinned below are of symmetry classes. A trace is of concrete states. In v2 only the
 //! initial peers within a half are (the newcomer stays put).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 /// A set of peers, bit i for peer i.
 type Set = u8;
@@ -165,6 +165,11 @@ enum Hearing {
     Eager,
     /// One Hear(p, q) step at a time, in every order: the rule as stated.
     EachPair,
+    /// v2 only: `Eager`, with every joint quorum that ends kept as ended, and a join that
+    /// may take its voucher's view as it was before any of them ended (a reply the voucher
+    /// sent before it heard the last ack). It has a run for every run of `EachPair`, each
+    /// state serving at least as much (see [`Model2`]): what holds here holds there.
+    EagerAcks,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -387,7 +392,7 @@ impl Model {
                 out.push((Step::Restart(p as u8), n));
             }
         }
-        if self.hearing == Hearing::Eager {
+        if self.hearing != Hearing::EachPair {
             out.retain_mut(|(_, n)| {
                 self.hear_all(n);
                 n != st
@@ -509,47 +514,58 @@ trait Search {
     fn half1(&self) -> Set;
 }
 
-/// A state reached (concrete, as first reached), its parent's index and the step to it.
-type Reached<M> = (<M as Search>::State, u32, Option<<M as Search>::Step>);
-
-/// Breadth first over every reachable symmetry class: the number of classes and whether
-/// the split's point was reached, or the first violation (so a shortest one) with its
-/// trace.
+/// Breadth first, one level at a time, over every reachable symmetry class: the number of
+/// classes and whether the split's point was reached, or the first violation (so a
+/// shortest one) with its trace.
+///
+/// Only the current and next levels are kept as states. Every class reached keeps its
+/// parent's number and its step's place in the parent's [`Search::next`] (6 bytes), and a
+/// trace is rebuilt by replaying those steps from the initial state (`next` is
+/// deterministic). What is remembered as seen is [`Search::Class`]: an exact packing in
+/// v1, a 64-bit fingerprint of the canonical state in v2 (see [`Model2::canonical`]).
 fn search<M: Search>(m: &M) -> Outcome {
     let init = m.init();
     let mut seen: HashSet<M::Class, BuildHasherDefault<Mix>> = HashSet::default();
     seen.insert(m.canonical(&init));
-    let mut states: Vec<Reached<M>> = vec![(init, 0, None)];
-    let mut queue = VecDeque::from([0u32]);
+    let mut parents: Vec<(u32, u16)> = vec![(0, 0)];
+    let mut level: Vec<(u32, M::State)> = vec![(0, init)];
     let mut split_serves = false;
-    while let Some(i) = queue.pop_front() {
-        let st = states[i as usize].0;
-        if let Err(e) = m.check(&st) {
-            return Err(trace(m, &states, i, e));
-        }
-        split_serves |= m.split_serves(&st);
-        for (step, n) in m.next(&st) {
-            if seen.insert(m.canonical(&n)) {
-                states.push((n, i, Some(step)));
-                queue.push_back(states.len() as u32 - 1);
+    while !level.is_empty() {
+        let mut next_level = Vec::new();
+        for (i, st) in level {
+            if let Err(e) = m.check(&st) {
+                return Err(trace(m, &parents, i, e));
+            }
+            split_serves |= m.split_serves(&st);
+            for (k, (_, n)) in m.next(&st).into_iter().enumerate() {
+                if seen.insert(m.canonical(&n)) {
+                    parents.push((i, k as u16));
+                    next_level.push((parents.len() as u32 - 1, n));
+                }
             }
         }
+        level = next_level;
     }
-    Ok((states.len(), split_serves))
+    Ok((parents.len(), split_serves))
 }
 
-/// The steps to state `i`, each with the state after it.
-fn trace<M: Search>(m: &M, states: &[Reached<M>], mut i: u32, e: String) -> Violation {
+/// The steps to state `i`, each with the state after it, replayed from the initial state.
+fn trace<M: Search>(m: &M, parents: &[(u32, u16)], mut i: u32, e: String) -> Violation {
     let mut path = Vec::new();
-    while let (st, parent, Some(step)) = states[i as usize] {
-        path.push((step, st));
+    while i != 0 {
+        let (parent, k) = parents[i as usize];
+        path.push(k);
         i = parent;
     }
     path.reverse();
+    let init = m.init();
     let mut trace = format!("{e}, after {} steps (H1 = {}):\n", path.len(), names(m.half1()));
-    let _ = writeln!(trace, "   0. start: {}", m.show(&states[0].0));
-    for (k, (step, st)) in path.iter().enumerate() {
-        let _ = writeln!(trace, "  {:>2}. {}: {}", k + 1, m.show_step(step, st), m.show(st));
+    let _ = writeln!(trace, "   0. start: {}", m.show(&init));
+    let mut st = init;
+    for (j, &k) in path.iter().enumerate() {
+        let (step, n) = m.next(&st)[k as usize];
+        st = n;
+        let _ = writeln!(trace, "  {:>2}. {}: {}", j + 1, m.show_step(&step, &st), m.show(&st));
     }
     Violation { steps: path.len(), trace }
 }
@@ -592,7 +608,7 @@ macro_rules! searchable {
     };
 }
 searchable!(Model, State, Step, u64);
-searchable!(Model2, State2, Step2, State2);
+searchable!(Model2, State2, Step2, u64);
 
 fn names(s: Set) -> String {
     let peers: Vec<String> = (0..Set::BITS as usize).filter(|&p| has(s, p)).map(|p| p.to_string()).collect();
@@ -751,8 +767,12 @@ enum Step2 {
     Count(u8, u8),
     Hear(u8, u8),
     Restart(u8),
-    Join(u8, u8),
+    /// p joins through q, taking the ended joint quorums of q in the set as pending.
+    Join(u8, u8, Set),
 }
+
+/// In a joint quorum's acks: it has ended, and is kept ([`Hearing::EagerAcks`]).
+const DONE: Set = 0x80;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct State2 {
@@ -777,9 +797,12 @@ struct Model2 {
     half1: Set,
     mend: Mend,
     bounds: Bounds,
-    /// [`Hearing::Eager`], or one pair at a time.
-    eager: bool,
+    hearing: Hearing,
     symmetries: Vec<Vec<Set>>,
+    /// Each symmetry's permutation of the peers.
+    perms: Vec<[u8; MAX2]>,
+    /// The pairs (i, j) of initial members, i < j, of one half with none of it between.
+    neighbours: Vec<(usize, usize)>,
 }
 
 impl Model2 {
@@ -791,11 +814,26 @@ impl Model2 {
                 half1 |= 1 << (config.peers + j);
             }
         }
-        let eager = hearing == Hearing::Eager;
         // The initial peers within their halves; newcomers fixed.
         let m = config.peers;
         let symmetries = symmetries(m, n, &|perm: &[usize]| (0..m).all(|p| has(half1, p) == has(half1, perm[p])));
-        Model2 { m, n, half1, mend, bounds, eager, symmetries }
+        let perms = symmetries
+            .iter()
+            .map(|map| {
+                let mut perm = [0; MAX2];
+                for (p, to) in perm.iter_mut().enumerate().take(n) {
+                    *to = map[1 << p].trailing_zeros() as u8;
+                }
+                perm
+            })
+            .collect();
+        let mut neighbours = Vec::new();
+        for i in 0..m {
+            if let Some(j) = (i + 1..m).find(|&j| has(half1, i) == has(half1, j)) {
+                neighbours.push((i, j));
+            }
+        }
+        Model2 { m, n, half1, mend, bounds, hearing, symmetries, perms, neighbours }
     }
 
     fn all(&self) -> Set {
@@ -816,7 +854,7 @@ impl Model2 {
     }
 
     fn joints_hold(&self, st: &State2, p: usize, reach: Set) -> bool {
-        st.joint[p][..self.n].iter().all(|&(view, _)| view == 0 || majority(reach, view))
+        st.joint[p][..self.n].iter().all(|&(view, ack)| view == 0 || ack & DONE != 0 || majority(reach, view))
     }
 
     /// Whether q's word that it knows the split is taken into `heard`.
@@ -824,8 +862,14 @@ impl Model2 {
         self.mend != Mend::SettledWord || self.pending(st, q) == 0
     }
 
+    /// The joiners whose joint quorums are pending at p.
     fn pending(&self, st: &State2, p: usize) -> Set {
-        (0..self.n).filter(|&y| st.joint[p][y].0 != 0).fold(0, |s, y| s | 1 << y)
+        (0..self.n).filter(|&y| st.joint[p][y].0 != 0 && st.joint[p][y].1 & DONE == 0).fold(0, |s, y| s | 1 << y)
+    }
+
+    /// The joiners whose joint quorums have ended at p, kept ([`Hearing::EagerAcks`]).
+    fn ended(&self, st: &State2, p: usize) -> Set {
+        (0..self.n).filter(|&y| st.joint[p][y].1 & DONE != 0).fold(0, |s, y| s | 1 << y)
     }
 
     /// Today's rule: a majority of the members p counts and of every pending joint quorum.
@@ -836,7 +880,7 @@ impl Model2 {
 
     fn serves(&self, st: &State2, p: usize, x: usize) -> bool {
         if !has(st.knows, p) || !self.active(st, p) {
-            let waits = self.mend == Mend::JoinerWaits && st.joint[p][p].0 != 0;
+            let waits = self.mend == Mend::JoinerWaits && has(self.pending(st, p), p);
             return self.today(st, p) && !waits;
         }
         let (reach, c) = (self.reach(st, p), st.counted[p]);
@@ -875,7 +919,6 @@ impl Model2 {
                 out.push((Step2::Cut(side_b), State2 { side_b, cuts_left: st.cuts_left - 1, ..*st }));
             }
         }
-        let serving = self.servers(st, 0) | self.servers(st, 1);
         for p in 0..self.n {
             let p_bit = 1 << p;
             let reach = self.reach(st, p);
@@ -923,7 +966,20 @@ impl Model2 {
             } else if has(st.joining, p) || (p >= self.m && !has(st.present, p)) {
                 // A restarted peer rejoins, or a newcomer starts, through a serving voucher
                 // (a newcomer appears on its voucher's side).
-                for q in (0..self.n).filter(|&q| has(serving, q)) {
+                // Through q as it is, or with some of its ended joint quorums as if pending
+                // still, if q serves so (a reply from before q heard the last ack).
+                let joins = (0..self.n).flat_map(|q| {
+                    let ended = self.ended(st, q);
+                    (0..=ended).filter(move |&s| s & !ended == 0).map(move |s| (q, s))
+                });
+                let serves_as_if = |q: usize, stale: Set| {
+                    let mut then = *st;
+                    for y in (0..self.n).filter(|&y| has(stale, y)) {
+                        then.joint[q][y].1 = 0;
+                    }
+                    self.serves(&then, q, 0) || self.serves(&then, q, 1)
+                };
+                for (q, stale) in joins.filter(|&(q, stale)| serves_as_if(q, stale)) {
                     let starting = !has(st.present, p);
                     if !starting && !has(reach, q) {
                         continue;
@@ -937,7 +993,7 @@ impl Model2 {
                     n.heard[p] = if knows { p_bit } else { 0 };
                     n.counted[p] = st.counted[q] | p_bit;
                     // The voucher's pending changes, and p's own join, over its settled view.
-                    let changes = self.pending(st, q);
+                    let changes = self.pending(st, q) | stale;
                     let view = st.counted[q] & !changes;
                     n.joint[p] = [(0, 0); MAX2];
                     for y in (0..self.n).filter(|&y| has(changes | p_bit, y)) {
@@ -948,16 +1004,11 @@ impl Model2 {
                         n.joint[q][p] = (st.counted[q], 1 << q);
                         n.counted[q] |= p_bit;
                     }
-                    out.push((Step2::Join(p as u8, q as u8), n));
+                    out.push((Step2::Join(p as u8, q as u8, stale), n));
                 }
             }
         }
-        if self.eager {
-            out.retain_mut(|(_, n)| {
-                self.hear_all(n);
-                n != st
-            });
-        } else {
+        if self.hearing == Hearing::EachPair {
             for p in (0..self.n).filter(|&p| self.active(st, p)) {
                 for q in (0..self.n).filter(|&q| q != p && has(self.reach(st, p), q) && self.active(st, q)) {
                     let mut n = *st;
@@ -967,6 +1018,11 @@ impl Model2 {
                     }
                 }
             }
+        } else {
+            out.retain_mut(|(_, n)| {
+                self.hear_all(n);
+                n != st
+            });
         }
         out
     }
@@ -989,18 +1045,28 @@ impl Model2 {
         }
     }
 
-    /// p hears q directly (both active, on one side).
+    /// p hears q directly (both active, on one side): q's word on the split, and whom q
+    /// counts (its acks to p's joint quorums).
     fn hear(&self, st: &mut State2, p: usize, q: usize) {
         if has(st.knows, p) && has(st.knows, q) && self.settled_word(st, q) {
             st.heard[p] |= 1 << q;
         }
+        self.hear_counts(st, p, q);
+    }
+
+    /// p hears whom q counts: q's acks to p's joint quorums.
+    fn hear_counts(&self, st: &mut State2, p: usize, q: usize) {
+        let keep = self.hearing == Hearing::EagerAcks;
         for y in 0..self.n {
             let (view, ack) = &mut st.joint[p][y];
+            if *ack & DONE != 0 {
+                continue;
+            }
             if has(*view, q) && has(st.counted[q], y) {
                 *ack |= 1 << q;
             }
             if *view != 0 && *view & !*ack & !(1 << p) == 0 {
-                (*view, *ack) = (0, 0);
+                (*view, *ack) = if keep { (*view, DONE) } else { (0, 0) };
             }
         }
     }
@@ -1016,10 +1082,33 @@ impl Model2 {
             && (0..2).all(|x| self.servers(st, x) & self.half(x) != 0)
     }
 
-    fn canonical(&self, st: &State2) -> State2 {
-        let mut best = *st;
-        for map in &self.symmetries[1..] {
-            let image = |s: Set| map[s as usize];
+    /// The symmetry class of a state, as a 64-bit fingerprint of its least image.
+    ///
+    /// Only the images that list each half's initial members in the order of
+    /// [`Model2::invariant`] are computed. That is exact: a permutation σ maps the
+    /// invariant of p in a state to that of σ(p) in its image, so the images considered for
+    /// the image are the ones considered for the state, and the least is the same. Most
+    /// states leave one or two images of the 12 or 24 (the search is 10 times faster).
+    ///
+    /// The fingerprint is hash compaction (Holzmann; Stern and Dill): two classes that
+    /// share one are taken for one, and the second is never explored. With N classes the
+    /// odds of any such collision are at most N²/2⁶⁵: 3·10⁻⁶ for 10 million, 3·10⁻⁴ for 100
+    /// million. The default tests' pinned counts would show one.
+    fn canonical(&self, st: &State2) -> u64 {
+        let mut inv = [0u64; MAX2];
+        for (p, i) in inv.iter_mut().enumerate().take(self.m) {
+            *i = self.invariant(st, p);
+        }
+        let mut best: Option<State2> = None;
+        for (map, perm) in self.symmetries.iter().zip(&self.perms) {
+            let mut at = [0u64; MAX2];
+            for p in 0..self.m {
+                at[perm[p] as usize] = inv[p];
+            }
+            if self.neighbours.iter().any(|&(i, j)| at[i] > at[j]) {
+                continue;
+            }
+            let image = |s: Set| map[(s & !DONE) as usize] | s & DONE;
             let mut c = State2 { side_b: image(st.side_b), present: image(st.present), ..*st };
             if has(c.side_b, 0) {
                 c.side_b = c.present & !c.side_b;
@@ -1027,17 +1116,61 @@ impl Model2 {
             c.knows = image(st.knows);
             c.joining = image(st.joining);
             for p in 0..self.n {
-                let to = image(1 << p).trailing_zeros() as usize;
+                let to = perm[p] as usize;
                 c.heard[to] = image(st.heard[p]);
                 c.counted[to] = image(st.counted[p]);
                 for y in 0..self.n {
                     let (view, ack) = st.joint[p][y];
-                    c.joint[to][image(1 << y).trailing_zeros() as usize] = (image(view), image(ack));
+                    c.joint[to][perm[y] as usize] = (image(view), image(ack));
                 }
             }
-            best = best.min(c);
+            if best.is_none_or(|b| c < b) {
+                best = Some(c);
+            }
         }
-        best
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        best.expect("the identity is one of the images").hash(&mut h);
+        h.finish()
+    }
+
+    /// What of p's place in a state no permutation of the initial members changes (the
+    /// newcomers stay put): its own flags, the sizes of its sets and how many others' sets
+    /// hold it, and everything about newcomers. Two members with different invariants are
+    /// not interchangeable.
+    fn invariant(&self, st: &State2, p: usize) -> u64 {
+        let news = self.all() & !all(self.m);
+        let mut h = Mix::default();
+        let mut put = |x: usize| h.write_u64(x as u64);
+        let p_bit = 1 << p;
+        put(usize::from(has(st.knows, p)) | usize::from(has(st.joining, p)) << 1);
+        let reach = self.reach(st, p);
+        for s in [reach, st.heard[p], st.counted[p]] {
+            put(count(s) << 8 | usize::from(s & news));
+        }
+        for y in (0..self.n).filter(|&y| y == p || has(news, y)) {
+            let (view, ack) = st.joint[p][y];
+            put(count(view) << 24
+                | usize::from(view & news) << 16
+                | count(ack) << 8
+                | usize::from(ack & (news | DONE)));
+        }
+        let (mut in_heard, mut in_counted, mut in_views, mut in_acks) = (0, 0, 0, 0);
+        for r in 0..self.n {
+            in_heard += usize::from(st.heard[r] & p_bit != 0) << (if r >= self.m { 8 + 2 * (r - self.m) } else { 0 });
+            in_counted +=
+                usize::from(st.counted[r] & p_bit != 0) << (if r >= self.m { 8 + 2 * (r - self.m) } else { 0 });
+            for y in 0..self.n {
+                let (view, ack) = st.joint[r][y];
+                // Apart by whether r and y are newcomers, and whether it is r's own join.
+                let shift = 8 * (usize::from(has(news, r)) << 1 | usize::from(has(news, y)) | usize::from(r == y) << 2);
+                in_views += usize::from(has(view, p)) << shift;
+                in_acks += usize::from(has(ack, p)) << shift;
+            }
+        }
+        for x in [in_heard, in_counted, in_views, in_acks, count(self.pending(st, p))] {
+            put(x);
+        }
+        h.finish()
     }
 
     fn show_step(&self, step: &Step2, st: &State2) -> String {
@@ -1049,7 +1182,8 @@ impl Model2 {
             Step2::Count(p, q) => format!("P{p} counts P{q}"),
             Step2::Hear(p, q) => format!("P{p} hears P{q}"),
             Step2::Restart(p) => format!("P{p} restarts"),
-            Step2::Join(p, q) => format!("P{p} joins through P{q}"),
+            Step2::Join(p, q, 0) => format!("P{p} joins through P{q}"),
+            Step2::Join(p, q, s) => format!("P{p} joins through P{q}, taking {} as pending", names(s)),
         }
     }
 
@@ -1061,7 +1195,7 @@ impl Model2 {
         let mut peers = Vec::new();
         for p in (0..self.n).filter(|&p| has(st.present, p)) {
             let mut s = format!("P{p} c{} h{}", names(st.counted[p]), names(st.heard[p]));
-            for y in (0..self.n).filter(|&y| st.joint[p][y].0 != 0) {
+            for y in (0..self.n).filter(|&y| has(self.pending(st, p), y)) {
                 let (view, ack) = st.joint[p][y];
                 let _ = write!(s, " J{y}{}/{}", names(view), names(ack));
             }

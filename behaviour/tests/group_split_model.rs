@@ -151,6 +151,21 @@
 //! | 3 peers 2/1, new in H1 | 1 cut | EachPair | at once | 8,928,450 | 38 s | 0.65 GB |
 //! | 3 peers 2/1, new in H1 | 2 cuts | EachPair | at once | 17,856,900 | 129 s | 1.4 GB |
 //!
+//! **`SettledWord` breaks with a leave or a restart** (5 peers 4/1, a newcomer in H1;
+//! both traces take no ended joint quorum as pending, so they are runs one pair at a
+//! time). A leave, 7 steps: P0, P1, P2 and P4 decide the split; newcomer P5 joins through
+//! P3, which does not know it (and counts P5); the cut {0,1,2,5} | {3,4}; P3 leaves, and
+//! P4 forgets it: P4 has now heard every member it counts, {0,1,2,4}, and serves k1 alone
+//! on H_1 ∩ C_4 = {4}, while P5, not knowing, serves k1 on {0,1,2,5} (4 of its 6, 3 of
+//! its joint view). A restart, 8 steps: P0..P3 decide; P5 joins through P4; P4 restarts,
+//! losing its count of P5, and rejoins through P0, taking `knows` and P0's five members;
+//! every member has heard all five; the cut {0,1,2,3,5} | {4}: P4 serves k1 alone, P5
+//! too. In both, no member but the newcomer counts it any more, so no `heard` waits for
+//! it. `JoinerWaits` holds in both (P5's own join is still pending). `SettledWord` holds
+//! on 3 peers with a leave (15,674 classes) and with slow notice (42,200), and in v2's
+//! default bounds on 5 peers (1,160,662 and 599,263 classes for 3/2 and 4/1 with
+//! `EagerAcks`, as with eager hearing).
+//!
 //! `SettledWord` holds on 3 peers 2/1 one pair at a time (2,207,292 classes, 7 s). The
 //! rule as stated, `NoDecideWhilePending` and `VouchCounts` are caught one pair at a time
 //! on 3 peers in 6 steps (5 with eager hearing; with slow notice, 9). Did not fit: one
@@ -1674,6 +1689,20 @@ fn v2_joiner_waits_holds_with_a_leave_in_larger_bounds() {
             .unwrap_or_else(|v| panic!("{}", v.trace));
         assert!(split, "{}, {bounds:?}, {notice:?}: the halves never serve their keys apart", config.name);
     }
+}
+
+/// `SettledWord` breaks with a leave or a restart where `JoinerWaits` holds (5 peers 4/1
+/// and a newcomer in H1; 1 and 4 s). Both traces are real one pair at a time (no join
+/// takes an ended joint quorum as pending); see the module doc.
+#[test]
+#[ignore = "seconds: run with --ignored"]
+fn v2_settled_word_breaks_with_a_leave_or_a_restart() {
+    let config = CONFIGS2[2];
+    let run =
+        |bounds, leave| explore2_full(config, Mend::SettledWord, bounds, Hearing::EagerAcks, Notice::AtOnce, leave);
+    let left = run(BOUNDS2, Leave::Graceful).expect_err("a leave: not caught");
+    let restarted = run(Bounds { cuts: 1, restarts: 1 }, Leave::None).expect_err("a restart: not caught");
+    assert_eq!((left.steps, restarted.steps), (7, 8));
 }
 
 const PINNED_LEAVE: (usize, usize) = (14_031, 3);

@@ -47,9 +47,9 @@
 //! # What is left out
 //!
 //! Time (a peer here notices a cut at once: the liveness window is today's rule's
-//! business), heartbeats and forgery (every word is its speaker's own), newcomers (in
-//! v2, below), leaves and forgetting, a second split, and which peer of a side hosts a
-//! key. A joining peer hears nobody (its join sets what it knows). The runs are bounded
+//! business; v2 models it, [`Notice`]), heartbeats and forgery (every word is its
+//! speaker's own), newcomers (in v2, below), leaves and forgetting, a second split, and
+//! which peer of a side hosts a key. A joining peer hears nobody (its join sets what it knows). The runs are bounded
 //! by [`BOUNDS`]: at most 3 cut changes and 1 restart.
 //!
 //! # v2: newcomers during the split ([`Model2`])
@@ -82,22 +82,141 @@
 //! split serves nothing while its own join is pending (`JoinerWaits`: by the time its own
 //! joint quorum ends, every member counts it, so each needs its word in `heard`); and a
 //! member's word enters `heard` only while no joint quorum is pending at it, with vouchers
-//! counting at once (`SettledWord`, ignored test). Left out in v2: two newcomers, leaves,
-//! forgetting, and runs past one cut change (default) or two / one restart (ignored).
+//! counting at once (`SettledWord`, ignored test).
+//!
+//! # v2, one pair at a time ([`Hearing::EagerAcks`], [`Hearing::EachPair`])
+//!
 //! Eager hearing is *not* an exact reduction in v2 as it is in v1: a joiner's own joint
 //! view is its voucher's members less the changes pending there, and a larger view is not
-//! monotone. `Model2` takes [`Hearing::EachPair`] too, but even 5 peers 4/1 with one cut
-//! outgrow 4 GB that way, so no cross-check runs. The counterexample stands (its states
-//! are real); the holds are as strong as that reduction.
+//! monotone. One pair at a time ([`Hearing::EachPair`], the rule as stated) is exact but
+//! explodes: 4 peers and a newcomer pass 6 million classes at depth 11, 3.4 times more at
+//! each depth, and 5 peers outgrow 6 GB. Two ways round it:
+//!
+//! - **An over-approximation, [`Hearing::EagerAcks`].** Words and acks are heard at once;
+//!   a joint quorum that ends is kept as ended; a join may take any of its voucher's
+//!   ended joint quorums as still pending, if the voucher would serve so (a reply sent
+//!   before the voucher heard the last ack). Every run of `EachPair` is matched by a run
+//!   here whose states have the same sides, `knows`, `joining`, counted sets and budgets,
+//!   a larger `heard`, and each joint quorum pending with more acks or ended. That
+//!   relation is kept by every step: serving, deciding, counting and vouching are monotone
+//!   in `heard`, in acks and in fewer pending views (`SettledWord` too: a word is settled
+//!   when nothing is pending); a restart clears the same things on both; a join through a
+//!   voucher with pending changes P is matched by the join that takes P's ended members as
+//!   pending, which gives the joiner the same view and joint quorums, the voucher serving
+//!   at least as much; a hear of `EachPair` is matched by staying put. Servers in the
+//!   matched state are a superset, so **a hold here is a hold one pair at a time**. A
+//!   counterexample may be spurious (a first version without "if the voucher would serve
+//!   so" gave one: a voucher that waited vouched); the ones below are checked by hand to
+//!   use no stale join, so they are runs of `EachPair` too.
+//! - **Exhaustive one pair at a time on [`SMALL2`]** (3 peers 2/1 and a newcomer in H1):
+//!   the smallest group where the rule as stated breaks. Same verdicts as above.
+//!
+//! # v2, the time to notice a cut ([`Notice::Slow`])
+//!
+//! After a cut each peer still counts as reached the peers it lost, until its own Notice
+//! step, for every rule (serving, the split's majorities, deciding, counting by rule 1,
+//! vouching); it hears nothing from them. Safety is checked only where every peer has
+//! noticed: the takeover delay outlasts the time to notice, so no peer takes a key over
+//! while one is stale, and what a stale peer serves meanwhile is today's rule's business.
+//! What is checked is that nothing done on a stale majority (a split decided, a newcomer
+//! counted or vouched for) leaves two sides serving once all have noticed. Planted bug:
+//! `SlowNoDelay`, the same without the takeover delay, is caught in 1 step.
+//!
+//! # v2, a leave ([`Leave::Graceful`])
+//!
+//! One active peer may leave at any time. It stops; the active peers on its side forget
+//! it at once (its signed leave, heard directly); any other forgets it on the word of a
+//! peer on its side that has (the relayed leave: a step of its own, so that
+//! [`Hearing::EagerAcks`] still matches one pair at a time step for step). Forgetting y
+//! takes it out of the counted set, `heard`, and every joint quorum's view and acks: a
+//! joint quorum that then has every ack ends, and y's own ends (docs/design/membership.md,
+//! rules 3 and "Leaves"). Until then a departed member counted here is one unreached.
+//! Planted bug: `ForgetsTheUnreached`, a crash taken for a leave (forgetting a member
+//! that is not reached and did not leave), caught in 3 steps.
+//!
+//! # v2 verdicts
+//!
+//! `JoinerWaits` holds and splits in every configuration run:
+//!
+//! | configuration | bounds | hearing | notice | classes | time | max RSS |
+//! |---|---|---|---|---|---|---|
+//! | 5 peers 3/2, 4/1, new in either half | 1 cut | Eager | at once | 72,077 / 40,207 | 0.5 s | - |
+//! | same | 1 cut | EagerAcks | at once | 72,077 / 40,207 | 0.5 s | - |
+//! | 5 peers 3/2 / 4/1, new in H1 | 1 cut, 1 restart | EagerAcks | at once | 1,645,925 / 881,278 | 15 / 8 s | 0.18 GB |
+//! | 5 peers 3/2 / 4/1, new in H1 | 1 cut | EagerAcks | slow | 5,275,696 / 2,789,241 | 64 / 51 s | 0.41 GB |
+//! | same, a leave | 1 cut | EagerAcks | at once | 1,794,362 / 983,695 | 26 / 14 s | 0.14 GB |
+//! | 3 peers 2/1, new in H1, a leave | 1 cut | EagerAcks | at once / slow | 14,031 / 288,622 | 2 s | - |
+//! | 3 peers 2/1, new in H1, a leave | 2 cuts / 1 cut, 1 restart | EagerAcks | at once | 58,640 / 193,266 | 1 s | - |
+//! | 3 peers 2/1, new in H1 | 1 cut | EagerAcks | slow | 25,902 | 0.2 s | - |
+//! | 3 peers 2/1, new in H1 | 1 cut | EachPair | at once | 8,928,450 | 38 s | 0.65 GB |
+//! | 3 peers 2/1, new in H1 | 2 cuts | EachPair | at once | 17,856,900 | 129 s | 1.4 GB |
+//!
+//! **`SettledWord` breaks with a leave or a restart** (5 peers 4/1, a newcomer in H1;
+//! both traces take no ended joint quorum as pending, so they are runs one pair at a
+//! time). A leave, 7 steps: P0, P1, P2 and P4 decide the split; newcomer P5 joins through
+//! P3, which does not know it (and counts P5); the cut {0,1,2,5} | {3,4}; P3 leaves, and
+//! P4 forgets it: P4 has now heard every member it counts, {0,1,2,4}, and serves k1 alone
+//! on H_1 ∩ C_4 = {4}, while P5, not knowing, serves k1 on {0,1,2,5} (4 of its 6, 3 of
+//! its joint view). A restart, 8 steps: P0..P3 decide; P5 joins through P4; P4 restarts,
+//! losing its count of P5, and rejoins through P0, taking `knows` and P0's five members;
+//! every member has heard all five; the cut {0,1,2,3,5} | {4}: P4 serves k1 alone, P5
+//! too. In both, no member but the newcomer counts it any more, so no `heard` waits for
+//! it. `JoinerWaits` holds in both (P5's own join is still pending). `SettledWord` holds
+//! on 3 peers with a leave (15,674 classes) and with slow notice (42,200), and in v2's
+//! default bounds on 5 peers (1,160,662 and 599,263 classes for 3/2 and 4/1 with
+//! `EagerAcks`, as with eager hearing).
+//!
+//! `SettledWord` holds on 3 peers 2/1 one pair at a time (2,207,292 classes, 7 s). The
+//! rule as stated, `NoDecideWhilePending` and `VouchCounts` are caught one pair at a time
+//! on 3 peers in 6 steps (5 with eager hearing; with slow notice, 9). Did not fit: one
+//! pair at a time with a restart or slow notice on 3 peers (past 5 GB at 3 to 8 minutes),
+//! and any run one pair at a time on 4 or more peers.
+//!
+//! **Two newcomers break the modelled joint quorum, with no split at all** (4 peers 2/2,
+//! P4 in H1 and P5 in H0, `JoinerWaits`, 11 steps, 2 to 3 minutes, 1.6 GB; no stale
+//! join): P4 joins through P0 and P0, P1, P2 count it; P5 joins through P3, which does
+//! not count P4 yet, so P5's view is {0..3}; P0..P2 then P3 count both; P4 and P5 never
+//! count each other. Under the cut {0,3,5} | {1,2,4}, P5 reaches 3 of its {0,1,2,3,5} and
+//! P4 3 of its {0,1,2,3,4}: both serve both keys (P0..P3 count 6 and serve nothing). Each
+//! joint quorum ended when the four old members counted its joiner: the two views differ
+//! by two members, and majorities of those need not meet.
+//!
+//! This is most likely the model's, not the crate's. Here a peer counts a newcomer only by
+//! a Count step of its own, at any later time. The crate counts a member the moment it
+//! hears a fresh beat of it, relayed ones included, while it has a majority
+//! (`Membership::recount` → `admit`). Then P5's joint quorum ends only on a table from
+//! each of P0..P3 that lists P5 and not P4 (else P5 counts P4 on it), so each counted P5
+//! before P4; P4's needs the reverse. Both cannot hold. Adding that counting to the model
+//! needs hearing one pair at a time (heard at once, it makes every join atomic within a
+//! side and hides the 7-step counterexample too), which does not fit at 4 peers and two
+//! newcomers. So two newcomers are **open** for the split rule.
+//!
+//! Left out in v2: two newcomers beyond the run above (5 peers with two newcomers outgrow
+//! 6 GB); a second split (a 2-bit prefix, four keys and a second `knows`: a model of its
+//! own, not begun); more than one leave, and forgetting the dead (an operator's forget,
+//! or the window); forgery and relayed words; more than 2 cut changes or 1 restart; slow
+//! notice with more than one cut change; and which peer of a side hosts a key.
+//!
+//! # Running
+//!
+//! `cargo test -p sigma-behaviour --test group_split_model` (the default tests, about 5 s
+//! on 2 cores); the larger ones with `-- --ignored`, or one by name with
+//! `-- --ignored --exact NAME --nocapture` (figures in each test's doc). The test profile
+//! is optimised. Sizes are of one process: cap one with `ulimit -v 8000000`.
+//!
+//! States are remembered as seen by their class: an exact packing in v1, a 64-bit
+//! fingerprint in v2 (hash compaction: with N classes the odds that any two share one,
+//! leaving the second unexplored, are at most N²/2⁶⁵, about 10⁻⁵ for the 17.9 million of
+//! the largest run).
 //!
 //! Peers that share a half are interchangeable (and so are the halves, keys with them,
 //! when they are of one size): states are deduplicated up to that symmetry, and the counts
 //! pinned below are of symmetry classes. A trace is of concrete states. In v2 only the
 //! initial peers within a half are (the newcomer stays put).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 /// A set of peers, bit i for peer i.
 type Set = u8;
@@ -165,6 +284,11 @@ enum Hearing {
     Eager,
     /// One Hear(p, q) step at a time, in every order: the rule as stated.
     EachPair,
+    /// v2 only: `Eager`, with every joint quorum that ends kept as ended, and a join that
+    /// may take its voucher's view as it was before any of them ended (a reply the voucher
+    /// sent before it heard the last ack). It has a run for every run of `EachPair`, each
+    /// state serving at least as much (see the module doc): what holds here holds there.
+    EagerAcks,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -387,7 +511,7 @@ impl Model {
                 out.push((Step::Restart(p as u8), n));
             }
         }
-        if self.hearing == Hearing::Eager {
+        if self.hearing != Hearing::EachPair {
             out.retain_mut(|(_, n)| {
                 self.hear_all(n);
                 n != st
@@ -415,6 +539,10 @@ impl Model {
                 return;
             }
         }
+    }
+
+    fn quiet(&self, _: &State) -> bool {
+        true
     }
 
     /// The split done, and each half serving its own key while cut from the other.
@@ -504,52 +632,65 @@ trait Search {
         Ok(())
     }
     fn split_serves(&self, st: &Self::State) -> bool;
+    /// Whether safety is checked in this state (v2's [`Notice`]).
+    fn quiet(&self, st: &Self::State) -> bool;
     fn show(&self, st: &Self::State) -> String;
     fn show_step(&self, step: &Self::Step, after: &Self::State) -> String;
     fn half1(&self) -> Set;
 }
 
-/// A state reached (concrete, as first reached), its parent's index and the step to it.
-type Reached<M> = (<M as Search>::State, u32, Option<<M as Search>::Step>);
-
-/// Breadth first over every reachable symmetry class: the number of classes and whether
-/// the split's point was reached, or the first violation (so a shortest one) with its
-/// trace.
+/// Breadth first, one level at a time, over every reachable symmetry class: the number of
+/// classes and whether the split's point was reached, or the first violation (so a
+/// shortest one) with its trace.
+///
+/// Only the current and next levels are kept as states. Every class reached keeps its
+/// parent's number and its step's place in the parent's [`Search::next`] (6 bytes), and a
+/// trace is rebuilt by replaying those steps from the initial state (`next` is
+/// deterministic). What is remembered as seen is [`Search::Class`]: an exact packing in
+/// v1, a 64-bit fingerprint of the canonical state in v2 (see [`Model2::canonical`]).
 fn search<M: Search>(m: &M) -> Outcome {
     let init = m.init();
     let mut seen: HashSet<M::Class, BuildHasherDefault<Mix>> = HashSet::default();
     seen.insert(m.canonical(&init));
-    let mut states: Vec<Reached<M>> = vec![(init, 0, None)];
-    let mut queue = VecDeque::from([0u32]);
+    let mut parents: Vec<(u32, u16)> = vec![(0, 0)];
+    let mut level: Vec<(u32, M::State)> = vec![(0, init)];
     let mut split_serves = false;
-    while let Some(i) = queue.pop_front() {
-        let st = states[i as usize].0;
-        if let Err(e) = m.check(&st) {
-            return Err(trace(m, &states, i, e));
-        }
-        split_serves |= m.split_serves(&st);
-        for (step, n) in m.next(&st) {
-            if seen.insert(m.canonical(&n)) {
-                states.push((n, i, Some(step)));
-                queue.push_back(states.len() as u32 - 1);
+    while !level.is_empty() {
+        let mut next_level = Vec::new();
+        for (i, st) in level {
+            if let Err(e) = m.check(&st).or_else(|e| if m.quiet(&st) { Err(e) } else { Ok(()) }) {
+                return Err(trace(m, &parents, i, e));
+            }
+            split_serves |= m.split_serves(&st);
+            for (k, (_, n)) in m.next(&st).into_iter().enumerate() {
+                if seen.insert(m.canonical(&n)) {
+                    parents.push((i, k as u16));
+                    next_level.push((parents.len() as u32 - 1, n));
+                }
             }
         }
+        level = next_level;
     }
-    Ok((states.len(), split_serves))
+    Ok((parents.len(), split_serves))
 }
 
-/// The steps to state `i`, each with the state after it.
-fn trace<M: Search>(m: &M, states: &[Reached<M>], mut i: u32, e: String) -> Violation {
+/// The steps to state `i`, each with the state after it, replayed from the initial state.
+fn trace<M: Search>(m: &M, parents: &[(u32, u16)], mut i: u32, e: String) -> Violation {
     let mut path = Vec::new();
-    while let (st, parent, Some(step)) = states[i as usize] {
-        path.push((step, st));
+    while i != 0 {
+        let (parent, k) = parents[i as usize];
+        path.push(k);
         i = parent;
     }
     path.reverse();
+    let init = m.init();
     let mut trace = format!("{e}, after {} steps (H1 = {}):\n", path.len(), names(m.half1()));
-    let _ = writeln!(trace, "   0. start: {}", m.show(&states[0].0));
-    for (k, (step, st)) in path.iter().enumerate() {
-        let _ = writeln!(trace, "  {:>2}. {}: {}", k + 1, m.show_step(step, st), m.show(st));
+    let _ = writeln!(trace, "   0. start: {}", m.show(&init));
+    let mut st = init;
+    for (j, &k) in path.iter().enumerate() {
+        let (step, n) = m.next(&st)[k as usize];
+        st = n;
+        let _ = writeln!(trace, "  {:>2}. {}: {}", j + 1, m.show_step(&step, &st), m.show(&st));
     }
     Violation { steps: path.len(), trace }
 }
@@ -579,6 +720,9 @@ macro_rules! searchable {
             fn split_serves(&self, st: &$state) -> bool {
                 <$model>::split_serves(self, st)
             }
+            fn quiet(&self, st: &$state) -> bool {
+                <$model>::quiet(self, st)
+            }
             fn show(&self, st: &$state) -> String {
                 <$model>::show(self, st)
             }
@@ -592,7 +736,7 @@ macro_rules! searchable {
     };
 }
 searchable!(Model, State, Step, u64);
-searchable!(Model2, State2, Step2, State2);
+searchable!(Model2, State2, Step2, u64);
 
 fn names(s: Set) -> String {
     let peers: Vec<String> = (0..Set::BITS as usize).filter(|&p| has(s, p)).map(|p| p.to_string()).collect();
@@ -751,8 +895,49 @@ enum Step2 {
     Count(u8, u8),
     Hear(u8, u8),
     Restart(u8),
-    Join(u8, u8),
+    /// p joins through q, taking the ended joint quorums of q in the set as pending.
+    Join(u8, u8, Set),
+    /// p notices the last cut: its liveness window for the peers it lost runs out.
+    Notice(u8),
+    /// p leaves gracefully: its signed leave reaches the peers on its side.
+    Leave(u8),
+    /// p forgets the departed y on q's word (q's table no longer counts y).
+    Forget(u8, u8, u8),
 }
+
+/// A member's graceful leave (v2): none, or one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leave {
+    None,
+    /// One active peer may leave, at any time: it stops, and every active peer on its side
+    /// forgets it at once (the signed leave, heard directly); another forgets it when it
+    /// hears a peer on its side that has (the relayed leave: a Forget step). Forgetting y
+    /// takes it out of the counted set, `heard` and every joint quorum's view and acks (a
+    /// quorum that then has every ack ends, and y's own ends), as today's rules do.
+    Graceful,
+    /// Planted bug: a peer may also forget a member it does not reach, that has not left
+    /// (a crash taken for a leave).
+    ForgetsTheUnreached,
+}
+
+/// How long a peer takes to notice a cut (v2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Notice {
+    /// At once, as in v1.
+    AtOnce,
+    /// After a cut each peer still counts as reached the peers it lost (`stale`), until its
+    /// own Notice step: for today's rule, the split's majorities, deciding, counting and
+    /// vouching. It hears nothing from them. The takeover delay outlasts every peer's
+    /// time to notice: no peer starts serving a key until all have noticed, and what a
+    /// stale peer serves meanwhile is today's rule's business (it has no lasting effect
+    /// here). So safety is checked in the states where every peer has noticed.
+    Slow,
+    /// Planted bug: `Slow` without the takeover delay (safety checked in every state).
+    SlowNoDelay,
+}
+
+/// In a joint quorum's acks: it has ended, and is kept ([`Hearing::EagerAcks`]).
+const DONE: Set = 0x80;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct State2 {
@@ -763,6 +948,11 @@ struct State2 {
     joining: Set,
     heard: [Set; MAX2],
     counted: [Set; MAX2],
+    /// `stale[p]`: the peers p lost in a cut and has not noticed yet ([`Notice::Slow`]).
+    stale: [Set; MAX2],
+    /// The peers that have left ([`Leave`]), and how many more may.
+    gone: Set,
+    leaves_left: u8,
     /// `joint[p][y]`: p's pending joint quorum for y's join, (view, the members of the view
     /// heard directly to count y); (0, 0) when none.
     joint: [[(Set, Set); MAX2]; MAX2],
@@ -777,13 +967,18 @@ struct Model2 {
     half1: Set,
     mend: Mend,
     bounds: Bounds,
-    /// [`Hearing::Eager`], or one pair at a time.
-    eager: bool,
+    hearing: Hearing,
+    notice: Notice,
+    leave: Leave,
     symmetries: Vec<Vec<Set>>,
+    /// Each symmetry's permutation of the peers.
+    perms: Vec<[u8; MAX2]>,
+    /// The pairs (i, j) of initial members, i < j, of one half with none of it between.
+    neighbours: Vec<(usize, usize)>,
 }
 
 impl Model2 {
-    fn new(config: Config2, mend: Mend, bounds: Bounds, hearing: Hearing) -> Self {
+    fn new(config: Config2, mend: Mend, bounds: Bounds, hearing: Hearing, notice: Notice, leave: Leave) -> Self {
         let n = config.peers + config.newcomers.len();
         let mut half1 = config.half1.iter().fold(0, |s, &p| s | 1 << p);
         for (j, &bit) in config.newcomers.iter().enumerate() {
@@ -791,11 +986,26 @@ impl Model2 {
                 half1 |= 1 << (config.peers + j);
             }
         }
-        let eager = hearing == Hearing::Eager;
         // The initial peers within their halves; newcomers fixed.
         let m = config.peers;
         let symmetries = symmetries(m, n, &|perm: &[usize]| (0..m).all(|p| has(half1, p) == has(half1, perm[p])));
-        Model2 { m, n, half1, mend, bounds, eager, symmetries }
+        let perms = symmetries
+            .iter()
+            .map(|map| {
+                let mut perm = [0; MAX2];
+                for (p, to) in perm.iter_mut().enumerate().take(n) {
+                    *to = map[1 << p].trailing_zeros() as u8;
+                }
+                perm
+            })
+            .collect();
+        let mut neighbours = Vec::new();
+        for i in 0..m {
+            if let Some(j) = (i + 1..m).find(|&j| has(half1, i) == has(half1, j)) {
+                neighbours.push((i, j));
+            }
+        }
+        Model2 { m, n, half1, mend, bounds, hearing, notice, leave, symmetries, perms, neighbours }
     }
 
     fn all(&self) -> Set {
@@ -807,16 +1017,43 @@ impl Model2 {
     }
 
     fn active(&self, st: &State2, p: usize) -> bool {
-        has(st.present, p) && !has(st.joining, p)
+        has(st.present, p) && !has(st.joining, p) && !has(st.gone, p)
     }
 
-    /// The present peers on p's side, p included.
+    /// The present peers on p's side, p included (none that left).
     fn reach(&self, st: &State2, p: usize) -> Set {
-        st.present & if has(st.side_b, p) { st.side_b } else { !st.side_b }
+        st.present & !st.gone & if has(st.side_b, p) { st.side_b } else { !st.side_b }
+    }
+
+    /// r forgets the departed y ([`Leave`]).
+    fn forget(&self, st: &mut State2, r: usize, y: usize) {
+        let keep = self.hearing == Hearing::EagerAcks;
+        st.counted[r] &= !(1 << y);
+        st.heard[r] &= !(1 << y);
+        for (x, (view, ack)) in st.joint[r].iter_mut().enumerate().take(self.n) {
+            if *view == 0 || *ack & DONE != 0 {
+                continue;
+            }
+            *view &= !(1 << y);
+            *ack &= !(1 << y);
+            if x == y || *view & !*ack & !(1 << r) == 0 {
+                (*view, *ack) = if keep { (*view, DONE) } else { (0, 0) };
+            }
+        }
+    }
+
+    /// The peers p counts as reached: on its side, or lost in a cut it has not noticed.
+    fn believed(&self, st: &State2, p: usize) -> Set {
+        self.reach(st, p) | st.stale[p]
+    }
+
+    /// Whether safety is checked here: every peer has noticed every cut (or no delay).
+    fn quiet(&self, st: &State2) -> bool {
+        self.notice == Notice::SlowNoDelay || st.stale == [0; MAX2]
     }
 
     fn joints_hold(&self, st: &State2, p: usize, reach: Set) -> bool {
-        st.joint[p][..self.n].iter().all(|&(view, _)| view == 0 || majority(reach, view))
+        st.joint[p][..self.n].iter().all(|&(view, ack)| view == 0 || ack & DONE != 0 || majority(reach, view))
     }
 
     /// Whether q's word that it knows the split is taken into `heard`.
@@ -824,22 +1061,28 @@ impl Model2 {
         self.mend != Mend::SettledWord || self.pending(st, q) == 0
     }
 
+    /// The joiners whose joint quorums are pending at p.
     fn pending(&self, st: &State2, p: usize) -> Set {
-        (0..self.n).filter(|&y| st.joint[p][y].0 != 0).fold(0, |s, y| s | 1 << y)
+        (0..self.n).filter(|&y| st.joint[p][y].0 != 0 && st.joint[p][y].1 & DONE == 0).fold(0, |s, y| s | 1 << y)
+    }
+
+    /// The joiners whose joint quorums have ended at p, kept ([`Hearing::EagerAcks`]).
+    fn ended(&self, st: &State2, p: usize) -> Set {
+        (0..self.n).filter(|&y| st.joint[p][y].1 & DONE != 0).fold(0, |s, y| s | 1 << y)
     }
 
     /// Today's rule: a majority of the members p counts and of every pending joint quorum.
     fn today(&self, st: &State2, p: usize) -> bool {
-        let reach = self.reach(st, p);
+        let reach = self.believed(st, p);
         self.active(st, p) && majority(reach, st.counted[p]) && self.joints_hold(st, p, reach)
     }
 
     fn serves(&self, st: &State2, p: usize, x: usize) -> bool {
         if !has(st.knows, p) || !self.active(st, p) {
-            let waits = self.mend == Mend::JoinerWaits && st.joint[p][p].0 != 0;
+            let waits = self.mend == Mend::JoinerWaits && has(self.pending(st, p), p);
             return self.today(st, p) && !waits;
         }
-        let (reach, c) = (self.reach(st, p), st.counted[p]);
+        let (reach, c) = (self.believed(st, p), st.counted[p]);
         let joint = st.heard[p] & c == c || majority(reach, c);
         x == usize::from(has(self.half1, p))
             && majority(reach, c & self.half(x))
@@ -862,6 +1105,9 @@ impl Model2 {
             joining: 0,
             heard: [0; MAX2],
             counted,
+            stale: [0; MAX2],
+            gone: 0,
+            leaves_left: u8::from(self.leave != Leave::None),
             joint: [[(0, 0); MAX2]; MAX2],
             cuts_left: self.bounds.cuts,
             restarts_left: self.bounds.restarts,
@@ -871,14 +1117,25 @@ impl Model2 {
     fn next(&self, st: &State2) -> Vec<(Step2, State2)> {
         let mut out = Vec::new();
         if st.cuts_left > 0 {
-            for side_b in (0..=self.all()).step_by(2).filter(|&s| s & !st.present == 0 && s != st.side_b) {
-                out.push((Step2::Cut(side_b), State2 { side_b, cuts_left: st.cuts_left - 1, ..*st }));
+            let on_sides = st.present & !st.gone;
+            for side_b in (0..=self.all()).step_by(2).filter(|&s| s & !on_sides == 0 && s != st.side_b) {
+                let mut n = State2 { side_b, cuts_left: st.cuts_left - 1, ..*st };
+                if self.notice != Notice::AtOnce {
+                    for p in (0..self.n).filter(|&p| has(st.present, p)) {
+                        n.stale[p] = (st.stale[p] | self.reach(st, p)) & !self.reach(&n, p);
+                    }
+                }
+                out.push((Step2::Cut(side_b), n));
             }
         }
-        let serving = self.servers(st, 0) | self.servers(st, 1);
         for p in 0..self.n {
             let p_bit = 1 << p;
             let reach = self.reach(st, p);
+            if st.stale[p] != 0 {
+                let mut n = *st;
+                n.stale[p] = 0;
+                out.push((Step2::Notice(p as u8), n));
+            }
             if self.active(st, p) {
                 let no_pending = self.mend != Mend::NoDecideWhilePending || self.pending(st, p) == 0;
                 if !has(st.knows, p) && self.today(st, p) && no_pending {
@@ -905,12 +1162,41 @@ impl Model2 {
                         out.push((Step2::Count(p as u8, q as u8), n));
                     }
                 }
+                if st.leaves_left > 0 {
+                    let mut n = *st;
+                    n.leaves_left -= 1;
+                    n.gone |= p_bit;
+                    n.side_b &= !p_bit;
+                    for r in (0..self.n).filter(|&r| r != p && has(reach, r) && self.active(st, r)) {
+                        self.forget(&mut n, r, p);
+                    }
+                    out.push((Step2::Leave(p as u8), n));
+                }
+                // Forgetting a departed member on a word relayed by q.
+                for y in (0..self.n).filter(|&y| has(st.gone, y) && has(st.counted[p], y)) {
+                    for q in (0..self.n).filter(|&q| q != p && has(reach, q) && self.active(st, q)) {
+                        if !has(st.counted[q], y) {
+                            let mut n = *st;
+                            self.forget(&mut n, p, y);
+                            out.push((Step2::Forget(p as u8, y as u8, q as u8), n));
+                            break;
+                        }
+                    }
+                }
+                if self.leave == Leave::ForgetsTheUnreached {
+                    for y in (0..self.n).filter(|&y| has(st.counted[p], y) && !has(self.believed(st, p), y)) {
+                        let mut n = *st;
+                        self.forget(&mut n, p, y);
+                        out.push((Step2::Forget(p as u8, y as u8, p as u8), n));
+                    }
+                }
                 if st.restarts_left > 0 {
                     let mut n = *st;
                     n.restarts_left -= 1;
                     n.joining |= p_bit;
                     n.heard[p] = 0;
                     n.counted[p] = 0;
+                    n.stale[p] = 0;
                     n.joint[p] = [(0, 0); MAX2];
                     // Its word is void where a later incarnation is heard: on its side.
                     for r in (0..self.n).filter(|&r| has(reach, r)) {
@@ -923,7 +1209,20 @@ impl Model2 {
             } else if has(st.joining, p) || (p >= self.m && !has(st.present, p)) {
                 // A restarted peer rejoins, or a newcomer starts, through a serving voucher
                 // (a newcomer appears on its voucher's side).
-                for q in (0..self.n).filter(|&q| has(serving, q)) {
+                // Through q as it is, or with some of its ended joint quorums as if pending
+                // still, if q serves so (a reply from before q heard the last ack).
+                let joins = (0..self.n).flat_map(|q| {
+                    let ended = self.ended(st, q);
+                    (0..=ended).filter(move |&s| s & !ended == 0).map(move |s| (q, s))
+                });
+                let serves_as_if = |q: usize, stale: Set| {
+                    let mut then = *st;
+                    for y in (0..self.n).filter(|&y| has(stale, y)) {
+                        then.joint[q][y].1 = 0;
+                    }
+                    self.serves(&then, q, 0) || self.serves(&then, q, 1)
+                };
+                for (q, stale) in joins.filter(|&(q, stale)| serves_as_if(q, stale)) {
                     let starting = !has(st.present, p);
                     if !starting && !has(reach, q) {
                         continue;
@@ -937,7 +1236,7 @@ impl Model2 {
                     n.heard[p] = if knows { p_bit } else { 0 };
                     n.counted[p] = st.counted[q] | p_bit;
                     // The voucher's pending changes, and p's own join, over its settled view.
-                    let changes = self.pending(st, q);
+                    let changes = self.pending(st, q) | stale;
                     let view = st.counted[q] & !changes;
                     n.joint[p] = [(0, 0); MAX2];
                     for y in (0..self.n).filter(|&y| has(changes | p_bit, y)) {
@@ -948,16 +1247,11 @@ impl Model2 {
                         n.joint[q][p] = (st.counted[q], 1 << q);
                         n.counted[q] |= p_bit;
                     }
-                    out.push((Step2::Join(p as u8, q as u8), n));
+                    out.push((Step2::Join(p as u8, q as u8, stale), n));
                 }
             }
         }
-        if self.eager {
-            out.retain_mut(|(_, n)| {
-                self.hear_all(n);
-                n != st
-            });
-        } else {
+        if self.hearing == Hearing::EachPair {
             for p in (0..self.n).filter(|&p| self.active(st, p)) {
                 for q in (0..self.n).filter(|&q| q != p && has(self.reach(st, p), q) && self.active(st, q)) {
                     let mut n = *st;
@@ -967,6 +1261,11 @@ impl Model2 {
                     }
                 }
             }
+        } else {
+            out.retain_mut(|(_, n)| {
+                self.hear_all(n);
+                n != st
+            });
         }
         out
     }
@@ -989,18 +1288,28 @@ impl Model2 {
         }
     }
 
-    /// p hears q directly (both active, on one side).
+    /// p hears q directly (both active, on one side): q's word on the split, and whom q
+    /// counts (its acks to p's joint quorums).
     fn hear(&self, st: &mut State2, p: usize, q: usize) {
         if has(st.knows, p) && has(st.knows, q) && self.settled_word(st, q) {
             st.heard[p] |= 1 << q;
         }
+        self.hear_counts(st, p, q);
+    }
+
+    /// p hears whom q counts: q's acks to p's joint quorums.
+    fn hear_counts(&self, st: &mut State2, p: usize, q: usize) {
+        let keep = self.hearing == Hearing::EagerAcks;
         for y in 0..self.n {
             let (view, ack) = &mut st.joint[p][y];
+            if *ack & DONE != 0 {
+                continue;
+            }
             if has(*view, q) && has(st.counted[q], y) {
                 *ack |= 1 << q;
             }
             if *view != 0 && *view & !*ack & !(1 << p) == 0 {
-                (*view, *ack) = (0, 0);
+                (*view, *ack) = if keep { (*view, DONE) } else { (0, 0) };
             }
         }
     }
@@ -1016,28 +1325,98 @@ impl Model2 {
             && (0..2).all(|x| self.servers(st, x) & self.half(x) != 0)
     }
 
-    fn canonical(&self, st: &State2) -> State2 {
-        let mut best = *st;
-        for map in &self.symmetries[1..] {
-            let image = |s: Set| map[s as usize];
+    /// The symmetry class of a state, as a 64-bit fingerprint of its least image.
+    ///
+    /// Only the images that list each half's initial members in the order of
+    /// [`Model2::invariant`] are computed. That is exact: a permutation σ maps the
+    /// invariant of p in a state to that of σ(p) in its image, so the images considered for
+    /// the image are the ones considered for the state, and the least is the same. Most
+    /// states leave one or two images of the 12 or 24 (the search is 10 times faster).
+    ///
+    /// The fingerprint is hash compaction (Holzmann; Stern and Dill): two classes that
+    /// share one are taken for one, and the second is never explored. With N classes the
+    /// odds of any such collision are at most N²/2⁶⁵: 3·10⁻⁶ for 10 million, 3·10⁻⁴ for 100
+    /// million. The default tests' pinned counts would show one.
+    fn canonical(&self, st: &State2) -> u64 {
+        let mut inv = [0u64; MAX2];
+        for (p, i) in inv.iter_mut().enumerate().take(self.m) {
+            *i = self.invariant(st, p);
+        }
+        let mut best: Option<State2> = None;
+        for (map, perm) in self.symmetries.iter().zip(&self.perms) {
+            let mut at = [0u64; MAX2];
+            for p in 0..self.m {
+                at[perm[p] as usize] = inv[p];
+            }
+            if self.neighbours.iter().any(|&(i, j)| at[i] > at[j]) {
+                continue;
+            }
+            let image = |s: Set| map[(s & !DONE) as usize] | s & DONE;
             let mut c = State2 { side_b: image(st.side_b), present: image(st.present), ..*st };
+            c.gone = image(st.gone);
             if has(c.side_b, 0) {
-                c.side_b = c.present & !c.side_b;
+                c.side_b = c.present & !c.gone & !c.side_b;
             }
             c.knows = image(st.knows);
             c.joining = image(st.joining);
             for p in 0..self.n {
-                let to = image(1 << p).trailing_zeros() as usize;
+                let to = perm[p] as usize;
                 c.heard[to] = image(st.heard[p]);
                 c.counted[to] = image(st.counted[p]);
-                for y in 0..self.n {
-                    let (view, ack) = st.joint[p][y];
-                    c.joint[to][image(1 << y).trailing_zeros() as usize] = (image(view), image(ack));
+                c.stale[to] = image(st.stale[p]);
+                for (&(view, ack), &y) in st.joint[p][..self.n].iter().zip(&perm[..self.n]) {
+                    c.joint[to][y as usize] = (image(view), image(ack));
                 }
             }
-            best = best.min(c);
+            if best.is_none_or(|b| c < b) {
+                best = Some(c);
+            }
         }
-        best
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        best.expect("the identity is one of the images").hash(&mut h);
+        h.finish()
+    }
+
+    /// What of p's place in a state no permutation of the initial members changes (the
+    /// newcomers stay put): its own flags, the sizes of its sets and how many others' sets
+    /// hold it, and everything about newcomers. Two members with different invariants are
+    /// not interchangeable.
+    fn invariant(&self, st: &State2, p: usize) -> u64 {
+        let news = self.all() & !all(self.m);
+        let mut h = Mix::default();
+        let mut put = |x: usize| h.write_u64(x as u64);
+        let p_bit = 1 << p;
+        put(usize::from(has(st.knows, p)) | usize::from(has(st.joining, p)) << 1 | usize::from(has(st.gone, p)) << 2);
+        let reach = self.reach(st, p);
+        for s in [reach, st.heard[p], st.counted[p], st.stale[p]] {
+            put(count(s) << 8 | usize::from(s & news));
+        }
+        for y in (0..self.n).filter(|&y| y == p || has(news, y)) {
+            let (view, ack) = st.joint[p][y];
+            put(count(view) << 24
+                | usize::from(view & news) << 16
+                | count(ack) << 8
+                | usize::from(ack & (news | DONE)));
+        }
+        let (mut in_heard, mut in_counted, mut in_stale, mut in_views, mut in_acks) = (0, 0, 0, 0, 0);
+        for r in 0..self.n {
+            // Newcomers' sets apart, each in a bit of its own.
+            let shift = if r >= self.m { 8 + 2 * (r - self.m) } else { 0 };
+            in_heard += usize::from(st.heard[r] & p_bit != 0) << shift;
+            in_counted += usize::from(st.counted[r] & p_bit != 0) << shift;
+            in_stale += usize::from(st.stale[r] & p_bit != 0) << shift;
+            for y in 0..self.n {
+                let (view, ack) = st.joint[r][y];
+                // Apart by whether r and y are newcomers, and whether it is r's own join.
+                let shift = 8 * (usize::from(has(news, r)) << 1 | usize::from(has(news, y)) | usize::from(r == y) << 2);
+                in_views += usize::from(has(view, p)) << shift;
+                in_acks += usize::from(has(ack, p)) << shift;
+            }
+        }
+        for x in [in_heard, in_counted, in_stale, in_views, in_acks, count(self.pending(st, p))] {
+            put(x);
+        }
+        h.finish()
     }
 
     fn show_step(&self, step: &Step2, st: &State2) -> String {
@@ -1049,7 +1428,12 @@ impl Model2 {
             Step2::Count(p, q) => format!("P{p} counts P{q}"),
             Step2::Hear(p, q) => format!("P{p} hears P{q}"),
             Step2::Restart(p) => format!("P{p} restarts"),
-            Step2::Join(p, q) => format!("P{p} joins through P{q}"),
+            Step2::Notice(p) => format!("P{p} notices the cut"),
+            Step2::Leave(p) => format!("P{p} leaves"),
+            Step2::Forget(p, y, q) if p == q => format!("P{p} forgets P{y}, unreached"),
+            Step2::Forget(p, y, q) => format!("P{p} forgets P{y} on P{q}'s word"),
+            Step2::Join(p, q, 0) => format!("P{p} joins through P{q}"),
+            Step2::Join(p, q, s) => format!("P{p} joins through P{q}, taking {} as pending", names(s)),
         }
     }
 
@@ -1061,16 +1445,20 @@ impl Model2 {
         let mut peers = Vec::new();
         for p in (0..self.n).filter(|&p| has(st.present, p)) {
             let mut s = format!("P{p} c{} h{}", names(st.counted[p]), names(st.heard[p]));
-            for y in (0..self.n).filter(|&y| st.joint[p][y].0 != 0) {
+            if st.stale[p] != 0 {
+                let _ = write!(s, " stale{}", names(st.stale[p]));
+            }
+            for y in (0..self.n).filter(|&y| has(self.pending(st, p), y)) {
                 let (view, ack) = st.joint[p][y];
                 let _ = write!(s, " J{y}{}/{}", names(view), names(ack));
             }
             peers.push(s);
         }
         format!(
-            "[{sides}] knows {} joining {} | {} | k0 by {}, k1 by {}",
+            "[{sides}] knows {} joining {}{} | {} | k0 by {}, k1 by {}",
             names(st.knows),
             names(st.joining),
+            if st.gone != 0 { format!(" gone {}", names(st.gone)) } else { String::new() },
             peers.join("; "),
             names(self.servers(st, 0)),
             names(self.servers(st, 1)),
@@ -1107,8 +1495,19 @@ fn explore2(config: Config2, mend: Mend, bounds: Bounds) -> Outcome {
 }
 
 fn explore2_with(config: Config2, mend: Mend, bounds: Bounds, hearing: Hearing) -> Outcome {
+    explore2_full(config, mend, bounds, hearing, Notice::AtOnce, Leave::None)
+}
+
+fn explore2_full(
+    config: Config2,
+    mend: Mend,
+    bounds: Bounds,
+    hearing: Hearing,
+    notice: Notice,
+    leave: Leave,
+) -> Outcome {
     let start = std::time::Instant::now();
-    let out = search(&Model2::new(config, mend, bounds, hearing));
+    let out = search(&Model2::new(config, mend, bounds, hearing, notice, leave));
     match &out {
         Ok((states, split)) => {
             eprintln!(
@@ -1172,3 +1571,138 @@ fn v2_mends_hold_in_larger_bounds() {
 
 const PINNED2_STEPS: [[usize; 4]; 3] = [[7; 4]; 3];
 const PINNED2: [usize; 4] = [72_077, 72_077, 40_207, 40_207];
+
+// ---- v2, one pair at a time, slow notice, two newcomers ----
+
+/// 3 peers 2/1 and a newcomer in H1: the smallest group where the rule as stated breaks,
+/// and small enough to hear one pair at a time.
+const SMALL2: Config2 = Config2 { name: "3 peers, 2/1, a newcomer in H1", peers: 3, half1: &[2], newcomers: &[1] };
+
+/// Two newcomers, one in each half: breaks today's joint quorum (see the module doc).
+const TWO_NEWCOMERS: Config2 =
+    Config2 { name: "4 peers, 2/2, newcomers in H1 and H0", peers: 4, half1: &[2, 3], newcomers: &[1, 0] };
+
+/// [`Hearing::EagerAcks`] (whose holds are holds of one pair at a time) and slow notice:
+/// `JoinerWaits` holds and splits, the rule as stated is caught, and so is slow notice
+/// without the takeover delay (the planted bug).
+#[test]
+fn v2_joiner_waits_holds_with_eager_acks_and_slow_notice() {
+    let holds = |config: Config2, notice| {
+        let (states, split) =
+            explore2_full(config, Mend::JoinerWaits, BOUNDS2, Hearing::EagerAcks, notice, Leave::None)
+                .unwrap_or_else(|v| panic!("{}", v.trace));
+        assert!(split, "{}: the halves never serve their keys apart", config.name);
+        states
+    };
+    let caught = |config: Config2, mend, notice| {
+        explore2_full(config, mend, BOUNDS2, Hearing::EagerAcks, notice, Leave::None).expect_err("not caught").steps
+    };
+    // The newcomer's half changes no count (see `PINNED2`).
+    let counts = [CONFIGS2[0], CONFIGS2[2]].map(|config| holds(config, Notice::AtOnce));
+    let small = [Notice::AtOnce, Notice::Slow].map(|notice| holds(SMALL2, notice));
+    let steps = [
+        caught(SMALL2, Mend::None, Notice::AtOnce),
+        caught(SMALL2, Mend::None, Notice::Slow),
+        caught(SMALL2, Mend::JoinerWaits, Notice::SlowNoDelay),
+        caught(CONFIGS2[0], Mend::JoinerWaits, Notice::SlowNoDelay),
+    ];
+    assert_eq!((counts, small, steps), PINNED_EAGER_ACKS);
+}
+
+/// One pair at a time ([`Hearing::EachPair`], the rule as stated), exhaustively, on
+/// [`SMALL2`]: the same verdicts as hearing at once. Last run (release of the test
+/// profile, 2 cores shared): `JoinerWaits` holds in 8,928,450 states (38 s, 0.65 GB) and
+/// 17,856,900 with 2 cut changes (129 s, 1.4 GB); `SettledWord` in 2,207,292 (7 s); the
+/// rule as stated, `NoDecideWhilePending` and `VouchCounts` caught in 6 steps.
+#[test]
+#[ignore = "27 million states, three minutes: run with --ignored"]
+fn v2_one_pair_at_a_time() {
+    for (mend, cuts) in [(Mend::JoinerWaits, 1), (Mend::SettledWord, 1), (Mend::JoinerWaits, 2)] {
+        let bounds = Bounds { cuts, restarts: 0 };
+        let (_, split) =
+            explore2_with(SMALL2, mend, bounds, Hearing::EachPair).unwrap_or_else(|v| panic!("{}", v.trace));
+        assert!(split, "{mend:?}: the halves never serve their keys apart");
+    }
+    for mend in [Mend::None, Mend::NoDecideWhilePending, Mend::VouchCounts] {
+        let v = explore2_with(SMALL2, mend, BOUNDS2, Hearing::EachPair).expect_err("not caught");
+        assert_eq!(v.steps, 6, "{mend:?}");
+    }
+}
+
+/// `JoinerWaits` with [`Hearing::EagerAcks`] in larger bounds: a restart (1,645,925
+/// states for 3/2, 881,278 for 4/1; 15 and 8 s), and slow notice (5,275,696 and 2,789,241;
+/// 64 and 51 s, 0.41 GB at most). All hold and split.
+#[test]
+#[ignore = "10 million states, four minutes: run with --ignored"]
+fn v2_joiner_waits_holds_in_larger_bounds() {
+    let runs = [(Bounds { cuts: 1, restarts: 1 }, Notice::AtOnce), (BOUNDS2, Notice::Slow)];
+    for (bounds, notice) in runs {
+        for config in [CONFIGS2[0], CONFIGS2[2]] {
+            let (_, split) = explore2_full(config, Mend::JoinerWaits, bounds, Hearing::EagerAcks, notice, Leave::None)
+                .unwrap_or_else(|v| panic!("{}", v.trace));
+            assert!(split, "{}, {notice:?}: the halves never serve their keys apart", config.name);
+        }
+    }
+}
+
+/// Two newcomers that do not count each other, each vouched for before the other was
+/// counted by its voucher, serve on disjoint majorities of their own views: no split is
+/// involved (11 steps, 2 to 3 minutes, 1.6 GB). See the module doc for why this may be the
+/// model's and not the crate's.
+#[test]
+#[ignore = "two minutes: run with --ignored"]
+fn v2_two_newcomers_break_the_modelled_joint_quorum() {
+    let v = explore2_with(TWO_NEWCOMERS, Mend::JoinerWaits, BOUNDS2, Hearing::EagerAcks).expect_err("not caught");
+    assert_eq!(v.steps, 11);
+}
+
+/// The same counts as hearing at once: with one newcomer and no restart no joint quorum
+/// ends before the last join, so a join never takes an ended one as pending.
+const PINNED_EAGER_ACKS: ([usize; 2], [usize; 2], [usize; 4]) = ([72_077, 40_207], [1_459, 25_902], [5, 9, 1, 1]);
+
+/// One graceful leave ([`Leave`]): `JoinerWaits` holds and splits on [`SMALL2`], and
+/// forgetting a member that did not leave (the planted bug) is caught.
+#[test]
+fn v2_joiner_waits_holds_with_a_leave() {
+    let run = |leave| explore2_full(SMALL2, Mend::JoinerWaits, BOUNDS2, Hearing::EagerAcks, Notice::AtOnce, leave);
+    let (states, split) = run(Leave::Graceful).unwrap_or_else(|v| panic!("{}", v.trace));
+    assert!(split, "the halves never serve their keys apart");
+    let steps = run(Leave::ForgetsTheUnreached).expect_err("not caught").steps;
+    assert_eq!((states, steps), PINNED_LEAVE);
+}
+
+/// A leave in larger bounds, `JoinerWaits`, [`Hearing::EagerAcks`]: all hold and split.
+/// Last run: 5 peers 3/2 and 4/1, one cut: 1,794,362 and 983,695 classes (26 and 14 s);
+/// [`SMALL2`] with slow notice 288,622, with 2 cut changes 58,640, with a restart 193,266.
+#[test]
+#[ignore = "3 million states, a minute: run with --ignored"]
+fn v2_joiner_waits_holds_with_a_leave_in_larger_bounds() {
+    let runs = [
+        (CONFIGS2[0], BOUNDS2, Notice::AtOnce),
+        (CONFIGS2[2], BOUNDS2, Notice::AtOnce),
+        (SMALL2, BOUNDS2, Notice::Slow),
+        (SMALL2, Bounds { cuts: 2, restarts: 0 }, Notice::AtOnce),
+        (SMALL2, Bounds { cuts: 1, restarts: 1 }, Notice::AtOnce),
+    ];
+    for (config, bounds, notice) in runs {
+        let (_, split) = explore2_full(config, Mend::JoinerWaits, bounds, Hearing::EagerAcks, notice, Leave::Graceful)
+            .unwrap_or_else(|v| panic!("{}", v.trace));
+        assert!(split, "{}, {bounds:?}, {notice:?}: the halves never serve their keys apart", config.name);
+    }
+}
+
+/// `SettledWord` breaks with a leave or a restart where `JoinerWaits` holds (5 peers 4/1
+/// and a newcomer in H1; 1 and 4 s). Both traces are real one pair at a time (no join
+/// takes an ended joint quorum as pending); see the module doc.
+#[test]
+#[ignore = "seconds: run with --ignored"]
+fn v2_settled_word_breaks_with_a_leave_or_a_restart() {
+    let config = CONFIGS2[2];
+    let run =
+        |bounds, leave| explore2_full(config, Mend::SettledWord, bounds, Hearing::EagerAcks, Notice::AtOnce, leave);
+    let left = run(BOUNDS2, Leave::Graceful).expect_err("a leave: not caught");
+    let restarted = run(Bounds { cuts: 1, restarts: 1 }, Leave::None).expect_err("a restart: not caught");
+    assert_eq!((left.steps, restarted.steps), (7, 8));
+}
+
+const PINNED_LEAVE: (usize, usize) = (14_031, 3);

@@ -168,10 +168,8 @@ impl Membership {
         let me = gossip.beats.iter().any(|b| b.counted && b.peer == *local);
         let counted = gossip.beats.iter().filter(|b| b.counted && b.peer != from && b.peer != *local).map(|b| b.peer);
         self.counted_by(&from, counted, me);
-        self.heard_group(&from, gossip.group, gossip.joints.is_empty(), now);
-        // A peer that states its group joins this one only once it counts it: this
-        // peer is then in its view when its word on a split is taken (module `group`).
-        if gossip.serving && self.needs_voucher() && (me || gossip.group.is_none()) {
+        self.heard_group(&from, gossip.group, now);
+        if gossip.serving && self.needs_voucher() {
             let was_ready = self.ready();
             let named = gossip.beats.iter().map(|b| b.peer).filter(|p| p != local);
             let delay = gossip.delay_ms.map(Duration::from_millis);

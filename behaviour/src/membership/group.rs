@@ -14,17 +14,18 @@
 //!   joint quorum;
 //! - and this peer also needs a strict majority of the counted members of its own half
 //!   (itself included), and hosts only its half's keys;
-//! - the split ends here once every member it counts has said, in its own table sent
-//!   while no joint quorum was pending there (a *settled* word), that it knows of the
-//!   split; the other half's members then leave this peer's membership, and its half
-//!   is its group.
+//! - the split ends here once every member it counts has said, in its own table, that
+//!   it knows of the split; the other half's members then leave this peer's
+//!   membership, and its half is its group.
 //!
-//! A joining peer joins only through a serving peer whose own table counts it (it is
-//! then in the voucher's view when the voucher's word is taken), and takes the
-//! voucher's group. `behaviour/tests/group_split_model.rs` checks this rule, abstractly
-//! (its `Mend::SettledWord`): without the settled word and the voucher's count, a
-//! newcomer joining through a member that does not know the split yet can serve a key
-//! that a member of the half serves across a cut.
+//! A joining peer takes its voucher's group, and serves nothing while the joint quorum
+//! of its own join is pending (until every member of its voucher's view is known to
+//! count it, each member then also waits for its word on a split).
+//! `behaviour/tests/group_split_model.rs` checks this rule, abstractly (its
+//! `Mend::JoinerWaits`): without it, a newcomer that joins through a member that does
+//! not know of the split yet can serve a key that a member of the half serves across a
+//! cut; and a word taken only from a member with no joint quorum pending (its
+//! `Mend::SettledWord`) is not enough once a voucher leaves or restarts.
 
 use libp2p::kad::KBucketKey;
 use libp2p::PeerId;
@@ -104,6 +105,12 @@ impl Membership {
         same_prefix(g.key.hashed_bytes(), KBucketKey::from(*peer).hashed_bytes(), depth)
     }
 
+    /// With groups on: whether the joint quorum of this peer's own join is pending (it
+    /// then serves nothing: [`Readiness::Counting`](super::Readiness::Counting)).
+    pub(super) fn own_join_pending(&self) -> bool {
+        self.groups.is_some() && self.joints.iter().flatten().any(|j| j.peer.is_none())
+    }
+
     /// While a split is pending: (reachable, members) of this peer's half, itself
     /// included in both, if that is not a strict majority.
     pub(super) fn half_unmet(&self) -> Option<(usize, usize)> {
@@ -116,11 +123,10 @@ impl Membership {
         (2 * reachable <= members).then_some((reachable, members))
     }
 
-    /// `from`'s own table (not relayed) states its group `group`: a member's word that
-    /// it knows of the split pending here, taken if its view was settled (`settled`: no
-    /// joint quorum pending there); or, from a counted member, a split this peer did
-    /// not know of (one level at a time). Ends the split here if that was the last word.
-    pub(super) fn heard_group(&mut self, from: &PeerId, group: Option<wire::Group>, settled: bool, now: Time) {
+    /// `from`'s own table (not relayed) states its group `group`: from a counted member,
+    /// its word that it knows of the split pending here, or a split this peer did not
+    /// know of (one level at a time). Ends the split here if that was the last word.
+    pub(super) fn heard_group(&mut self, from: &PeerId, group: Option<wire::Group>, now: Time) {
         let (Some(g), Some(theirs)) = (self.groups.as_ref(), group) else { return };
         let counted = self.members.get(from).is_some_and(|m| m.counted);
         if !counted {
@@ -130,7 +136,7 @@ impl Membership {
             self.start_split();
         }
         let Some(g) = self.groups.as_ref() else { return };
-        if g.splitting && theirs.depth >= g.depth && settled {
+        if g.splitting && theirs.depth >= g.depth {
             if let Some(m) = self.members.get_mut(from) {
                 m.word = true;
             }
@@ -152,7 +158,7 @@ impl Membership {
     /// Decides a split if this peer may (see [`Membership::with_groups`]): it reaches
     /// a majority, and each half of its counted members (itself included) holds
     /// `split_at`. Joint quorums pending here do not stop it (the model checks the rule
-    /// so): only its word waits for a settled view.
+    /// so).
     pub(super) fn decide_split(&mut self) {
         let Some(g) = self.groups.as_ref() else { return };
         let Some(least) = g.split_at else { return };
@@ -371,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn the_split_ends_once_every_counted_member_said_so_from_a_settled_view() {
+    fn the_split_ends_once_every_counted_member_said_so() {
         let local = PeerId::random();
         let (same, other) = halves(&local, 2, 2);
         let mut m = grouped(local, Some(2));
@@ -379,13 +385,10 @@ mod tests {
         m.tick(Duration::ZERO);
         assert_eq!(m.group(), Some(SPLITTING));
         let others: Vec<PeerId> = same.iter().chain(&other).copied().collect();
-        // A word from a view with a change pending is not taken.
-        table_of(&mut m, &local, others[0], SPLITTING, &[others[1]], &[], S);
-        for q in &others[1..] {
-            table_of(&mut m, &local, *q, SPLITTING, &[], &[], S);
-        }
-        assert_eq!(m.group(), Some(SPLITTING), "one word is not settled yet");
         table_of(&mut m, &local, others[0], Group { depth: 0, splitting: false }, &[], &[], S);
+        for q in &others[1..] {
+            table_of(&mut m, &local, *q, SPLITTING, &[others[0]], &[], S);
+        }
         assert_eq!(m.group(), Some(SPLITTING), "a table of the parent's depth says nothing of the split");
         table_of(&mut m, &local, others[0], Group { depth: 1, splitting: false }, &[], &[], S);
         assert_eq!(m.group(), Some(Group { depth: 1, splitting: false }));
@@ -480,31 +483,43 @@ mod tests {
         assert_eq!(m.group(), Some(Group { depth: 1, splitting: false }));
     }
 
+    /// The mend the model checks (`Mend::JoinerWaits`): a newcomer serves nothing until
+    /// every member of its voucher's view counts it.
     #[test]
-    fn a_joining_peer_joins_through_a_voucher_of_its_group_that_counts_it_and_takes_its_group() {
+    fn a_joining_peer_takes_its_vouchers_group_and_serves_once_every_member_counts_it() {
         let local = PeerId::random();
         let (same, other) = halves(&local, 2, 1);
-        let mut m = Membership::new(true, 60 * S, 10 * S, 3 * S).with_groups(local, 0, None);
-        for p in same.iter().chain(&other) {
-            m.connected(*p, Duration::ZERO);
-        }
-        m.bootstrapped();
-        let settled = Group { depth: 1, splitting: false };
-        table_of(&mut m, &local, other[0], Group { depth: 0, splitting: false }, &[], &[local], S);
-        assert!(m.ready(), "through a peer of the parent group at its depth 0");
-        let mut m = Membership::new(true, 60 * S, 10 * S, 3 * S).with_groups(local, 0, None);
-        for p in same.iter().chain(&other) {
-            m.connected(*p, Duration::ZERO);
-        }
-        m.bootstrapped();
-        table_of(&mut m, &local, same[0], settled, &[], &[same[1]], S);
-        assert!(!m.ready(), "the voucher does not count it yet");
-        table_of(&mut m, &local, other[0], settled, &[], &[local], S);
+        let fresh = || {
+            let mut m = Membership::new(true, 60 * S, 10 * S, 3 * S).with_groups(local, 0, None);
+            for p in same.iter().chain(&other) {
+                m.connected(*p, Duration::ZERO);
+            }
+            m.bootstrapped();
+            m
+        };
+        let split = Group { depth: 1, splitting: false };
+        let mut m = fresh();
+        table_of(&mut m, &local, other[0], split, &[], &[], S);
         assert!(!m.ready(), "a voucher of another group");
-        table_of(&mut m, &local, same[0], settled, &[], &[local, same[1]], S);
+        table_of(&mut m, &local, same[0], split, &[], &[same[1]], S);
         assert!(m.ready());
-        assert_eq!(m.group(), Some(settled));
+        assert_eq!(m.group(), Some(split));
         assert_eq!(m.members(), 3, "itself, its voucher and the member the voucher named");
         assert!(!m.is_alive(&other[0]), "the other group's peer is not a member");
+        m.tick(S);
+        assert_eq!(m.readiness(), Readiness::Counting);
+        assert!(!m.serving());
+        m.counted_by(&same[0], [], true);
+        m.tick(S);
+        assert_eq!(m.readiness(), Readiness::Counting, "one of the two members counts it");
+        m.counted_by(&same[1], [], true);
+        m.tick(2 * S);
+        assert_eq!(m.readiness(), Readiness::Serving);
+        let mut plain = Membership::new(true, 60 * S, 10 * S, 3 * S);
+        plain.connected(same[0], Duration::ZERO);
+        plain.bootstrapped();
+        plain.joined_through(same[0], [same[1]], &[], None, None, S);
+        plain.tick(S);
+        assert_eq!(plain.readiness(), Readiness::Serving, "without groups a newcomer serves at once");
     }
 }

@@ -127,6 +127,10 @@ pub enum Readiness {
         /// Counted members of this peer's half, itself included.
         members: usize,
     },
+    /// Joined (prefix groups on), but not every member of the view it joined is known
+    /// yet to count it: a newcomer serves nothing until then, so that every member waits
+    /// for its word on a split (docs/design/membership-at-scale.md).
+    Counting,
 }
 
 impl Readiness {
@@ -140,6 +144,7 @@ impl Readiness {
             Readiness::Minority { .. } => "minority",
             Readiness::Joint { .. } => "joint",
             Readiness::Half { .. } => "half",
+            Readiness::Counting => "counting",
         }
     }
 }
@@ -162,6 +167,10 @@ impl std::fmt::Display for Readiness {
                 f,
                 "reaches {reachable} of the {of} peers of its view before a recent join: no strict majority of \
                  them, and they do not all count the newcomer yet"
+            ),
+            Readiness::Counting => f.write_str(
+                "joined, but not every member of its view counts it yet: a newcomer to a group serves nothing until \
+                 then",
             ),
             Readiness::Half { reachable, members } => write!(
                 f,
@@ -240,7 +249,7 @@ struct Member {
     /// It left (its own signed leave, relayed until it is forgotten): in no count, not
     /// alive, until a later incarnation of it is heard.
     left: Option<Leave>,
-    /// Said, in its own settled table, that it knows of the split pending here
+    /// Said, in its own table, that it knows of the split pending here
     /// ([`group`]); void when a later incarnation of it is heard.
     word: bool,
 }
@@ -586,6 +595,9 @@ impl Membership {
         }
         if let Some((reachable, of)) = self.joint_unmet() {
             return Readiness::Joint { reachable, of };
+        }
+        if self.own_join_pending() {
+            return Readiness::Counting;
         }
         match self.half_unmet() {
             Some((reachable, members)) => Readiness::Half { reachable, members },

@@ -1337,6 +1337,7 @@ impl State {
                 Readiness::Minority { reachable, members } => format!("minority {reachable}/{members}"),
                 Readiness::Joint { reachable, of } => format!("joint {reachable}/{of}"),
                 Readiness::Half { reachable, members } => format!("half {reachable}/{members}"),
+                Readiness::Counting => "counting".to_string(),
                 other => other.as_str().to_string(),
             };
             let hosts: Vec<String> = peer

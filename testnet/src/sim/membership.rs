@@ -1220,7 +1220,8 @@ mod tests {
         cfg.max_formation = Duration::from_secs(300);
         let r = run(&cfg);
         assert!(r.groups >= 2, "no split: {r:?}");
-        assert!(r.group_sizes.0 >= 6, "a group below the split threshold: {r:?}");
+        // Each half held 6 counted members when it split; 3 crashes since.
+        assert!(r.group_sizes.0 >= 6 - 3, "a group below the split threshold: {r:?}");
         assert_eq!(r.splitting, 0, "{r:?}");
         assert!(r.formed_s.is_some(), "views never complete: {r:?}");
         assert_eq!(r.detection_everywhere.n, 3, "{r:?}");

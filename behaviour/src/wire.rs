@@ -447,6 +447,20 @@ fn serving_if_absent() -> bool {
 }
 
 impl Gossip {
+    /// A message that carries one signed leave and nothing else: a peer's goodbye to its
+    /// members (docs/design/membership.md, "Leaving and forgetting").
+    pub fn leave_only(leave: crate::liveness::Leave) -> Self {
+        Gossip {
+            beats: Vec::new(),
+            serving: false,
+            delay_ms: None,
+            leaves: vec![leave],
+            joints: vec![],
+            group: None,
+            acks: false,
+        }
+    }
+
     /// Within the bounds (an oversized table is ignored and counted).
     pub fn is_valid(&self) -> bool {
         self.beats.len() <= MAX_GOSSIP_BEATS

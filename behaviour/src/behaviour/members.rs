@@ -214,15 +214,7 @@ impl Behaviour {
         let now = self.clock.now();
         self.housekeeping(now);
         let Some(leave) = self.gossip.chain.leave() else { return 0 };
-        let table = wire::Gossip {
-            beats: Vec::new(),
-            serving: false,
-            delay_ms: None,
-            leaves: vec![leave],
-            joints: vec![],
-            group: None,
-            acks: false,
-        };
+        let table = wire::Gossip::leave_only(leave);
         let targets: Vec<PeerId> = self
             .connections
             .peers()

@@ -1232,6 +1232,19 @@ mod tests {
         m.heard_record(record, &PeerId::random(), now, liveness::wall_ms(), echo, &mut 0)
     }
 
+    /// A serving view with `n` members alive by gossip (each heard at beats 1 and 2).
+    fn alive_by_gossip(n: usize) -> (Membership, Vec<(PeerId, liveness::Chain)>) {
+        let mut m = view(false);
+        m.tick(Duration::ZERO);
+        let mut members = signed(n);
+        for member in &mut members {
+            relayed(&mut m, member, 1, Duration::ZERO, None).unwrap();
+            relayed(&mut m, member, 2, S, None).unwrap();
+        }
+        m.tick(S);
+        (m, members)
+    }
+
     #[test]
     fn a_gossip_reply_leaves_out_what_the_request_held_as_new() {
         let mut m = view(false);
@@ -1275,14 +1288,7 @@ mod tests {
     /// that does not serve is whole, even of what the request held as new.
     #[test]
     fn a_reply_to_a_peer_that_does_not_serve_is_whole() {
-        let mut m = view(false);
-        m.tick(Duration::ZERO);
-        let mut members = signed(3);
-        for member in &mut members {
-            relayed(&mut m, member, 1, Duration::ZERO, None).unwrap();
-            relayed(&mut m, member, 2, S, None).unwrap();
-        }
-        m.tick(S);
+        let (mut m, mut members) = alive_by_gossip(3);
         let x = m.next_exchange();
         for member in &mut members {
             relayed(&mut m, member, 2, S, Some(x)).unwrap();
@@ -1307,14 +1313,7 @@ mod tests {
     /// whether the replier counts it: what ends the asker's joint quorums.
     #[test]
     fn an_ack_request_gets_the_records_of_its_changes_alone() {
-        let mut m = view(false);
-        m.tick(Duration::ZERO);
-        let mut members = signed(3);
-        for member in &mut members {
-            relayed(&mut m, member, 1, Duration::ZERO, None).unwrap();
-            relayed(&mut m, member, 2, S, None).unwrap();
-        }
-        m.tick(S);
+        let (mut m, members) = alive_by_gossip(3);
         let local = PeerId::random();
         let ask = m.ack_request(local, None, S);
         assert!(ask.acks);

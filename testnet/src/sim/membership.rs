@@ -765,15 +765,7 @@ impl Sim {
         peer.m.tick(now);
         let targets: Vec<PeerId> = peer.m.alive().copied().choose_multiple(&mut self.rng, LEAVE_FANOUT);
         if let Some(leave) = self.peers[p].chain.leave() {
-            let table = Rc::new(wire::Gossip {
-                beats: Vec::new(),
-                serving: false,
-                delay_ms: None,
-                leaves: vec![leave],
-                joints: vec![],
-                group: None,
-                acks: false,
-            });
+            let table = Rc::new(wire::Gossip::leave_only(leave));
             for t in targets {
                 let to = self.index[&t];
                 self.send(p, to, table.clone(), Some(now));

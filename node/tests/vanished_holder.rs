@@ -6,7 +6,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-
 const LEASE: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use libp2p::PeerId;
 
 // `Membership`'s own methods, kept in a file of their own: the type and its fields
 // are the parent module's.
-use super::{Membership, Record};
+use super::{Beat, Membership, Record};
 use crate::liveness::{Proof, Refused};
 use crate::proto::Time;
 use crate::wire;
@@ -53,6 +53,18 @@ impl Membership {
         reply_to: Option<u64>,
         keep: &[PeerId],
     ) -> wire::Gossip {
+        self.written(local, own_proof, self.beats(now, reply_to, keep), true)
+    }
+
+    /// A table of this peer's own beat and the records `others` ([`Membership::beats`]),
+    /// with the signed leaves it relays if `leaves`.
+    fn written<'a>(
+        &self,
+        local: PeerId,
+        own_proof: Option<Proof>,
+        others: impl Iterator<Item = (PeerId, Beat, Duration, Option<Duration>, Option<&'a Proof>, bool)>,
+        leaves: bool,
+    ) -> wire::Gossip {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let (incarnation, counter) = self.own_beat();
         let own = wire::Beat {
@@ -64,24 +76,22 @@ impl Membership {
             proof: own_proof,
             counted: false,
         };
-        let others =
-            self.beats(now, reply_to, keep).map(|(peer, (incarnation, counter), age, delay, proof, counted)| {
-                wire::Beat {
-                    peer,
-                    incarnation,
-                    counter,
-                    age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
-                    delay_ms: delay.map(ms),
-                    proof: proof.cloned(),
-                    counted,
-                }
-            });
+        let others = others.map(|(peer, (incarnation, counter), age, delay, proof, counted)| wire::Beat {
+            peer,
+            incarnation,
+            counter,
+            age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
+            delay_ms: delay.map(ms),
+            proof: proof.cloned(),
+            counted,
+        });
+        let leaves = if leaves { self.leaves().take(wire::MAX_GOSSIP_LEAVES).cloned().collect() } else { Vec::new() };
         wire::Gossip {
             beats: std::iter::once(own).chain(others).take(wire::MAX_GOSSIP_BEATS).collect(),
             serving: self.serving(),
             joints: self.joint_newcomers().map(|p| p.copied().unwrap_or(local)).collect(),
             delay_ms: Some(ms(self.members_delay())),
-            leaves: self.leaves().take(wire::MAX_GOSSIP_LEAVES).cloned().collect(),
+            leaves,
             group: self.group(),
             acks: false,
         }
@@ -104,12 +114,11 @@ impl Membership {
             return self.table(local, own_proof, now, None, &[]);
         }
         let keep = &request.joints[..request.joints.len().min(super::MAX_JOINTS)];
-        let mut table = self.table(local, own_proof, now, Some(exchange), keep);
         if request.acks {
-            table.beats.retain(|b| b.peer == local || keep.contains(&b.peer));
-            table.leaves.clear();
+            let kept = self.beats(now, Some(exchange), keep).filter(|(p, ..)| keep.contains(p));
+            return self.written(local, own_proof, kept, false);
         }
-        table
+        self.table(local, own_proof, now, Some(exchange), keep)
     }
 
     /// A request for acknowledgements only ([`wire::Gossip::acks`]), for a member a
@@ -117,12 +126,8 @@ impl Membership {
     /// beat and the changes pending here, without the other members' records. The
     /// member's reply says, in its own words, which of them it counts; it costs a few
     /// hundred bytes where a round's table costs one record per member.
-    pub fn ack_request(&self, local: PeerId, own_proof: Option<Proof>, now: Time) -> wire::Gossip {
-        let mut table = self.table(local, own_proof, now, None, &[]);
-        table.beats.truncate(1);
-        table.leaves.clear();
-        table.acks = true;
-        table
+    pub fn ack_request(&self, local: PeerId, own_proof: Option<Proof>) -> wire::Gossip {
+        wire::Gossip { acks: true, ..self.written(local, own_proof, std::iter::empty(), false) }
     }
 
     /// Merges `from`'s table (already checked within its bounds, [`wire::Gossip::is_valid`]),
@@ -168,7 +173,7 @@ impl Membership {
         let me = gossip.beats.iter().any(|b| b.counted && b.peer == *local);
         let counted = gossip.beats.iter().filter(|b| b.counted && b.peer != from && b.peer != *local).map(|b| b.peer);
         self.counted_by(&from, counted, me);
-        self.heard_group(&from, gossip.group, now);
+        self.heard_group(&from, gossip.group);
         if gossip.serving && self.needs_voucher() {
             let was_ready = self.ready();
             let named = gossip.beats.iter().map(|b| b.peer).filter(|p| p != local);

@@ -297,7 +297,7 @@ impl Membership {
             return;
         }
         self.vouched = true;
-        self.join_group(group, now);
+        self.join_group(group);
         if let Some(d) = delay {
             self.inherited = Some((d.min(MAX_TAKEOVER_DELAY), now + self.window));
         }

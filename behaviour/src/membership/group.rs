@@ -33,7 +33,6 @@ use libp2p::PeerId;
 // `Membership`'s own methods, kept in a file of their own: the type and its fields
 // are the parent module's.
 use super::Membership;
-use crate::proto::Time;
 use crate::wire;
 
 /// Deepest group: 2^16 groups, far more than a swarm of ten thousand needs.
@@ -126,7 +125,7 @@ impl Membership {
     /// `from`'s own table (not relayed) states its group `group`: from a counted member,
     /// its word that it knows of the split pending here, or a split this peer did not
     /// know of (one level at a time). Ends the split here if that was the last word.
-    pub(super) fn heard_group(&mut self, from: &PeerId, group: Option<wire::Group>, now: Time) {
+    pub(super) fn heard_group(&mut self, from: &PeerId, group: Option<wire::Group>) {
         let (Some(g), Some(theirs)) = (self.groups.as_ref(), group) else { return };
         let counted = self.members.get(from).is_some_and(|m| m.counted);
         if !counted {
@@ -140,7 +139,7 @@ impl Membership {
             if let Some(m) = self.members.get_mut(from) {
                 m.word = true;
             }
-            self.end_split_if_done(now);
+            self.end_split_if_done();
         }
     }
 
@@ -182,7 +181,7 @@ impl Membership {
     /// half leaves this peer's membership (not as departures: none of them is closer
     /// to a key of this half than every member of it, so none hosted one that this
     /// peer may now take over).
-    pub(super) fn end_split_if_done(&mut self, now: Time) {
+    pub(super) fn end_split_if_done(&mut self) {
         if !self.groups.as_ref().is_some_and(|g| g.splitting) {
             return;
         }
@@ -192,12 +191,12 @@ impl Membership {
         if let Some(g) = self.groups.as_mut() {
             g.splitting = false;
         }
-        self.regroup(now);
+        self.regroup();
     }
 
     /// Members that cannot be members here any more (outside the group) leave the
     /// membership; not departures, not forgotten (they live on in their own group).
-    pub(super) fn regroup(&mut self, _now: Time) {
+    fn regroup(&mut self) {
         let out: Vec<PeerId> =
             self.members.iter().filter(|(_, m)| !self.may_be_member(&m.key)).map(|(p, _)| *p).collect();
         if out.is_empty() {
@@ -224,7 +223,7 @@ impl Membership {
     /// A joining peer takes the group of the serving peer it joins through (`theirs`),
     /// or keeps its own if it is deeper (it knew of a split the voucher does not know
     /// yet: that split is pending here then). Members outside the group leave.
-    pub(super) fn join_group(&mut self, theirs: Option<wire::Group>, now: Time) {
+    pub(super) fn join_group(&mut self, theirs: Option<wire::Group>) {
         let Some(g) = self.groups.as_mut() else { return };
         match theirs {
             Some(t) if t.depth.min(MAX_DEPTH) > g.depth => {
@@ -234,7 +233,7 @@ impl Membership {
             Some(t) if t.depth == g.depth => g.splitting |= t.splitting,
             _ => g.splitting |= g.depth > 0,
         }
-        self.regroup(now);
+        self.regroup();
     }
 }
 

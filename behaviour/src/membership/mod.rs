@@ -671,7 +671,7 @@ impl Membership {
                     self.members_delay_stale = true;
                 }
             }
-            self.end_split_if_done(now);
+            self.end_split_if_done();
             self.decide_split();
             if self.members_delay_stale {
                 self.recompute_members_delay();
@@ -1315,7 +1315,7 @@ mod tests {
     fn an_ack_request_gets_the_records_of_its_changes_alone() {
         let (mut m, members) = alive_by_gossip(3);
         let local = PeerId::random();
-        let ask = m.ack_request(local, None, S);
+        let ask = m.ack_request(local, None);
         assert!(ask.acks);
         assert_eq!(ask.beats.iter().map(|b| b.peer).collect::<Vec<_>>(), vec![local], "its own beat alone");
         let request = crate::wire::Gossip { beats: Vec::new(), serving: true, joints: vec![members[1].0], ..ask };

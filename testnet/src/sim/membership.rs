@@ -411,7 +411,6 @@ impl Sim {
         let group = group_of(&id, self.cfg.group_bits);
         let joining = !self.founded.insert(group);
         let cfg = &self.cfg;
-        let split_at = cfg.split_at;
         // The node's takeover delay with the default lease (10 s), drift (5%: 0.5 s)
         // and these liveness settings (docs/design/membership.md).
         let delay = Duration::from_millis(10_500) + cfg.liveness_timeout() + Duration::from_secs(1);
@@ -419,7 +418,7 @@ impl Sim {
         let m = Membership::new(joining, Duration::from_secs(600), delay, cfg.liveness_timeout())
             .with_gossip(cfg.gossip_liveness, incarnation)
             .with_hash_keys(self.rng.next_u64(), self.rng.next_u64());
-        let m = match split_at {
+        let m = match cfg.split_at {
             Some(n) => m.with_groups(id, 0, Some(n)),
             None => m,
         };
@@ -561,12 +560,13 @@ impl Sim {
             0 => Vec::new(),
             k => peer.m.awaited().filter(|q| !targets.contains(q)).copied().choose_multiple(&mut self.rng, k),
         };
-        let ask = (!asked.is_empty()).then(|| Rc::new(peer.m.ack_request(peer.id, proof, now)));
+        // Written only when someone is asked.
+        let ask = (!asked.is_empty()).then(|| Rc::new(peer.m.ack_request(peer.id, proof)));
         for t in targets {
             let to = self.index[&t];
             self.send(p, to, table.clone(), None);
         }
-        for (t, ask) in asked.into_iter().zip(std::iter::repeat_with(|| ask.clone().expect("asked"))) {
+        for (t, ask) in asked.into_iter().zip(ask.into_iter().cycle()) {
             let to = self.index[&t];
             self.send(p, to, ask, None);
         }
